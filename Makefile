@@ -1,0 +1,29 @@
+# kvwatch: `make test` and `make lint` build .venv from nothing on a fresh machine.
+PYTHON ?= python3.11
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+
+.PHONY: test lint bench clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	# torch 2.13.0 is the CPU wheel; any other version pulls several GB of CUDA packages.
+	$(PY) -m pip install --quiet torch==2.13.0
+	$(PY) -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+# pytest exits 5 when it collects nothing; that is not a failure of the suite.
+test: $(STAMP)
+	$(PY) -m pytest -q; rc=$$?; if [ $$rc -eq 5 ]; then rc=0; fi; exit $$rc
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+bench: $(STAMP)
+	KVWATCH_BENCH_PAGES=10000,100000,1000000 $(PY) -m pytest -q -m bench --benchmark-enable \
+		--benchmark-json=benchmarks.json tests
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache .hypothesis .benchmarks
