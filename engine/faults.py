@@ -1,0 +1,104 @@
+"""The fault registry: every bug class kvwatch can re-introduce on demand.
+
+A fault is off unless named in a config, by ``--inject NAME`` or in the
+``KVWATCH_FAULTS`` environment variable (comma separated). Each one switches a
+branch in the real code path back to the buggy behaviour described by its seed
+report in ``shared/seeds``; there is no fake counter anywhere.
+
+The code that a fault touches checks membership directly, so a reader can grep
+for the fault name and land on the line that carries the bug::
+
+    if Fault.INTERIOR_SNAPSHOT_LEAK not in self.faults:
+        self._release_superseded(holder)
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+
+ENV_VAR = "KVWATCH_FAULTS"
+
+
+class Fault(StrEnum):
+    INTERIOR_SNAPSHOT_LEAK = "interior-snapshot-leak"
+    SNAPSHOT_RELEASE_IGNORES_HOST_REFS = "snapshot-release-ignores-host-refs"
+    HISTORY_ONLY_ANCHOR = "history-only-anchor"
+    ROOT_REF_LEAK_ON_MISS = "root-ref-leak-on-miss"
+    ROOT_IN_EVICT_SET = "root-in-evict-set"
+
+
+@dataclass(frozen=True)
+class FaultInfo:
+    name: Fault
+    seed: str
+    layer: str
+    summary: str
+
+    def as_dict(self) -> dict[str, str]:
+        return {
+            "name": str(self.name),
+            "seed": self.seed,
+            "layer": self.layer,
+            "summary": self.summary,
+        }
+
+
+REGISTRY: Mapping[Fault, FaultInfo] = {
+    info.name: info
+    for info in (
+        FaultInfo(
+            Fault.INTERIOR_SNAPSHOT_LEAK,
+            "000",
+            "cache.commit",
+            "superseded interior continuation snapshots on a locked path are never released",
+        ),
+        FaultInfo(
+            Fault.SNAPSHOT_RELEASE_IGNORES_HOST_REFS,
+            "000",
+            "cache.commit",
+            "the superseded-snapshot release checks device refs only, so a retracted "
+            "request's recovery snapshot is dropped",
+        ),
+        FaultInfo(
+            Fault.HISTORY_ONLY_ANCHOR,
+            "000",
+            "cache.commit",
+            "adoption fails on a history-only node, so commit stops there and the "
+            "request keeps its pages and snapshots until release",
+        ),
+        FaultInfo(
+            Fault.ROOT_REF_LEAK_ON_MISS,
+            "002",
+            "cache.match",
+            "a miss or a trim-to-empty keeps the root ref taken on descent",
+        ),
+        FaultInfo(
+            Fault.ROOT_IN_EVICT_SET,
+            "002",
+            "cache.radix",
+            "the root enters the eviction set when the tree empties",
+        ),
+    )
+}
+
+
+def parse_faults(names: Iterable[str]) -> frozenset[Fault]:
+    """Turn fault names into a set, rejecting unknown names with the list of known ones."""
+    faults: set[Fault] = set()
+    for raw in names:
+        name = raw.strip()
+        if not name:
+            continue
+        try:
+            faults.add(Fault(name))
+        except ValueError:
+            known = ", ".join(sorted(f.value for f in Fault))
+            raise ValueError(f"unknown fault {name!r}; known faults: {known}") from None
+    return frozenset(faults)
+
+
+def faults_from_env(environ: Mapping[str, str] = os.environ) -> frozenset[Fault]:
+    return parse_faults(environ.get(ENV_VAR, "").split(","))
