@@ -1,0 +1,176 @@
+"""commit_chunk: hand a holder's computed pages and snapshots to the tree.
+
+One commit runs three passes::
+
+    1. extend     insert tokens [cached_len, end) page-aligned, end = computed_len // P * P.
+                  Where the tree already has them, *adopt*: free the holder's
+                  duplicate pages and borrow the tree's instead. The lock walks
+                  down with the insert, so lock_node.depth == cached_len after.
+    2. attach     every pending snapshot at a boundary b <= cached_len goes to
+                  the node that ends at b (splitting a node if b falls inside
+                  it); where that node already has its state, ours is freed.
+    3. release    superseded interior snapshots on the holder's path are freed
+                  (seed 000): see ``release_superseded``.
+
+Adoption and history-only anchors (seed 000, second review comment): a node
+whose state was released keeps an empty snapshot record. Extending through it
+must not stop: its missing state is *filled* in pass 2 when the holder has a
+snapshot at that boundary, and *skipped* otherwise.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from kvwatch.engine.cache.holder import Holder, HolderStatus, PendingKind
+from kvwatch.engine.cache.node import Node, Tier
+from kvwatch.engine.cache.radix import TREE_OWNER
+from kvwatch.engine.config import FULL_KV, PrefixCacheMode
+from kvwatch.engine.events import SnapshotTaken
+from kvwatch.engine.faults import Fault
+
+if TYPE_CHECKING:
+    from kvwatch.engine.cache.hybrid import HybridPrefixCache
+
+
+def commit_chunk(cache: HybridPrefixCache, holder: Holder, terminal: bool = False) -> int:
+    """Commit what ``holder`` has computed; returns how many tokens joined its cached prefix.
+
+    With ``terminal`` the frontier snapshot (the TRACK) is committed too: a turn
+    ends, and the next turn should resume exactly here.
+    """
+    if cache.config.mode is PrefixCacheMode.OFF or holder.status is not HolderStatus.ACTIVE:
+        return 0
+    before = holder.cached_len
+    if terminal and (track := holder.track()) is not None:
+        track.kind = PendingKind.TERMINAL
+    _extend(cache, holder)
+    _attach_pending(cache, holder)
+    if holder.lock_node is not None:
+        cache.tree.touch(holder.lock_node)
+    if Fault.INTERIOR_SNAPSHOT_LEAK not in cache.faults:
+        release_superseded(cache, holder)
+    return holder.cached_len - before
+
+
+def _extend(cache: HybridPrefixCache, holder: Holder) -> None:
+    tree, p = cache.tree, cache.page_size
+    end = holder.computed_len - holder.computed_len % p
+    node = holder.lock_node or tree.root
+    pos = holder.cached_len
+    while pos < end:
+        child = tree.child(node, holder.extra_key, holder.tokens, pos)
+        if child is None:
+            child = _new_leaf(cache, holder, node, pos, end)
+        else:
+            n = tree.matching_pages(child, holder.tokens, pos, end)
+            if n * p < len(child.tokens):
+                child = tree.split(child, n)
+            if not _adoptable(cache, child):
+                return  # the commit stops here; everything beyond stays the holder's
+            _adopt_history(cache, holder, child)
+        _step_lock(cache, holder, child)
+        node, pos = child, child.depth
+
+
+def _new_leaf(cache: HybridPrefixCache, holder: Holder, parent: Node, pos: int, end: int) -> Node:
+    p = cache.page_size
+    pages = np.array(holder.full_pages[pos // p : end // p], dtype=np.int64)
+    cache.pools[FULL_KV].transfer(pages, holder.owner, TREE_OWNER)
+    return cache.tree.add_leaf(parent, holder.tokens[pos:end], pages, holder.extra_key)
+
+
+def _adoptable(cache: HybridPrefixCache, node: Node) -> bool:
+    """Whether the commit may pass through an existing node.
+
+    It always may: a history-only node is filled or skipped later. With the
+    ``history-only-anchor`` fault, a node whose snapshot record lacks state
+    blocks the commit, as in the seed-000 engine's adopt helper.
+    """
+    snap = node.snapshot
+    if snap is None or snap.complete:
+        return True
+    return Fault.HISTORY_ONLY_ANCHOR not in cache.faults
+
+
+def _adopt_history(cache: HybridPrefixCache, holder: Holder, node: Node) -> None:
+    """Swap the holder's copies of ``node``'s pages for the tree's own."""
+    p = cache.page_size
+    a, b = node.start // p, node.depth // p
+    tree_pages = node.pages.tolist()
+    mine = holder.full_pages[a:b]
+    if mine != tree_pages:
+        cache.pools[FULL_KV].free(mine, holder.owner)
+        holder.full_pages[a:b] = tree_pages
+
+
+def _step_lock(cache: HybridPrefixCache, holder: Holder, child: Node) -> None:
+    """Move the holder's lock one node down: a lock on ``child`` covers its parent's path."""
+    if holder.lock_node is None:
+        cache.tree.inc(cache.tree.root)
+    cache.tree.inc(child)
+    holder.lock_node = child
+    holder.cached_len = child.depth
+
+
+def _attach_pending(cache: HybridPrefixCache, holder: Holder) -> None:
+    ready = sorted(
+        b
+        for b, pend in holder.pending.items()
+        if pend.kind is not PendingKind.TRACK and b <= holder.cached_len
+    )
+    for b in ready:
+        pend = holder.pending.pop(b)
+        node = _node_ending_at(cache, holder, b)
+        snap = node.snapshot
+        if snap is None or snap.history_only:
+            cache.give_state(node, pend.pages, holder.owner)
+            kind = "fill" if snap is not None else str(pend.kind)
+            cache.events.emit(SnapshotTaken(node.id, node.depth, kind))
+        else:  # the node already has this boundary's state; ours is a duplicate
+            assert snap.complete, "state groups are always released together"
+            cache.free_groups(pend.pages, holder.owner, Tier.DEVICE)
+
+
+def _node_ending_at(cache: HybridPrefixCache, holder: Holder, b: int) -> Node:
+    """The node on the holder's locked path that ends at ``b``, splitting one if needed."""
+    assert holder.lock_node is not None and 0 < b <= holder.cached_len
+    for node in holder.lock_node.path():
+        if node.start < b <= node.depth:
+            if node.depth == b:
+                return node
+            return cache.tree.split(node, (b - node.start) // cache.page_size)
+    raise AssertionError(f"boundary {b} is not on the holder's path")
+
+
+def release_superseded(cache: HybridPrefixCache, holder: Holder) -> None:
+    """Free interior snapshots on the holder's path that nobody can still need.
+
+    Walking up from the deepest node with a complete snapshot D (never touched,
+    so a resume anchor always remains), an ancestor's state is freed when
+
+    * ``refs == 1``: the holder is its only device holder. Refs never decrease
+      going up a path, so the walk stops at the first shared node; shared
+      snapshots stay for the sharers and go on a later commit once they leave.
+    * ``host_refs == 0``: no retracted holder will recover from it (the first
+      seed-000 review comment).
+
+    Holders copy a snapshot into their own pages when they resume and never
+    borrow its pages, so no sliding-window condition is needed on top.
+    """
+    lock = holder.lock_node
+    if lock is None:
+        return
+    deepest = next((n for n in lock.path() if n.has_complete_snapshot), None)
+    if deepest is None or deepest.parent is None:
+        return
+    for node in deepest.parent.path():
+        if node.is_root or node.refs > 1:
+            return
+        if node.snapshot is None or node.snapshot.history_only:
+            continue
+        if node.host_refs and Fault.SNAPSHOT_RELEASE_IGNORES_HOST_REFS not in cache.faults:
+            continue
+        cache.drop_snapshot(node, "superseded")

@@ -1,0 +1,73 @@
+"""Holder: one request's (or session's) view of the cache.
+
+A holder borrows the tree pages of its locked path and owns everything it has
+computed beyond it::
+
+    positions  0 ........ cached_len ........ computed_len ...... allocated_len
+    full.kv    [ tree pages, borrowed  ][ own pages, computed   ][ own, not yet ]
+    swa.kv                     [ own pages for the last W positions ][ own ]
+    lock       path root → lock_node (lock_node.depth == cached_len)
+
+``pending`` holds continuation snapshots the holder captured but has not yet
+handed to the tree. A ``TRACK`` snapshot follows the frontier (it is re-keyed
+to each newer page boundary and becomes the terminal snapshot when a turn
+ends); ``INTERVAL`` and ``TERMINAL`` snapshots wait for the next commit.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+import numpy as np
+
+from kvwatch.engine.cache.node import Node
+from kvwatch.engine.cache.owner import Owner
+
+
+class HolderStatus(StrEnum):
+    NEW = "new"  # opened, not matched yet: holds nothing
+    ACTIVE = "active"  # matched: holds a lock (maybe empty) and pages
+    RETRACTED = "retracted"  # holds only a host ref on its recovery node
+    RELEASED = "released"  # holds nothing, forever
+
+
+class PendingKind(StrEnum):
+    TRACK = "track"
+    INTERVAL = "interval"
+    TERMINAL = "terminal"
+
+
+@dataclass(slots=True)
+class Pending:
+    boundary: int
+    pages: dict[str, np.ndarray]
+    kind: PendingKind
+
+
+@dataclass(eq=False)
+class Holder:
+    id: int
+    owner: Owner
+    tokens: list[int]
+    extra_key: str | None = None
+    status: HolderStatus = HolderStatus.NEW
+    lock_node: Node | None = None
+    anchor: Node | None = None  # host-ref'd recovery node while retracted
+    cached_len: int = 0
+    computed_len: int = 0
+    allocated_len: int = 0
+    full_pages: list[int] = field(default_factory=list)
+    swa_pages: dict[int, int] = field(default_factory=dict)  # page index -> page id
+    working: dict[str, np.ndarray] = field(default_factory=dict)
+    pending: dict[int, Pending] = field(default_factory=dict)
+
+    def own_full_pages(self, page_size: int) -> list[int]:
+        """The ``full.kv`` pages this holder owns (beyond its borrowed prefix)."""
+        return self.full_pages[self.cached_len // page_size :]
+
+    def track(self) -> Pending | None:
+        for pend in self.pending.values():
+            if pend.kind is PendingKind.TRACK:
+                return pend
+        return None

@@ -1,0 +1,328 @@
+"""HybridPrefixCache: the request-facing contract of the cache.
+
+A request moves through these calls (the engine makes them at step boundaries)::
+
+    open ─► match ─┬─► allocate ─► [runner computes] ─► advance ─► commit_chunk ─┐
+                   │        ▲                                                    │
+                   │        └────────────────────────────────────────────────────┘
+                   ├─► trim          (speculative slots that were not accepted)
+                   ├─► retract ─► recover ─► (back to allocate)
+                   └─► release(commit=True | False)
+
+``match`` locks the deepest cached node whose continuation snapshot is
+complete (state recovery) and restores that state into the holder's own
+working pages. Holders never write to tree pages: history pages are borrowed
+read-only, and snapshots are copied in and out.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import numpy as np
+import torch
+
+from kvwatch.engine.cache.commit import commit_chunk
+from kvwatch.engine.cache.holder import Holder, HolderStatus, Pending, PendingKind
+from kvwatch.engine.cache.node import Node, Tier
+from kvwatch.engine.cache.owner import Owner, OwnerKind
+from kvwatch.engine.cache.pool import PoolExhausted
+from kvwatch.engine.cache.radix import Walk
+from kvwatch.engine.cache.storage import CacheStorage
+from kvwatch.engine.config import (
+    FULL_KV,
+    LINEAR_STATE,
+    STATE_GROUPS,
+    SWA_KV,
+    SWA_WINDOW,
+    PrefixCacheMode,
+)
+from kvwatch.engine.events import SnapshotSkipped
+from kvwatch.engine.faults import Fault
+
+
+class Match(NamedTuple):
+    hit_len: int  # tokens found in the tree's history
+    resume_len: int  # tokens the holder skips: depth of its restored snapshot
+
+
+class Capture(NamedTuple):
+    """A continuation snapshot the runner computed inside an advanced range."""
+
+    boundary: int
+    kind: PendingKind
+    linear_state: torch.Tensor  # the L layers' state after token ``boundary - 1``
+
+
+class HybridPrefixCache(CacheStorage):
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.holders: dict[int, Holder] = {}
+        self._holder_ids = itertools.count(1)
+
+    @property
+    def radix(self) -> bool:
+        return self.config.mode is PrefixCacheMode.RADIX
+
+    def open(
+        self,
+        tokens: Sequence[int],
+        *,
+        extra_key: str | None = None,
+        kind: OwnerKind = OwnerKind.REQUEST,
+    ) -> Holder:
+        hid = next(self._holder_ids)
+        holder = Holder(hid, Owner(kind, hid), list(tokens), extra_key)
+        self.holders[hid] = holder
+        return holder
+
+    # -- match and state recovery ---------------------------------------------------
+    def match(self, holder: Holder) -> Match:
+        """Lock the deepest usable cached prefix of ``holder.tokens`` and restore it.
+
+        At least one token is left to compute, so the last prompt token always
+        produces logits. Raises ``PoolExhausted`` (holding nothing new) when
+        the working pages cannot be allocated.
+        """
+        if holder.status not in (HolderStatus.NEW, HolderStatus.RETRACTED):
+            raise ValueError(
+                f"holder {holder.id} is {holder.status}; only new or retracted holders match"
+            )
+        walk = Walk([], 0)
+        anchor = None
+        if self.radix:
+            walk = self.tree.walk(holder.tokens, holder.extra_key, len(holder.tokens) - 1)
+            anchor = self._lock_on_descent(walk)
+        try:
+            self._activate(holder, anchor)
+        except PoolExhausted:
+            if anchor is not None:
+                self.tree.unlock(anchor)
+            raise
+        if holder.anchor is not None:  # recovered: the host ref has served its purpose
+            self.tree.drop_host_ref(holder.anchor)
+            holder.anchor = None
+        return Match(walk.hit_len, holder.cached_len)
+
+    recover = match
+
+    def _lock_on_descent(self, walk: Walk) -> Node | None:
+        """Take refs top-down along the walk, then trim back to a usable snapshot.
+
+        The descent refs the root first. State recovery trims every node below
+        the deepest complete snapshot; when nothing is left (a miss, or a
+        trim-to-empty) the root ref must go too, or it drifts up by one per
+        miss (seed 002).
+        """
+        tree = self.tree
+        tree.inc(tree.root)
+        for node in walk.nodes:
+            tree.inc(node)
+        keep = len(walk.nodes)
+        while keep and not self._usable(walk.nodes[keep - 1]):
+            keep -= 1
+        for node in reversed(walk.nodes[keep:]):
+            tree.dec(node)
+        if keep == 0:
+            if Fault.ROOT_REF_LEAK_ON_MISS not in self.faults:
+                tree.dec(tree.root)
+            return None
+        anchor = walk.nodes[keep - 1]
+        tree.touch(anchor)
+        return anchor
+
+    def _usable(self, node: Node) -> bool:
+        if not node.has_complete_snapshot:
+            return False
+        return node.snapshot.tier is Tier.DEVICE or self.load(node)
+
+    def _activate(self, holder: Holder, anchor: Node | None) -> None:
+        """Give a holder its working pages and restore ``anchor``'s state into them."""
+        d = anchor.depth if anchor is not None else 0
+        first = max(0, d - self.config.window)
+        swa_idx = self._swa_page_range(first, d)
+        got = self.alloc_groups({LINEAR_STATE: 1, SWA_KV: len(swa_idx)}, holder.owner)
+        holder.working = {LINEAR_STATE: got[LINEAR_STATE]}
+        holder.swa_pages = dict(zip(swa_idx, got[SWA_KV].tolist(), strict=True))
+        holder.full_pages = (
+            np.concatenate([n.pages for n in reversed(list(anchor.path()))]).tolist()
+            if anchor
+            else []
+        )
+        holder.lock_node = anchor
+        holder.cached_len = holder.computed_len = holder.allocated_len = d
+        holder.status = HolderStatus.ACTIVE
+        linear = self.pools[LINEAR_STATE]
+        if anchor is None:
+            linear.set_page_data(holder.working[LINEAR_STATE], 0)
+            return
+        snap = anchor.snapshot.pages
+        linear.copy_pages(snap[LINEAR_STATE], linear, holder.working[LINEAR_STATE])
+        n = d - first
+        window = self.pools[SWA_WINDOW].read_tokens(snap[SWA_WINDOW], self.config.window - n, n)
+        self._write_swa(holder, first, window)
+
+    # -- compute bookkeeping ----------------------------------------------------------
+    def allocate(self, holder: Holder, n: int) -> None:
+        """Pages for tokens [allocated_len, allocated_len + n) in full.kv and swa.kv."""
+        self._require(holder, HolderStatus.ACTIVE)
+        start, end = holder.allocated_len, holder.allocated_len + n
+        need_full = math.ceil(end / self.page_size) - len(holder.full_pages)
+        swa_idx = [j for j in self._swa_page_range(start, end) if j not in holder.swa_pages]
+        got = self.alloc_groups({FULL_KV: need_full, SWA_KV: len(swa_idx)}, holder.owner)
+        holder.full_pages.extend(got[FULL_KV].tolist())
+        holder.swa_pages.update(zip(swa_idx, got[SWA_KV].tolist(), strict=True))
+        holder.allocated_len = end
+
+    def capture_points(self, start: int, end: int) -> list[tuple[int, PendingKind]]:
+        """Boundaries in (start, end] where the runner must capture state.
+
+        Every multiple of ``snapshot_interval``, plus the last page boundary
+        (the TRACK that follows the frontier and ends a turn).
+        """
+        if not self.radix:
+            return []
+        p, interval = self.page_size, self.config.snapshot_interval
+        points = [
+            (b, PendingKind.INTERVAL)
+            for b in range((start // p + 1) * p, end + 1, p)
+            if b % interval == 0
+        ]
+        last = end - end % p
+        if last > start and last % interval:
+            points.append((last, PendingKind.TRACK))
+        return points
+
+    def advance(self, holder: Holder, new_len: int, captures: Sequence[Capture] = ()) -> None:
+        """Mark tokens up to ``new_len`` computed and take the captured snapshots.
+
+        Then drop ``swa.kv`` pages that fell behind the window: a page goes
+        once all its positions are < new_len - W.
+        """
+        self._require(holder, HolderStatus.ACTIVE)
+        if not holder.computed_len <= new_len <= holder.allocated_len:
+            raise ValueError(
+                f"advance to {new_len} outside computed {holder.computed_len} .. allocated {holder.allocated_len}"
+            )
+        for cap in captures:
+            if not holder.computed_len < cap.boundary <= new_len:
+                raise ValueError(f"capture at {cap.boundary} outside the advanced range")
+            self._capture(holder, cap)
+        holder.computed_len = new_len
+        cutoff = new_len - self.config.window
+        ps = self.pools[SWA_KV].page_size
+        dead = [j for j in holder.swa_pages if (j + 1) * ps <= cutoff]
+        if dead:
+            self.pools[SWA_KV].free([holder.swa_pages.pop(j) for j in dead], holder.owner)
+
+    def _capture(self, holder: Holder, cap: Capture) -> None:
+        track = holder.track()
+        if track is not None:  # the older frontier snapshot is obsolete: reuse its pages
+            del holder.pending[track.boundary]
+            pages = track.pages
+        else:
+            counts = {g: self.config.pages_per_snapshot(g) for g in STATE_GROUPS}
+            try:
+                pages = self.alloc_groups(counts, holder.owner)
+            except PoolExhausted as exc:  # snapshots are an optimisation: go on without
+                self.events.emit(SnapshotSkipped(holder.id, cap.boundary, str(exc)))
+                return
+        w, b = self.config.window, cap.boundary
+        n = min(b, w)
+        window = self.pools[SWA_WINDOW]
+        if n < w:
+            pad = torch.zeros((w - n, *window.layout.token_shape), dtype=window.layout.dtype)
+            window.write_tokens(pages[SWA_WINDOW], 0, pad)
+        window.write_tokens(pages[SWA_WINDOW], w - n, self._read_swa(holder, b - n, n))
+        self.pools[LINEAR_STATE].write_tokens(pages[LINEAR_STATE], 0, cap.linear_state.unsqueeze(0))
+        holder.pending[b] = Pending(b, pages, cap.kind)
+
+    def trim(self, holder: Holder, keep_len: int) -> None:
+        """Free slots allocated beyond ``keep_len``; a partly kept page stays."""
+        self._require(holder, HolderStatus.ACTIVE)
+        if not holder.computed_len <= keep_len <= holder.allocated_len:
+            raise ValueError(f"trim to {keep_len} outside computed .. allocated")
+        keep_pages = math.ceil(keep_len / self.page_size)
+        self.pools[FULL_KV].free(holder.full_pages[keep_pages:], holder.owner)
+        del holder.full_pages[keep_pages:]
+        ps = self.pools[SWA_KV].page_size
+        extra = [j for j in holder.swa_pages if j * ps >= keep_len]
+        self.pools[SWA_KV].free([holder.swa_pages.pop(j) for j in extra], holder.owner)
+        holder.allocated_len = keep_len
+
+    def commit_chunk(self, holder: Holder, terminal: bool = False) -> int:
+        return commit_chunk(self, holder, terminal)
+
+    # -- leaving --------------------------------------------------------------------
+    def retract(self, holder: Holder) -> None:
+        """Free a running holder's pages under pressure; it recovers later via ``match``.
+
+        It commits first (its frontier snapshot included), then keeps a host
+        ref on its deepest complete snapshot. That snapshot moves to the host
+        tier when no running holder still uses it.
+        """
+        self._require(holder, HolderStatus.ACTIVE)
+        self.commit_chunk(holder, terminal=True)
+        anchor = (
+            next((n for n in holder.lock_node.path() if n.has_complete_snapshot), None)
+            if holder.lock_node
+            else None
+        )
+        if anchor is not None:
+            self.tree.add_host_ref(anchor)
+        self._drop_everything(holder)
+        holder.anchor = anchor
+        holder.status = HolderStatus.RETRACTED
+        if anchor is not None and anchor.refs == 0 and anchor.snapshot.tier is Tier.DEVICE:
+            self.offload(anchor)
+
+    def release(self, holder: Holder, *, commit: bool) -> None:
+        """Finish (``commit=True``) or abort/pause (``commit=False``) a holder for good."""
+        if holder.status is HolderStatus.ACTIVE:
+            if commit:
+                self.commit_chunk(holder, terminal=True)
+            self._drop_everything(holder)
+        elif holder.status is HolderStatus.RETRACTED and holder.anchor is not None:
+            self.tree.drop_host_ref(holder.anchor)
+            holder.anchor = None
+        holder.status = HolderStatus.RELEASED
+        self.holders.pop(holder.id, None)
+
+    def _drop_everything(self, holder: Holder) -> None:
+        """Unlock the path and free every page the holder owns."""
+        if holder.lock_node is not None:
+            self.tree.unlock(holder.lock_node)
+        self.pools[FULL_KV].free(holder.own_full_pages(self.page_size), holder.owner)
+        self.pools[SWA_KV].free(list(holder.swa_pages.values()), holder.owner)
+        self.free_groups(holder.working, holder.owner, Tier.DEVICE)
+        for pend in holder.pending.values():
+            self.free_groups(pend.pages, holder.owner, Tier.DEVICE)
+        holder.lock_node = None
+        holder.full_pages, holder.swa_pages, holder.working, holder.pending = [], {}, {}, {}
+        holder.cached_len = holder.computed_len = holder.allocated_len = 0
+
+    # -- helpers --------------------------------------------------------------------
+    def _require(self, holder: Holder, status: HolderStatus) -> None:
+        if holder.status is not status:
+            raise ValueError(f"holder {holder.id} is {holder.status}, expected {status}")
+
+    def _swa_page_range(self, start: int, end: int) -> range:
+        ps = self.pools[SWA_KV].page_size
+        return range(start // ps, math.ceil(end / ps)) if end > start else range(0)
+
+    def swa_table(self, holder: Holder, start: int, n: int) -> tuple[list[int], int]:
+        """Pages and in-page offset that hold ``swa.kv`` positions [start, start + n)."""
+        ps = self.pools[SWA_KV].page_size
+        pages = [holder.swa_pages[j] for j in self._swa_page_range(start - start % ps, start + n)]
+        return pages, start % ps
+
+    def _read_swa(self, holder: Holder, start: int, n: int) -> torch.Tensor:
+        pages, offset = self.swa_table(holder, start, n)
+        return self.pools[SWA_KV].read_tokens(pages, offset, n)
+
+    def _write_swa(self, holder: Holder, start: int, values: torch.Tensor) -> None:
+        pages, offset = self.swa_table(holder, start, values.shape[0])
+        self.pools[SWA_KV].write_tokens(pages, offset, values)

@@ -1,0 +1,198 @@
+"""CacheStorage: the pools, the tree, and what happens under pool pressure.
+
+Everything here is about pages, not requests: allocating with eviction and
+pruning as fallbacks, freeing a node's pages, and moving a snapshot between the
+device and host tiers. ``HybridPrefixCache`` builds the request lifecycle on
+top of it.
+
+Pressure order for one group (``alloc``):
+
+1. free pages;
+2. state groups only: prune snapshots of unreferenced nodes, oldest first
+   (the node keeps its history and becomes a history-only anchor);
+3. evict unreferenced leaves, oldest first (frees history and state);
+4. raise ``PoolExhausted``. The scheduler then retracts; the cache never
+   raises anything else on a shortage.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Mapping
+
+import numpy as np
+import torch
+
+from kvwatch.engine.cache.node import Node, Snapshot, Tier
+from kvwatch.engine.cache.owner import Owner
+from kvwatch.engine.cache.pool import PageLayout, PagePool, PoolExhausted
+from kvwatch.engine.cache.radix import TREE_OWNER, RadixTree
+from kvwatch.engine.config import FULL_KV, STATE_GROUPS, CacheConfig, Family
+from kvwatch.engine.events import EventBus, NodeEvicted, SnapshotMoved, SnapshotReleased
+from kvwatch.engine.faults import Fault
+
+DEFAULT_LAYOUT = PageLayout((), torch.float32)
+
+
+class CacheStorage:
+    def __init__(
+        self,
+        config: CacheConfig,
+        layouts: Mapping[str, PageLayout] | None = None,
+        *,
+        faults: frozenset[Fault] = frozenset(),
+        device: str | torch.device = "cpu",
+        events: EventBus | None = None,
+    ) -> None:
+        layouts = layouts or {}
+        self.config = config
+        self.faults = faults
+        self.events = events or EventBus()
+        self.page_size = config.page_size
+        self.pools: dict[str, PagePool] = {
+            spec.name: PagePool(
+                spec.name,
+                spec.page_size,
+                spec.capacity,
+                layouts.get(spec.name, DEFAULT_LAYOUT),
+                device=device,
+            )
+            for spec in config.groups
+        }
+        self.host_pools: dict[str, PagePool] = {
+            spec.name: PagePool(
+                spec.name,
+                spec.page_size,
+                spec.host_capacity,
+                layouts.get(spec.name, DEFAULT_LAYOUT),
+                device="cpu",
+                tier=Tier.HOST,
+            )
+            for spec in config.groups
+            if spec.host_capacity > 0
+        }
+        self.tree = RadixTree(self.page_size, faults)
+
+    def pool(self, group: str, tier: Tier = Tier.DEVICE) -> PagePool:
+        return self.pools[group] if tier is Tier.DEVICE else self.host_pools[group]
+
+    # -- allocation under pressure ------------------------------------------------
+    def alloc(self, group: str, n: int, owner: Owner) -> np.ndarray:
+        pool = self.pools[group]
+        if pool.free_count < n:
+            self.make_room(group, n - pool.free_count)
+        return pool.alloc(n, owner)
+
+    def alloc_groups(self, counts: Mapping[str, int], owner: Owner) -> dict[str, np.ndarray]:
+        """Allocate in several groups at once: all of it, or nothing."""
+        got: dict[str, np.ndarray] = {}
+        try:
+            for group, n in counts.items():
+                got[group] = self.alloc(group, n, owner)
+        except PoolExhausted:
+            for group, pages in got.items():
+                self.pools[group].free(pages, owner)
+            raise
+        return got
+
+    def free_groups(self, pages: Mapping[str, np.ndarray], owner: Owner, tier: Tier) -> None:
+        for group, ids in pages.items():
+            self.pool(group, tier).free(ids, owner)
+
+    def make_room(self, group: str, wanted: int, tier: Tier = Tier.DEVICE) -> int:
+        """Free at least ``wanted`` pages of ``group`` if the cache can; returns pages freed."""
+        got = 0
+        if self.config.group(group).family is Family.STATE:
+            got += self.prune(group, wanted, tier)
+        if got < wanted and tier is Tier.DEVICE:
+            got += self.evict(group, wanted - got)
+        return got
+
+    def evict(self, group: str, wanted: int) -> int:
+        """Evict LRU unreferenced leaves until ``wanted`` pages of ``group`` are freed."""
+        return self.tree.evict(wanted, lambda node: self._release_node(node, group))
+
+    def prune(self, group: str, wanted: int, tier: Tier = Tier.DEVICE) -> int:
+        """Drop snapshots of unreferenced nodes, LRU first, until ``wanted`` pages are freed."""
+        candidates = [
+            (n.last_access, n.id, n)
+            for n in self.tree.snapshot_nodes
+            if n.refs == 0 and n.host_refs == 0 and n.snapshot.tier is tier
+        ]
+        heapq.heapify(candidates)
+        got = 0
+        while got < wanted and candidates:
+            node = heapq.heappop(candidates)[2]
+            got += len(node.snapshot.pages.get(group, ()))
+            self.drop_snapshot(node, "pruned")
+        return got
+
+    def flush(self) -> None:
+        """Evict every unreferenced node and prune every unreferenced snapshot."""
+        everything = self.pools[FULL_KV].capacity + 1
+        self.tree.evict(everything, lambda node: self._release_node(node, FULL_KV))
+        for tier in (Tier.DEVICE, Tier.HOST):
+            for group in STATE_GROUPS:
+                self.prune(group, self.pool_capacity(group, tier), tier)
+
+    def pool_capacity(self, group: str, tier: Tier) -> int:
+        pools = self.pools if tier is Tier.DEVICE else self.host_pools
+        return pools[group].capacity if group in pools else 0
+
+    # -- node pages ---------------------------------------------------------------
+    def _release_node(self, node: Node, group: str) -> int:
+        """Free every page of an eviction victim; count those of ``group``."""
+        counted = len(node.pages) if group == FULL_KV else 0
+        if node.snapshot is not None and not node.snapshot.history_only:
+            counted += len(node.snapshot.pages.get(group, ()))
+            self.drop_snapshot(node, "evicted")
+        self.pools[FULL_KV].free(node.pages, TREE_OWNER)
+        self.events.emit(NodeEvicted(node.id, node.depth, len(node.pages)))
+        return counted
+
+    def drop_snapshot(self, node: Node, reason: str) -> None:
+        """Free a node's state pages; the node keeps its history (history-only)."""
+        taken = self.tree.detach_state(node)
+        self.free_groups(taken.pages, TREE_OWNER, taken.tier)
+        self.events.emit(SnapshotReleased(node.id, node.depth, reason))
+
+    def give_state(self, node: Node, pages: Mapping[str, np.ndarray], owner: Owner) -> None:
+        """Hand a holder's device state pages to ``node`` (ownership moves to the tree)."""
+        for group, ids in pages.items():
+            self.pools[group].transfer(ids, owner, TREE_OWNER)
+            self.tree.attach_state(node, group, ids, Tier.DEVICE)
+
+    # -- tiers --------------------------------------------------------------------
+    def offload(self, node: Node) -> bool:
+        """Move a complete device snapshot to the host tier, if the host has room."""
+        snap = node.snapshot
+        assert snap is not None and snap.complete and snap.tier is Tier.DEVICE
+        if not all(g in self.host_pools for g in snap.pages):
+            return False
+        return self._move(node, snap, Tier.HOST)
+
+    def load(self, node: Node) -> bool:
+        """Bring a host-tier snapshot back to the device; False if the device is full."""
+        snap = node.snapshot
+        assert snap is not None and snap.complete and snap.tier is Tier.HOST
+        return self._move(node, snap, Tier.DEVICE)
+
+    def _move(self, node: Node, snap: Snapshot, tier: Tier) -> bool:
+        dst: dict[str, np.ndarray] = {}
+        try:
+            for group, src in snap.pages.items():
+                pool = self.pool(group, tier)
+                if pool.free_count < len(src):
+                    self.make_room(group, len(src) - pool.free_count, tier)
+                dst[group] = pool.alloc(len(src), TREE_OWNER)
+        except PoolExhausted:
+            self.free_groups(dst, TREE_OWNER, tier)
+            return False
+        taken = self.tree.detach_state(node)
+        for group, src in taken.pages.items():
+            self.pool(group, taken.tier).copy_pages(src, self.pool(group, tier), dst[group])
+        self.free_groups(taken.pages, TREE_OWNER, taken.tier)
+        for group, ids in dst.items():
+            self.tree.attach_state(node, group, ids, tier)
+        self.events.emit(SnapshotMoved(node.id, node.depth, str(tier)))
+        return True

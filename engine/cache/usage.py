@@ -1,0 +1,136 @@
+"""Pool usage by owner, and the bound that live holders put on it.
+
+``group_usage`` is what a probe reports per group. ``usage_bounds`` compares
+the pages that nothing can take back (not free, not evictable, not prunable)
+with what the live holders justify:
+
+* ``full.kv``: each running holder about ceil(allocated / P) pages, each
+  retracted one the path to its recovery node. Shared tree pages are counted
+  once in usage but once per holder in the limit, so sharing never trips it.
+* ``swa.kv``: each running holder its last W positions plus what it has
+  allocated ahead of its frontier.
+* state groups: each holder O(1) snapshots, independent of how many turns it
+  has run: the deepest snapshot on its path and its frontier snapshot (a
+  retracted holder: its recovery snapshot), plus the working state. Only
+  snapshots that a single holder pins count here; a snapshot several holders
+  share is kept on purpose while they do, and is reported as ``shared``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, NamedTuple
+
+import numpy as np
+
+from kvwatch.engine.cache.holder import HolderStatus
+from kvwatch.engine.cache.node import Node, Tier
+from kvwatch.engine.cache.owner import OWNER_LABEL, OwnerKind
+from kvwatch.engine.config import FULL_KV, STATE_GROUPS, SWA_KV
+
+if TYPE_CHECKING:
+    from kvwatch.engine.cache.hybrid import HybridPrefixCache
+
+SNAPSHOTS_PER_HOLDER = 2
+
+
+class GroupUsage(NamedTuple):
+    group: str
+    family: str
+    capacity: int
+    free: int
+    by_owner: dict[str, int]  # tree, request, session, slot, and host (host-tier pages)
+    evictable: int  # tree-held pages that eviction or pruning may take back
+    host_capacity: int
+
+
+class Bound(NamedTuple):
+    group: str
+    pinned: int  # pages this bound covers that nothing can take back
+    limit: int  # the most the live holders justify
+    shared: int  # state pages of snapshots several holders pin (not bounded here)
+    holders: int
+
+    @property
+    def exceeded(self) -> bool:
+        return self.pinned > self.limit
+
+
+def _pinned_nodes(cache: HybridPrefixCache) -> set[Node]:
+    """Nodes no eviction can reach: locked, host-ref'd, or above a host-ref'd node."""
+    pinned = {n for n in cache.tree.nodes() if n.refs > 0}
+    for holder in cache.holders.values():
+        if holder.anchor is not None:
+            pinned.update(holder.anchor.path())
+    return pinned
+
+
+def group_usage(cache: HybridPrefixCache) -> dict[str, GroupUsage]:
+    pinned = _pinned_nodes(cache)
+    evictable = dict.fromkeys(cache.pools, 0)
+    for node in cache.tree.nodes()[1:]:
+        if node not in pinned:
+            evictable[FULL_KV] += len(node.pages)
+        snap = node.snapshot
+        if snap is not None and snap.tier is Tier.DEVICE and not node.refs and not node.host_refs:
+            for group, pages in snap.pages.items():
+                evictable[group] += len(pages)
+    out = {}
+    for group, pool in cache.pools.items():
+        counts = np.bincount(pool.owner_kind, minlength=len(OwnerKind)).tolist()
+        by_owner = {label: counts[int(kind)] for kind, label in OWNER_LABEL.items()}
+        host = cache.host_pools.get(group)
+        by_owner["host"] = host.used_count if host else 0
+        spec = cache.config.group(group)
+        out[group] = GroupUsage(
+            group,
+            str(spec.family),
+            pool.capacity,
+            pool.free_count,
+            by_owner,
+            evictable[group],
+            spec.host_capacity,
+        )
+    return out
+
+
+def usage_bounds(cache: HybridPrefixCache) -> dict[str, Bound]:
+    """Pinned pages against the limit live holders justify, per device group."""
+    cfg, p = cache.config, cache.page_size
+    ps = cache.pools[SWA_KV].page_size
+    active = [h for h in cache.holders.values() if h.status is HolderStatus.ACTIVE]
+    retracted = [h for h in cache.holders.values() if h.status is HolderStatus.RETRACTED]
+    holders = len(active) + len(retracted)
+    usage = group_usage(cache)
+    out = {}
+
+    full = usage[FULL_KV]
+    full_limit = sum(math.ceil(h.allocated_len / p) for h in active)
+    full_limit += sum(h.anchor.depth // p for h in retracted if h.anchor is not None)
+    out[FULL_KV] = Bound(
+        FULL_KV, full.capacity - full.free - full.evictable, full_limit, 0, holders
+    )
+
+    swa = usage[SWA_KV]
+    swa_limit = sum(
+        math.ceil((cfg.window + h.allocated_len - h.computed_len) / ps) + 1 for h in active
+    )
+    out[SWA_KV] = Bound(SWA_KV, swa.capacity - swa.free, swa_limit, 0, holders)
+
+    for group in STATE_GROUPS:
+        own = shared = 0
+        for node in cache.tree.snapshot_nodes:
+            if node.snapshot.tier is not Tier.DEVICE:
+                continue
+            users = node.refs + node.host_refs
+            if users == 1:
+                own += len(node.snapshot.pages.get(group, ()))
+            elif users > 1:
+                shared += len(node.snapshot.pages.get(group, ()))
+        for h in active:
+            own += sum(len(pend.pages[group]) for pend in h.pending.values())
+            own += len(h.working.get(group, ()))
+        limit = holders * SNAPSHOTS_PER_HOLDER * cfg.pages_per_snapshot(group)
+        limit += sum(1 for h in active if group in h.working)
+        out[group] = Bound(group, own, limit, shared, holders)
+    return out
