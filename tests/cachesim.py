@@ -1,0 +1,148 @@
+"""A stand-in for the model runner that writes checkable values into the cache.
+
+Every position p of a sequence gets the value ``h(extra_key, tokens[:p + 1])``,
+a rolling hash of its prefix. That is what real K/V is: a function of the
+prefix alone. So any page, window or state can be checked against the tokens
+it claims to describe.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kvwatch.engine.cache.holder import Holder
+from kvwatch.engine.cache.hybrid import Capture, HybridPrefixCache
+from kvwatch.engine.cache.node import Node, Tier
+from kvwatch.engine.cache.pool import PageLayout
+from kvwatch.engine.config import FULL_KV, GROUP_NAMES, LINEAR_STATE, SWA_KV, SWA_WINDOW
+
+MOD = (1 << 61) - 1
+BASE = 1_000_003
+INT_LAYOUTS = {g: PageLayout((), torch.int64) for g in GROUP_NAMES}
+
+
+def seed_of(extra_key: str | None) -> int:
+    return (
+        7 if extra_key is None else 11 + sum(ord(c) * 31**i for i, c in enumerate(extra_key)) % MOD
+    )
+
+
+def prefix_values(
+    tokens: list[int], extra_key: str | None, start_hash: int | None = None
+) -> list[int]:
+    h = seed_of(extra_key) if start_hash is None else start_hash
+    out = []
+    for t in tokens:
+        h = (h * BASE + t + 1) % MOD
+        out.append(h)
+    return out
+
+
+class SimRunner:
+    """Drives holders through allocate -> write -> advance like the engine does."""
+
+    def __init__(self, cache: HybridPrefixCache) -> None:
+        self.cache = cache
+
+    def values(self, holder: Holder) -> list[int]:
+        return prefix_values(holder.tokens, holder.extra_key)
+
+    def compute(self, holder: Holder, n: int) -> None:
+        """Compute the next ``n`` tokens (the caller made sure they exist)."""
+        cache = self.cache
+        start, end = holder.computed_len, holder.computed_len + n
+        assert end <= len(holder.tokens)
+        cache.allocate(holder, n)
+        vals = torch.tensor(self.values(holder)[start:end], dtype=torch.int64)
+        self.write(holder, start, vals)
+        hashes = self.values(holder)
+        captures = [
+            Capture(b, kind, torch.tensor(hashes[b - 1]))
+            for b, kind in cache.capture_points(start, end)
+        ]
+        cache.advance(holder, end, captures)
+        cache.pools[LINEAR_STATE].set_page_data(holder.working[LINEAR_STATE], hashes[end - 1])
+
+    def write(self, holder: Holder, start: int, vals: torch.Tensor) -> None:
+        cache = self.cache
+        cache.pools[FULL_KV].write_tokens(holder.full_pages, start, vals)
+        pages, offset = cache.swa_table(holder, start, len(vals))
+        cache.pools[SWA_KV].write_tokens(pages, offset, vals)
+
+    # -- checks ---------------------------------------------------------------------
+    def check_holder(self, holder: Holder) -> None:
+        """The holder's pages and working state describe exactly its own tokens."""
+        cache = self.cache
+        c = holder.computed_len
+        if c == 0:
+            assert (
+                int(cache.pools[LINEAR_STATE].page_data(holder.working[LINEAR_STATE]).item()) == 0
+            )
+            return
+        hashes = self.values(holder)[:c]
+        got = cache.pools[FULL_KV].read_tokens(holder.full_pages, 0, c).tolist()
+        assert got == hashes, f"holder {holder.id}: full.kv differs from its tokens"
+        lo = max(0, c - cache.config.window)
+        pages, offset = cache.swa_table(holder, lo, c - lo)
+        got = cache.pools[SWA_KV].read_tokens(pages, offset, c - lo).tolist()
+        assert got == hashes[lo:], f"holder {holder.id}: swa window differs from its tokens"
+        state = int(cache.pools[LINEAR_STATE].page_data(holder.working[LINEAR_STATE]).item())
+        assert state == hashes[-1], f"holder {holder.id}: working state is not the state at {c}"
+        for b, pend in holder.pending.items():
+            self._check_snapshot(
+                pend.pages, Tier.DEVICE, hashes[:b], f"holder {holder.id} pending {b}"
+            )
+
+    def tree_prefixes(self) -> dict[tuple, int]:
+        """Every cached page keyed by its prefix, checking page and snapshot contents."""
+        cache, p = self.cache, self.cache.page_size
+        out: dict[tuple, int] = {}
+        stack: list[tuple[Node, tuple, list[int]]] = [
+            (child, (), []) for child in cache.tree.root.children.values()
+        ]
+        while stack:
+            node, prefix, vals = stack.pop()
+            tokens = prefix + tuple(node.tokens)
+            start = vals[-1] if vals else None
+            mine = prefix_values(list(node.tokens), node.extra_key, start)
+            got = (
+                cache.pools[FULL_KV].read_tokens(node.pages.tolist(), 0, len(node.tokens)).tolist()
+            )
+            assert got == mine, f"node {node.id}: pages hold another prefix's values"
+            for k, page in enumerate(node.pages.tolist()):
+                out[(node.extra_key, tokens[: node.start + (k + 1) * p])] = page
+            full_vals = vals + mine
+            if node.snapshot is not None and node.snapshot.pages:
+                self._check_snapshot(
+                    node.snapshot.pages, node.snapshot.tier, full_vals, f"node {node.id}"
+                )
+            stack.extend((child, tokens, full_vals) for child in node.children.values())
+        return out
+
+    def _check_snapshot(self, pages, tier: Tier, hashes: list[int], what: str) -> None:
+        cache, w = self.cache, self.cache.config.window
+        linear = cache.pool(LINEAR_STATE, tier)
+        assert int(linear.page_data(pages[LINEAR_STATE]).item()) == hashes[-1], (
+            f"{what}: linear state"
+        )
+        window = cache.pool(SWA_WINDOW, tier).read_tokens(pages[SWA_WINDOW], 0, w).tolist()
+        want = [0] * max(0, w - len(hashes)) + hashes[-w:]
+        assert window == want, f"{what}: swa window snapshot"
+
+
+def run_turn(
+    sim: SimRunner, holder: Holder, new_tokens: list[int], *, chunk: int, decode: list[int]
+) -> None:
+    """One turn the way the engine runs it: append the user's tokens, prefill them in
+    chunks, decode ``decode`` one token at a time, committing after every step, then
+    commit the turn's terminal snapshot."""
+    cache = sim.cache
+    holder.tokens += new_tokens
+    while holder.computed_len < len(holder.tokens):
+        sim.compute(holder, min(chunk, len(holder.tokens) - holder.computed_len))
+        cache.commit_chunk(holder)
+    for token in decode:
+        holder.tokens.append(token)
+        sim.compute(holder, 1)
+        cache.commit_chunk(holder)
+    cache.commit_chunk(holder, terminal=True)

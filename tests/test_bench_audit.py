@@ -1,0 +1,72 @@
+"""Benchmark: the full audit as the full.kv pool grows to a million pages.
+
+`make test` runs a 10k-page smoke (benchmarks disabled: one call each);
+`make bench` measures 10k, 100k and 1M pages (KVWATCH_BENCH_PAGES).
+The tree is realistic: 16 shared system prompts, each continued by many
+1k-token conversations, 64 of them still running.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+
+import pytest
+import torch
+
+from kvwatch.engine.cache.audit import audit
+from kvwatch.engine.cache.hybrid import HybridPrefixCache
+from kvwatch.engine.cache.pool import PageLayout
+from kvwatch.engine.config import (
+    FULL_KV,
+    GROUP_NAMES,
+    LINEAR_STATE,
+    SWA_KV,
+    SWA_WINDOW,
+    CacheConfig,
+    GroupSpec,
+)
+
+SIZES = [int(n) for n in os.environ.get("KVWATCH_BENCH_PAGES", "10000").split(",")]
+
+
+def filled_cache(pages: int) -> HybridPrefixCache:
+    config = CacheConfig(
+        window=32,
+        snapshot_interval=256,
+        full_kv=GroupSpec(FULL_KV, 16, pages),
+        swa_kv=GroupSpec(SWA_KV, 16, 4096),
+        swa_window=GroupSpec(SWA_WINDOW, 32, 4096),
+        linear_state=GroupSpec(LINEAR_STATE, 1, 4096),
+    )
+    cache = HybridPrefixCache(config, {g: PageLayout((), torch.float16) for g in GROUP_NAMES})
+    rng = random.Random(0)
+    systems = [[rng.randrange(1000) for _ in range(512)] for _ in range(16)]
+    running = 0
+    pool = cache.pools[FULL_KV]
+    grown = True
+    while pool.free_count > 100 and grown:  # stop once a request only re-adopts cached pages
+        before = cache.tree.page_count
+        holder = cache.open(rng.choice(systems) + [rng.randrange(1000) for _ in range(1024)])
+        cache.match(holder)
+        n = min(len(holder.tokens) - holder.computed_len, (pool.free_count - 80) * 16)
+        cache.allocate(holder, n)
+        cache.advance(holder, holder.computed_len + n)
+        cache.commit_chunk(holder)
+        if running < 64:
+            running += 1
+        else:
+            cache.release(holder, commit=True)
+        grown = cache.tree.page_count > before
+    return cache
+
+
+@pytest.mark.bench
+@pytest.mark.parametrize("pages", SIZES)
+def test_audit_cost(benchmark, pages):
+    cache = filled_cache(pages)
+    benchmark.extra_info.update(
+        pages=pages, nodes=cache.tree.node_count, holders=len(cache.holders)
+    )
+    report = benchmark.pedantic(audit, args=(cache,), rounds=5, iterations=1, warmup_rounds=1)
+    assert report.clean and cache.pools[FULL_KV].used_count > 0.98 * pages - 100

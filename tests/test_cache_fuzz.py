@@ -1,0 +1,278 @@
+"""Property-based fuzz of the hybrid prefix cache.
+
+Random holders open, match, compute, speculate, commit, retract, recover and
+release over a random token trie while eviction, pruning and flushes run in
+between. After every operation:
+
+* the audit is clean (ownership, refs, tree structure, counters);
+* every page, window and state describes exactly the tokens it is keyed by;
+* a cached prefix keeps the page it was first written to until it is evicted,
+  and a match hands out exactly those pages;
+* a match resumes at least as deep as the deepest complete device snapshot on
+  its path (state recovery never gives up a usable anchor).
+
+Small pools keep the cache under pressure (evictions, skipped snapshots,
+failed allocations); big pools exercise long sharing chains.
+"""
+
+from __future__ import annotations
+
+import pytest
+from cachesim import INT_LAYOUTS, SimRunner
+from hypothesis import HealthCheck, seed, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from kvwatch.engine.cache.audit import audit
+from kvwatch.engine.cache.holder import Holder, HolderStatus
+from kvwatch.engine.cache.hybrid import Capture, HybridPrefixCache
+from kvwatch.engine.cache.node import Tier
+from kvwatch.engine.cache.pool import PoolExhausted
+from kvwatch.engine.config import (
+    FULL_KV,
+    LINEAR_STATE,
+    STATE_GROUPS,
+    SWA_KV,
+    SWA_WINDOW,
+    CacheConfig,
+    GroupSpec,
+)
+
+CONFIGS = {
+    "small": CacheConfig(
+        window=8,
+        snapshot_interval=16,
+        full_kv=GroupSpec(FULL_KV, 4, 40),
+        swa_kv=GroupSpec(SWA_KV, 4, 24),
+        swa_window=GroupSpec(SWA_WINDOW, 4, 12, 6),
+        linear_state=GroupSpec(LINEAR_STATE, 1, 8, 4),
+    ),
+    "big": CacheConfig(
+        window=8,
+        snapshot_interval=16,
+        full_kv=GroupSpec(FULL_KV, 4, 2048),
+        swa_kv=GroupSpec(SWA_KV, 4, 512),
+        swa_window=GroupSpec(SWA_WINDOW, 4, 256, 64),
+        linear_state=GroupSpec(LINEAR_STATE, 1, 128, 32),
+    ),
+}
+TOKENS = st.integers(0, 2)  # a tiny alphabet makes shared pages and splits common
+
+
+class CacheMachine(RuleBasedStateMachine):
+    SIZE = "small"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.cache = HybridPrefixCache(CONFIGS[self.SIZE], INT_LAYOUTS)
+        self.sim = SimRunner(self.cache)
+        self.seqs: list[list[int]] = [[]]  # conversations that finished a turn
+        self.first: dict[tuple, int] = {}
+
+    # -- picking holders --------------------------------------------------------------
+    def _with(self, status: HolderStatus) -> list[Holder]:
+        return [h for h in self.cache.holders.values() if h.status is status]
+
+    def _pick(self, data, status: HolderStatus) -> Holder:
+        return data.draw(st.sampled_from(sorted(self._with(status), key=lambda h: h.id)))
+
+    def _has(status):
+        return precondition(lambda self: bool(self._with(status)))
+
+    # -- rules --------------------------------------------------------------------------
+    @precondition(lambda self: len(self.cache.holders) < 5)
+    @rule(data=st.data(), extra=st.sampled_from([None, None, "x"]))
+    def open_and_match(self, data, extra):
+        """A new request forks a known conversation, usually near its end."""
+        base = data.draw(st.sampled_from(self.seqs[-6:]))
+        back = data.draw(
+            st.one_of(st.just(0), st.just(0), st.integers(0, 8), st.integers(0, len(base)))
+        )
+        cut = max(0, len(base) - back)
+        tail = data.draw(st.lists(TOKENS, min_size=1, max_size=24))
+        tokens = base[:cut] + tail
+        holder = self.cache.open(tokens, extra_key=extra)
+        self._match(holder)
+
+    @_has(HolderStatus.ACTIVE)
+    @rule(data=st.data(), n=st.integers(1, 12))
+    def compute(self, data, n):
+        holder = self._pick(data, HolderStatus.ACTIVE)
+        need = holder.computed_len + n - len(holder.tokens)
+        if need > 0:  # decoding past the prompt: the "sampled" tokens join the sequence
+            holder.tokens += data.draw(st.lists(TOKENS, min_size=need, max_size=need))
+        try:
+            self.sim.compute(holder, n)
+        except PoolExhausted:
+            if data.draw(st.booleans()):
+                self.cache.retract(holder)
+
+    @_has(HolderStatus.ACTIVE)
+    @rule(data=st.data(), chunk=st.integers(1, 24), decode=st.integers(0, 8))
+    def run_turn(self, data, chunk, decode):
+        """Prefill the rest of the prompt chunk by chunk, decode a few tokens, end the turn."""
+        holder = self._pick(data, HolderStatus.ACTIVE)
+        target = len(holder.tokens) + decode
+        try:
+            while holder.computed_len < target:
+                n = min(
+                    chunk if holder.computed_len < len(holder.tokens) else 1,
+                    target - holder.computed_len,
+                )
+                if holder.computed_len + n > len(holder.tokens):
+                    holder.tokens += data.draw(st.lists(TOKENS, min_size=n, max_size=n))
+                self.sim.compute(holder, n)
+                self.cache.commit_chunk(holder)
+        except PoolExhausted:
+            self.cache.retract(holder)
+            return
+        self.cache.commit_chunk(holder, terminal=True)
+        self.seqs.append(list(holder.tokens))
+
+    @_has(HolderStatus.ACTIVE)
+    @rule(data=st.data(), k=st.integers(1, 4))
+    def speculate(self, data, k):
+        """Allocate k + 1 slots for drafts, keep the accepted ones, trim the rest."""
+        holder = self._pick(data, HolderStatus.ACTIVE)
+        if holder.computed_len != len(holder.tokens):
+            return
+        start = holder.computed_len
+        try:
+            self.cache.allocate(holder, k + 1)
+        except PoolExhausted:
+            return
+        drafts = data.draw(st.lists(TOKENS, min_size=k + 1, max_size=k + 1))
+        holder.tokens += drafts
+        self.sim.write(holder, start, self._values(holder, start, start + k + 1))
+        accepted = data.draw(st.integers(0, k)) + 1
+        del holder.tokens[start + accepted :]
+        end = start + accepted
+        hashes = self.sim.values(holder)
+        caps = [
+            Capture(b, kind, self._tensor(hashes[b - 1]))
+            for b, kind in self.cache.capture_points(start, end)
+        ]
+        self.cache.advance(holder, end, caps)
+        self.cache.pools[LINEAR_STATE].set_page_data(holder.working[LINEAR_STATE], hashes[end - 1])
+        self.cache.trim(holder, end)
+
+    @_has(HolderStatus.ACTIVE)
+    @rule(data=st.data(), terminal=st.booleans())
+    def commit(self, data, terminal):
+        self.cache.commit_chunk(self._pick(data, HolderStatus.ACTIVE), terminal=terminal)
+
+    @_has(HolderStatus.ACTIVE)
+    @rule(data=st.data())
+    def next_turn(self, data):
+        holder = self._pick(data, HolderStatus.ACTIVE)
+        holder.tokens += data.draw(st.lists(TOKENS, min_size=1, max_size=16))
+
+    @_has(HolderStatus.ACTIVE)
+    @rule(data=st.data())
+    def retract(self, data):
+        self.cache.retract(self._pick(data, HolderStatus.ACTIVE))
+
+    @_has(HolderStatus.RETRACTED)
+    @rule(data=st.data())
+    def recover(self, data):
+        self._match(self._pick(data, HolderStatus.RETRACTED))
+
+    @precondition(lambda self: bool(self.cache.holders))
+    @rule(data=st.data(), commit=st.booleans())
+    def release(self, data, commit):
+        holder = data.draw(st.sampled_from(sorted(self.cache.holders.values(), key=lambda h: h.id)))
+        self.cache.release(holder, commit=commit)
+
+    @rule(
+        action=st.sampled_from(["evict"] * 4 + ["prune"] * 3 + ["flush"]),
+        group=st.sampled_from(STATE_GROUPS),
+        n=st.integers(1, 16),
+        host=st.booleans(),
+    )
+    def pressure(self, action, group, n, host):
+        """Outside pressure: evict leaves, prune snapshots, or (rarely) flush everything."""
+        if action == "evict":
+            self.cache.evict(FULL_KV, n)
+        elif action == "prune":
+            self.cache.prune(group, n, Tier.HOST if host else Tier.DEVICE)
+        else:
+            self.cache.flush()
+
+    # -- helpers ------------------------------------------------------------------------
+    def _match(self, holder: Holder) -> None:
+        walk = self.cache.tree.walk(holder.tokens, holder.extra_key, len(holder.tokens) - 1)
+        floor = max(
+            (
+                n.depth
+                for n in walk.nodes
+                if n.has_complete_snapshot and n.snapshot.tier is Tier.DEVICE
+            ),
+            default=0,
+        )
+        try:
+            match = self.cache.match(holder)
+        except PoolExhausted:
+            if holder.status is HolderStatus.NEW:
+                self.cache.release(holder, commit=False)
+            return
+        assert match.resume_len >= floor, "state recovery skipped a usable snapshot"
+        assert match.resume_len <= match.hit_len <= len(holder.tokens) - 1
+        p = self.cache.page_size
+        for j in range(match.resume_len // p):
+            key = (holder.extra_key, tuple(holder.tokens[: (j + 1) * p]))
+            assert holder.full_pages[j] == self.first[key], (
+                "match returned a page other than the first written"
+            )
+        self.sim.check_holder(holder)
+
+    def _values(self, holder: Holder, start: int, end: int):
+        return self._tensor(self.sim.values(holder)[start:end])
+
+    @staticmethod
+    def _tensor(values):
+        import torch
+
+        return torch.tensor(values, dtype=torch.int64)
+
+    # -- invariants ----------------------------------------------------------------------
+    @invariant()
+    def audit_is_clean(self):
+        report = audit(self.cache)
+        assert report.clean, "\n".join(str(f) for f in report.findings)
+        assert report.root_refs.actual == report.root_refs.expected
+
+    @invariant()
+    def values_are_intact(self):
+        for holder in self._with(HolderStatus.ACTIVE):
+            self.sim.check_holder(holder)
+        now = self.sim.tree_prefixes()
+        for key, page in now.items():
+            assert self.first.get(key, page) == page, (
+                f"prefix {key} moved to another page while cached"
+            )
+        self.first = now
+
+
+def machine(size: str, seed_value: int) -> type[CacheMachine]:
+    @seed(seed_value)
+    class Machine(CacheMachine):
+        SIZE = size
+
+    return Machine
+
+
+FUZZ = settings(
+    max_examples=20,
+    stateful_step_count=80,
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+)
+
+
+@pytest.mark.parametrize("size", sorted(CONFIGS))
+@pytest.mark.parametrize("seed_value", [1, 2, 3])
+def test_cache_fuzz(size: str, seed_value: int) -> None:
+    from hypothesis.stateful import run_state_machine_as_test
+
+    run_state_machine_as_test(machine(size, seed_value), settings=FUZZ)

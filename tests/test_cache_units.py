@@ -1,0 +1,255 @@
+"""Pool, tree and holder mechanics, one at a time."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from cachesim import INT_LAYOUTS, SimRunner, run_turn
+
+from kvwatch.engine.cache.audit import audit
+from kvwatch.engine.cache.holder import HolderStatus, PendingKind
+from kvwatch.engine.cache.hybrid import HybridPrefixCache
+from kvwatch.engine.cache.node import EMPTY_PAGES, Tier
+from kvwatch.engine.cache.owner import Owner, OwnerKind
+from kvwatch.engine.cache.pool import OwnershipError, PageLayout, PagePool, PoolExhausted
+from kvwatch.engine.cache.radix import RadixTree
+from kvwatch.engine.cache.usage import group_usage
+from kvwatch.engine.config import (
+    FULL_KV,
+    LINEAR_STATE,
+    SWA_KV,
+    SWA_WINDOW,
+    CacheConfig,
+    GroupSpec,
+)
+
+REQ = Owner(OwnerKind.REQUEST, 1)
+OTHER = Owner(OwnerKind.REQUEST, 2)
+
+
+def small_config(**overrides) -> CacheConfig:
+    groups = dict(
+        full_kv=GroupSpec(FULL_KV, 4, 64),
+        swa_kv=GroupSpec(SWA_KV, 4, 32),
+        swa_window=GroupSpec(SWA_WINDOW, 4, 16, 8),
+        linear_state=GroupSpec(LINEAR_STATE, 1, 8, 4),
+    )
+    groups.update(overrides)
+    return CacheConfig(window=8, snapshot_interval=16, **groups)
+
+
+# -- PagePool ---------------------------------------------------------------------------
+def test_pool_hands_out_pages_in_order_and_takes_them_back():
+    pool = PagePool(FULL_KV, 4, 8, PageLayout((), torch.int64))
+    first = pool.alloc(3, REQ)
+    assert first.tolist() == [0, 1, 2] and pool.free_count == 5
+    pool.free(first, REQ)
+    assert pool.free_count == 8
+    assert pool.alloc(3, OTHER).tolist() == [0, 1, 2]
+
+
+def test_pool_refuses_double_free_and_foreign_free():
+    pool = PagePool(FULL_KV, 4, 8, PageLayout())
+    pages = pool.alloc(2, REQ)
+    with pytest.raises(OwnershipError, match="request 2 tried to free"):
+        pool.free(pages, OTHER)
+    pool.free(pages, REQ)
+    with pytest.raises(OwnershipError, match="held by \\['free'"):
+        pool.free(pages, REQ)
+    assert pool.free_count == 8
+
+
+def test_pool_exhaustion_is_a_clear_error_and_changes_nothing():
+    pool = PagePool(SWA_WINDOW, 4, 4, PageLayout())
+    pool.alloc(3, REQ)
+    with pytest.raises(
+        PoolExhausted, match=r"swa.window \(device\) is out of pages: needed 2, free 1 of 4"
+    ):
+        pool.alloc(2, REQ)
+    assert pool.free_count == 1
+
+
+def test_pool_tokens_cross_page_boundaries():
+    pool = PagePool(FULL_KV, 4, 8, PageLayout((2,), torch.float64))
+    pages = pool.alloc(3, REQ).tolist()
+    values = torch.arange(20, dtype=torch.float64).reshape(10, 2)
+    pool.write_tokens(pages, 1, values)
+    assert torch.equal(pool.read_tokens(pages, 1, 10), values)
+    assert torch.equal(pool.page_data([pages[1]])[0], values[3:7])
+
+
+# -- RadixTree ----------------------------------------------------------------------------
+def tree_with(*seqs: list[int]) -> RadixTree:
+    tree = RadixTree(page_size=2)
+    next_page = iter(range(1000))
+    for seq in seqs:
+        node, pos = tree.root, 0
+        while pos < len(seq):
+            child = tree.child(node, None, seq, pos)
+            if child is None:
+                pages = np.array([next(next_page) for _ in range((len(seq) - pos) // 2)])
+                child = tree.add_leaf(node, seq[pos:], pages, None)
+            elif (n := tree.matching_pages(child, seq, pos, len(seq))) * 2 < len(child.tokens):
+                child = tree.split(child, n)
+            node, pos = child, child.depth
+    return tree
+
+
+def test_split_keeps_identity_depth_and_refs():
+    tree = tree_with([1, 2, 3, 4, 5, 6])
+    leaf = tree.walk([1, 2, 3, 4, 5, 6], None, 6).nodes[-1]
+    tree.lock(leaf)
+    upper = tree.split(leaf, 1)
+    assert (upper.depth, leaf.depth, leaf.start) == (2, 6, 2)
+    assert upper.refs == leaf.refs == 1 and tree.root.refs == 1
+    assert leaf.parent is upper and upper.pages.tolist() == [0] and leaf.pages.tolist() == [1, 2]
+
+
+def test_walk_counts_pages_matched_inside_a_diverging_node():
+    tree = tree_with([1, 2, 3, 4, 5, 6])
+    walk = tree.walk([1, 2, 3, 4, 9, 9, 9], None, 7)
+    assert walk.nodes == [] and walk.hit_len == 4
+    assert tree.walk([1, 2, 3, 4, 5, 6, 7], None, 7).hit_len == 6
+
+
+def test_extra_key_separates_namespaces():
+    tree = RadixTree(page_size=2)
+    tree.add_leaf(tree.root, [1, 2], np.array([0]), "a")
+    assert tree.walk([1, 2, 3], "a", 3).hit_len == 2
+    assert tree.walk([1, 2, 3], None, 3).hit_len == 0
+    assert tree.walk([1, 2, 3], "b", 3).hit_len == 0
+
+
+def test_lock_covers_the_path_and_eviction_goes_lru_leaf_first():
+    tree = tree_with([1, 1, 2, 2], [1, 1, 3, 3])
+    a = tree.walk([1, 1, 2, 2], None, 4).nodes[-1]
+    b = tree.walk([1, 1, 3, 3], None, 4).nodes[-1]
+    tree.touch(b)  # a is now the least recently used leaf
+    tree.lock(b)
+    assert a in tree.evictable and b not in tree.evictable and tree.root.refs == 1
+    taken = []
+    assert tree.evict(10, lambda n: taken.append(n.id) or len(n.pages)) == 1
+    assert taken == [a.id]  # b is locked, and the shared parent is not a leaf
+    tree.unlock(b)
+    tree.evict(10, lambda n: taken.append(n.id) or len(n.pages))
+    assert tree.node_count == 0 and tree.root not in tree.evictable
+
+
+def test_host_ref_pins_a_node_against_eviction():
+    tree = tree_with([1, 1, 2, 2])
+    leaf = tree.walk([1, 1, 2, 2], None, 4).nodes[-1]
+    tree.add_host_ref(leaf)
+    assert tree.evict(10, lambda n: len(n.pages)) == 0
+    tree.drop_host_ref(leaf)
+    assert tree.evict(10, lambda n: len(n.pages)) == 2
+
+
+# -- HybridPrefixCache -------------------------------------------------------------------
+def test_capture_points_mark_intervals_and_the_frontier_page():
+    cache = HybridPrefixCache(small_config(), INT_LAYOUTS)
+    assert cache.capture_points(0, 3) == []
+    assert cache.capture_points(0, 7) == [(4, PendingKind.TRACK)]
+    assert cache.capture_points(10, 37) == [
+        (16, PendingKind.INTERVAL),
+        (32, PendingKind.INTERVAL),
+        (36, PendingKind.TRACK),
+    ]
+    assert cache.capture_points(15, 16) == [(16, PendingKind.INTERVAL)]
+
+
+def test_match_leaves_the_last_token_to_compute():
+    cache = HybridPrefixCache(small_config(), INT_LAYOUTS)
+    sim = SimRunner(cache)
+    h = cache.open(list(range(8)))
+    cache.match(h)
+    run_turn(sim, h, [], chunk=8, decode=[])
+    cache.release(h, commit=True)
+    # The same prompt again: token 7 must be computed to yield logits, so the
+    # history match stops at 4, where no snapshot exists: nothing to resume from.
+    assert cache.match(cache.open(list(range(8)))) == (4, 0)
+    # One more token and the turn's terminal snapshot at 8 is usable.
+    assert cache.match(cache.open([*range(8), 9])) == (8, 8)
+
+
+def test_allocation_failure_is_atomic():
+    cache = HybridPrefixCache(small_config(swa_kv=GroupSpec(SWA_KV, 4, 4)), INT_LAYOUTS)
+    h = cache.open(list(range(40)))
+    cache.match(h)
+    before = {g: p.free_count for g, p in cache.pools.items()}
+    with pytest.raises(PoolExhausted, match=r"swa\.kv"):
+        cache.allocate(h, 24)  # full.kv has room, swa.kv does not
+    assert {g: p.free_count for g, p in cache.pools.items()} == before
+    assert h.allocated_len == 0 and audit(cache).clean
+
+
+def test_window_slides_and_trim_keeps_a_partial_page():
+    cache = HybridPrefixCache(small_config(), INT_LAYOUTS)
+    sim = SimRunner(cache)
+    h = cache.open(list(range(30)))
+    cache.match(h)
+    sim.compute(h, 22)
+    assert sorted(h.swa_pages) == [3, 4, 5]  # positions >= 22 - 8 = 14 live in pages 3..5
+    cache.allocate(h, 5)  # speculative slots for positions 22..26; one is accepted
+    sim.write(h, 22, torch.tensor(sim.values(h)[22:23]))
+    cache.advance(h, 23)
+    cache.pools[LINEAR_STATE].set_page_data(h.working[LINEAR_STATE], sim.values(h)[22])
+    cache.trim(h, 23)
+    assert len(h.full_pages) == 6 and h.allocated_len == 23  # page 5 holds 20..22 and stays
+    sim.check_holder(h)
+    assert audit(cache).clean
+
+
+def test_retract_parks_the_recovery_snapshot_on_the_host():
+    cache = HybridPrefixCache(small_config(), INT_LAYOUTS)
+    sim = SimRunner(cache)
+    h = cache.open(list(range(20)))
+    cache.match(h)
+    run_turn(sim, h, [], chunk=6, decode=[])
+    cache.retract(h)
+    anchor = h.anchor
+    assert h.status is HolderStatus.RETRACTED and anchor.depth == 20 and anchor.host_refs == 1
+    assert anchor.snapshot.tier is Tier.HOST
+    usage = group_usage(cache)
+    assert usage[LINEAR_STATE].by_owner == {
+        "tree": 0,
+        "request": 0,
+        "session": 0,
+        "slot": 0,
+        "host": 1,
+    }
+    h.tokens.append(7)
+    assert cache.recover(h).resume_len == 20
+    assert anchor.snapshot.tier is Tier.DEVICE and anchor.host_refs == 0
+    sim.check_holder(h)
+    assert audit(cache).clean
+
+
+def test_group_usage_splits_pinned_and_evictable_tree_pages():
+    cache = HybridPrefixCache(small_config(), INT_LAYOUTS)
+    sim = SimRunner(cache)
+    a, b = cache.open(list(range(17))), cache.open([9] * 17)
+    for h in (a, b):
+        cache.match(h)
+        run_turn(sim, h, [], chunk=8, decode=[])
+    cache.release(b, commit=True)
+    usage = group_usage(cache)[FULL_KV]
+    assert usage.by_owner["tree"] == 8 and usage.by_owner["request"] == 1
+    assert usage.evictable == 4  # b's path; a's is locked
+    assert usage.capacity - usage.free == 9
+
+
+def test_config_rejects_bad_geometry():
+    with pytest.raises(ValueError, match="snapshot_interval"):
+        CacheConfig(snapshot_interval=24)
+    with pytest.raises(ValueError, match="page_size must be 1"):
+        GroupSpec(LINEAR_STATE, 2, 8)
+    with pytest.raises(ValueError, match="only state groups have a host tier"):
+        GroupSpec(FULL_KV, 16, 8, host_capacity=4)
+    with pytest.raises(ValueError, match="must hold at least a working state"):
+        small_config(linear_state=GroupSpec(LINEAR_STATE, 1, 1))
+
+
+def test_root_has_no_pages():
+    tree = RadixTree(page_size=4)
+    assert tree.root.pages is EMPTY_PAGES and tree.root.depth == 0 and tree.root.is_leaf

@@ -1,0 +1,57 @@
+"""The CLI contract: `kvwatch faults [--json]` and usage errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from kvwatch.engine.faults import ENV_VAR, Fault, faults_from_env, parse_faults
+
+CACHE_FAULTS = {
+    "interior-snapshot-leak": "000",
+    "snapshot-release-ignores-host-refs": "000",
+    "history-only-anchor": "000",
+    "root-ref-leak-on-miss": "002",
+    "root-in-evict-set": "002",
+}
+
+
+def kvwatch(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "kvwatch", *args], capture_output=True, text=True)
+
+
+def test_faults_json_lists_every_fault_with_its_seed():
+    out = kvwatch("faults", "--json")
+    assert out.returncode == 0, out.stderr
+    entries = {e["name"]: e for e in json.loads(out.stdout)}
+    assert {name: e["seed"] for name, e in entries.items() if name in CACHE_FAULTS} == CACHE_FAULTS
+    assert set(entries) == {f.value for f in Fault}
+    assert all(e["summary"] and e["layer"] for e in entries.values())
+
+
+def test_faults_table_is_human_readable():
+    out = kvwatch("faults")
+    assert out.returncode == 0
+    header, *rows = out.stdout.splitlines()
+    assert header.split() == ["fault", "seed", "summary"]
+    assert {tuple(row.split()[:2]) for row in rows} >= set(CACHE_FAULTS.items())
+
+
+def test_usage_errors_exit_2():
+    assert kvwatch("no-such-command").returncode == 2
+    assert kvwatch("faults", "--bogus").returncode == 2
+
+
+def test_fault_names_parse_from_env_and_reject_unknown_names():
+    assert faults_from_env({ENV_VAR: "root-in-evict-set, interior-snapshot-leak"}) == {
+        Fault.ROOT_IN_EVICT_SET,
+        Fault.INTERIOR_SNAPSHOT_LEAK,
+    }
+    assert faults_from_env({}) == frozenset()
+    try:
+        parse_faults(["root-in-evict-set", "made-up"])
+    except ValueError as exc:
+        assert "unknown fault 'made-up'" in str(exc) and "root-ref-leak-on-miss" in str(exc)
+    else:
+        raise AssertionError("an unknown fault name was accepted")
