@@ -14,11 +14,42 @@ from kvwatch.engine.cache.holder import Holder
 from kvwatch.engine.cache.hybrid import Capture, HybridPrefixCache
 from kvwatch.engine.cache.node import Node, Tier
 from kvwatch.engine.cache.pool import PageLayout
-from kvwatch.engine.config import FULL_KV, GROUP_NAMES, LINEAR_STATE, SWA_KV, SWA_WINDOW
+from kvwatch.engine.config import (
+    FULL_KV,
+    GROUP_NAMES,
+    LINEAR_STATE,
+    SWA_KV,
+    SWA_WINDOW,
+    CacheConfig,
+    GroupSpec,
+)
 
 MOD = (1 << 61) - 1
 BASE = 1_000_003
 INT_LAYOUTS = {g: PageLayout((), torch.int64) for g in GROUP_NAMES}
+
+
+def cache_config(
+    *,
+    window: int,
+    interval: int,
+    page: int,
+    full: int,
+    swa: int,
+    snapshots: int,
+    host: int = 0,
+) -> CacheConfig:
+    """A config whose history groups share one page size and whose two state
+    groups hold ``snapshots`` snapshots each (plus ``host`` on the host tier)."""
+    per_window = -(-window // page)
+    return CacheConfig(
+        window=window,
+        snapshot_interval=interval,
+        full_kv=GroupSpec(FULL_KV, page, full),
+        swa_kv=GroupSpec(SWA_KV, page, swa),
+        swa_window=GroupSpec(SWA_WINDOW, page, snapshots * per_window, host * per_window),
+        linear_state=GroupSpec(LINEAR_STATE, 1, snapshots, host),
+    )
 
 
 def seed_of(extra_key: str | None) -> int:

@@ -13,6 +13,7 @@ import random
 
 import pytest
 import torch
+from cachesim import cache_config
 
 from kvwatch.engine.cache.audit import audit
 from kvwatch.engine.cache.hybrid import HybridPrefixCache
@@ -20,25 +21,13 @@ from kvwatch.engine.cache.pool import PageLayout
 from kvwatch.engine.config import (
     FULL_KV,
     GROUP_NAMES,
-    LINEAR_STATE,
-    SWA_KV,
-    SWA_WINDOW,
-    CacheConfig,
-    GroupSpec,
 )
 
 SIZES = [int(n) for n in os.environ.get("KVWATCH_BENCH_PAGES", "10000").split(",")]
 
 
 def filled_cache(pages: int) -> HybridPrefixCache:
-    config = CacheConfig(
-        window=32,
-        snapshot_interval=256,
-        full_kv=GroupSpec(FULL_KV, 16, pages),
-        swa_kv=GroupSpec(SWA_KV, 16, 4096),
-        swa_window=GroupSpec(SWA_WINDOW, 32, 4096),
-        linear_state=GroupSpec(LINEAR_STATE, 1, 4096),
-    )
+    config = cache_config(window=32, interval=256, page=16, full=pages, swa=4096, snapshots=4096)
     cache = HybridPrefixCache(config, {g: PageLayout((), torch.float16) for g in GROUP_NAMES})
     rng = random.Random(0)
     systems = [[rng.randrange(1000) for _ in range(512)] for _ in range(16)]

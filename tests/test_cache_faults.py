@@ -7,7 +7,7 @@ import itertools
 import random
 
 import pytest
-from cachesim import INT_LAYOUTS, SimRunner, run_turn
+from cachesim import INT_LAYOUTS, SimRunner, cache_config, run_turn
 
 from kvwatch.engine.cache.audit import audit
 from kvwatch.engine.cache.findings import REF_MISMATCH, TREE
@@ -17,21 +17,10 @@ from kvwatch.engine.config import (
     FULL_KV,
     LINEAR_STATE,
     STATE_GROUPS,
-    SWA_KV,
-    SWA_WINDOW,
-    CacheConfig,
-    GroupSpec,
 )
 from kvwatch.engine.faults import Fault
 
-CONFIG = CacheConfig(
-    window=16,
-    snapshot_interval=64,
-    full_kv=GroupSpec(FULL_KV, 8, 1024),
-    swa_kv=GroupSpec(SWA_KV, 8, 128),
-    swa_window=GroupSpec(SWA_WINDOW, 8, 256, 64),
-    linear_state=GroupSpec(LINEAR_STATE, 1, 128, 32),
-)
+CONFIG = cache_config(window=16, interval=64, page=8, full=1024, swa=128, snapshots=128, host=32)
 NONE = frozenset()
 
 

@@ -18,7 +18,7 @@ failed allocations); big pools exercise long sharing chains.
 from __future__ import annotations
 
 import pytest
-from cachesim import INT_LAYOUTS, SimRunner
+from cachesim import INT_LAYOUTS, SimRunner, cache_config
 from hypothesis import HealthCheck, seed, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
@@ -32,29 +32,11 @@ from kvwatch.engine.config import (
     FULL_KV,
     LINEAR_STATE,
     STATE_GROUPS,
-    SWA_KV,
-    SWA_WINDOW,
-    CacheConfig,
-    GroupSpec,
 )
 
 CONFIGS = {
-    "small": CacheConfig(
-        window=8,
-        snapshot_interval=16,
-        full_kv=GroupSpec(FULL_KV, 4, 40),
-        swa_kv=GroupSpec(SWA_KV, 4, 24),
-        swa_window=GroupSpec(SWA_WINDOW, 4, 12, 6),
-        linear_state=GroupSpec(LINEAR_STATE, 1, 8, 4),
-    ),
-    "big": CacheConfig(
-        window=8,
-        snapshot_interval=16,
-        full_kv=GroupSpec(FULL_KV, 4, 2048),
-        swa_kv=GroupSpec(SWA_KV, 4, 512),
-        swa_window=GroupSpec(SWA_WINDOW, 4, 256, 64),
-        linear_state=GroupSpec(LINEAR_STATE, 1, 128, 32),
-    ),
+    "small": cache_config(window=8, interval=16, page=4, full=40, swa=24, snapshots=8, host=4),
+    "big": cache_config(window=8, interval=16, page=4, full=2048, swa=512, snapshots=128, host=32),
 }
 TOKENS = st.integers(0, 2)  # a tiny alphabet makes shared pages and splits common
 

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch
-from cachesim import INT_LAYOUTS, SimRunner, run_turn
+from cachesim import INT_LAYOUTS, SimRunner, cache_config, run_turn
 
 from kvwatch.engine.cache.audit import audit
 from kvwatch.engine.cache.holder import HolderStatus, PendingKind
@@ -28,15 +30,9 @@ REQ = Owner(OwnerKind.REQUEST, 1)
 OTHER = Owner(OwnerKind.REQUEST, 2)
 
 
-def small_config(**overrides) -> CacheConfig:
-    groups = dict(
-        full_kv=GroupSpec(FULL_KV, 4, 64),
-        swa_kv=GroupSpec(SWA_KV, 4, 32),
-        swa_window=GroupSpec(SWA_WINDOW, 4, 16, 8),
-        linear_state=GroupSpec(LINEAR_STATE, 1, 8, 4),
-    )
-    groups.update(overrides)
-    return CacheConfig(window=8, snapshot_interval=16, **groups)
+def small_config(**overrides: GroupSpec) -> CacheConfig:
+    base = cache_config(window=8, interval=16, page=4, full=64, swa=32, snapshots=8, host=4)
+    return replace(base, **overrides)
 
 
 # -- PagePool ---------------------------------------------------------------------------
@@ -253,3 +249,25 @@ def test_config_rejects_bad_geometry():
 def test_root_has_no_pages():
     tree = RadixTree(page_size=4)
     assert tree.root.pages is EMPTY_PAGES and tree.root.depth == 0 and tree.root.is_leaf
+
+
+def test_shared_snapshot_lives_while_shared_and_goes_on_the_next_commit():
+    cache = HybridPrefixCache(small_config(), INT_LAYOUTS)
+    sim = SimRunner(cache)
+    seeder = cache.open([*range(20), 0])
+    cache.match(seeder)
+    run_turn(sim, seeder, [], chunk=8, decode=[])
+    cache.release(seeder, commit=True)
+    a, b = cache.open([*range(20), 1]), cache.open([*range(20), 2])
+    assert cache.match(a).resume_len == cache.match(b).resume_len == 20
+    shared = a.lock_node
+    run_turn(sim, a, [5] * 10, chunk=8, decode=[])
+    run_turn(sim, b, [6] * 10, chunk=8, decode=[])
+    assert shared.refs == 2 and shared.has_complete_snapshot  # kept for the sharer
+    first_terminal = a.lock_node
+    cache.release(b, commit=True)
+    assert shared.has_complete_snapshot  # nobody commits on a's path yet
+    run_turn(sim, a, [7] * 10, chunk=8, decode=[])
+    assert shared.snapshot.history_only and first_terminal.snapshot.history_only
+    assert a.lock_node.has_complete_snapshot  # the deepest anchor always stays
+    assert audit(cache).clean

@@ -10,32 +10,20 @@ from __future__ import annotations
 import itertools
 import random
 
-from cachesim import INT_LAYOUTS, SimRunner, run_turn
+from cachesim import INT_LAYOUTS, SimRunner, cache_config, run_turn
 
 from kvwatch.engine.cache.audit import audit
 from kvwatch.engine.cache.hybrid import HybridPrefixCache
 from kvwatch.engine.cache.pool import PoolExhausted
 from kvwatch.engine.cache.usage import SNAPSHOTS_PER_HOLDER, usage_bounds
 from kvwatch.engine.config import (
-    FULL_KV,
     LINEAR_STATE,
     STATE_GROUPS,
-    SWA_KV,
-    SWA_WINDOW,
-    CacheConfig,
-    GroupSpec,
 )
 from kvwatch.engine.faults import Fault
 
 HOLDERS, TURNS = 8, 50
-CONFIG = CacheConfig(
-    window=32,
-    snapshot_interval=64,
-    full_kv=GroupSpec(FULL_KV, 16, 8192),
-    swa_kv=GroupSpec(SWA_KV, 16, 256),
-    swa_window=GroupSpec(SWA_WINDOW, 32, 96),
-    linear_state=GroupSpec(LINEAR_STATE, 1, 96),
-)
+CONFIG = cache_config(window=32, interval=64, page=16, full=8192, swa=256, snapshots=96)
 
 
 class Outcome:

@@ -27,7 +27,7 @@ from kvwatch.engine.cache.node import Node, Snapshot, Tier
 from kvwatch.engine.cache.owner import Owner
 from kvwatch.engine.cache.pool import PageLayout, PagePool, PoolExhausted
 from kvwatch.engine.cache.radix import TREE_OWNER, RadixTree
-from kvwatch.engine.config import FULL_KV, STATE_GROUPS, CacheConfig, Family
+from kvwatch.engine.config import FULL_KV, STATE_GROUPS, CacheConfig, Family, GroupSpec
 from kvwatch.engine.events import EventBus, NodeEvicted, SnapshotMoved, SnapshotReleased
 from kvwatch.engine.faults import Fault
 
@@ -49,27 +49,16 @@ class CacheStorage:
         self.faults = faults
         self.events = events or EventBus()
         self.page_size = config.page_size
-        self.pools: dict[str, PagePool] = {
-            spec.name: PagePool(
-                spec.name,
-                spec.page_size,
-                spec.capacity,
-                layouts.get(spec.name, DEFAULT_LAYOUT),
-                device=device,
-            )
-            for spec in config.groups
-        }
-        self.host_pools: dict[str, PagePool] = {
-            spec.name: PagePool(
-                spec.name,
-                spec.page_size,
-                spec.host_capacity,
-                layouts.get(spec.name, DEFAULT_LAYOUT),
-                device="cpu",
-                tier=Tier.HOST,
-            )
-            for spec in config.groups
-            if spec.host_capacity > 0
+
+        def pool(spec: GroupSpec, tier: Tier) -> PagePool:
+            capacity = spec.capacity if tier is Tier.DEVICE else spec.host_capacity
+            layout = layouts.get(spec.name, DEFAULT_LAYOUT)
+            where = device if tier is Tier.DEVICE else "cpu"
+            return PagePool(spec.name, spec.page_size, capacity, layout, device=where, tier=tier)
+
+        self.pools = {spec.name: pool(spec, Tier.DEVICE) for spec in config.groups}
+        self.host_pools = {
+            spec.name: pool(spec, Tier.HOST) for spec in config.groups if spec.host_capacity
         }
         self.tree = RadixTree(self.page_size, faults)
 
