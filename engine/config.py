@@ -153,3 +153,106 @@ class CacheConfig:
         The window plus one chunk boundary can straddle two extra pages.
         """
         return math.ceil(self.window / self.swa_kv.page_size) + 2
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The tiny hybrid decoder. Weights are random from ``seed``; nothing is downloaded.
+
+    ``layers`` spells the layer pattern: ``F`` full attention, ``S`` sliding
+    window attention (window from ``CacheConfig.window``), ``L`` linear
+    attention. Every layer has an MoE feed-forward block with top-k routing.
+    ``float64`` on CPU keeps greedy outputs the same under any batching and
+    chunking, which the equivalence tests rely on.
+    """
+
+    layers: str = "FSLF"
+    d_model: int = 64
+    n_heads: int = 4
+    head_dim: int = 16
+    n_experts: int = 4
+    top_k: int = 2
+    expert_hidden: int = 96
+    rope_theta: float = 10000.0
+    max_model_len: int = 4096
+    seed: int = 0
+    dtype: str = "float64"
+
+    def __post_init__(self) -> None:
+        if not self.layers or set(self.layers) - set("FSL"):
+            raise ValueError(f"layers must be a string of F, S and L, got {self.layers!r}")
+        for kind in "FSL":
+            if kind not in self.layers:
+                raise ValueError(f"layers {self.layers!r} needs at least one {kind} layer")
+        for name in (
+            "d_model",
+            "n_heads",
+            "head_dim",
+            "n_experts",
+            "expert_hidden",
+            "max_model_len",
+        ):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not 1 <= self.top_k <= self.n_experts:
+            raise ValueError(f"top_k must be in [1, n_experts={self.n_experts}], got {self.top_k}")
+        if self.head_dim % 2:
+            raise ValueError(f"head_dim must be even for rotary embeddings, got {self.head_dim}")
+        if self.dtype not in ("float64", "float32"):
+            raise ValueError(f"dtype must be float64 or float32, got {self.dtype!r}")
+
+    def count(self, kind: str) -> int:
+        return self.layers.count(kind)
+
+
+@dataclass(frozen=True)
+class SpecConfig:
+    """Speculative decoding by n-gram prompt lookup (greedy requests only)."""
+
+    num_drafts: int = 4  # k: drafts proposed per step; k + 1 slots are allocated
+    min_ngram: int = 1
+    max_ngram: int = 3
+
+    def __post_init__(self) -> None:
+        if self.num_drafts < 1:
+            raise ValueError(f"num_drafts must be >= 1, got {self.num_drafts}")
+        if not 1 <= self.min_ngram <= self.max_ngram:
+            raise ValueError(
+                f"need 1 <= min_ngram <= max_ngram, got {self.min_ngram}..{self.max_ngram}"
+            )
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    max_running: int = 16  # requests in one batch
+    max_batch_tokens: int = 512  # tokens computed in one step, all requests together
+    chunk_size: int = 64  # largest prefill chunk of one request in one step
+    spec: SpecConfig | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_running < 1:
+            raise ValueError(f"max_running must be >= 1, got {self.max_running}")
+        if self.chunk_size < 1:
+            raise ValueError(f"chunk_size must be >= 1, got {self.chunk_size}")
+        spec_tokens = self.spec.num_drafts + 1 if self.spec else 1
+        if self.max_batch_tokens < max(self.chunk_size, spec_tokens):
+            raise ValueError(
+                f"max_batch_tokens ({self.max_batch_tokens}) must fit one chunk "
+                f"({self.chunk_size}) and one verify step ({spec_tokens})"
+            )
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    device: str = "cpu"
+    faults: frozenset = frozenset()
+
+    def __post_init__(self) -> None:
+        from kvwatch.engine.faults import parse_faults
+
+        object.__setattr__(self, "faults", parse_faults(self.faults))
+        if self.device not in ("cpu", "cuda") and not self.device.startswith("cuda:"):
+            raise ValueError(f"device must be cpu or cuda, got {self.device!r}")

@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 class NodeEvicted(NamedTuple):
     node_id: int
     depth: int
-    pages: int
+    page_ids: tuple[int, ...]  # the full.kv pages it gave back
 
 
 class SnapshotTaken(NamedTuple):
@@ -54,3 +54,79 @@ class EventBus:
     def emit(self, event: NamedTuple) -> None:
         for handler in self._subscribers.get(type(event), ()):
             handler(event)
+
+
+# -- request lifecycle ------------------------------------------------------------------
+class RequestAdded(NamedTuple):
+    request_id: str
+    prompt_tokens: int
+    step: int
+
+
+class RequestScheduled(NamedTuple):
+    """First admission: the request leaves the queue with this much served from cache."""
+
+    request_id: str
+    step: int
+    hit_tokens: int  # prompt tokens found in the tree's history
+    cached_tokens: int  # prompt tokens skipped: the depth of the restored snapshot
+
+
+class PrefillChunk(NamedTuple):
+    request_id: str
+    start: int
+    tokens: int
+    step: int
+
+
+class TokensGenerated(NamedTuple):
+    request_id: str
+    count: int
+    first: bool  # the request's first output token is among them
+    step: int
+
+
+class SpecVerified(NamedTuple):
+    request_id: str
+    drafts: int
+    accepted: int
+
+
+class RequestRetracted(NamedTuple):
+    request_id: str
+    computed_tokens: int
+
+
+class RequestRecovered(NamedTuple):
+    request_id: str
+    resume_len: int
+
+
+class RequestPaused(NamedTuple):
+    request_id: str
+
+
+class RequestFinished(NamedTuple):
+    request_id: str
+    reason: str  # "stop" or "length"
+    prompt_tokens: int
+    output_tokens: int
+    cached_tokens: int
+
+
+class RequestAborted(NamedTuple):
+    request_id: str
+    stage: str  # "queued", "prefill", "decode", "verify", "retracted" or "paused"
+
+
+class RequestFailed(NamedTuple):
+    request_id: str
+    error: str
+
+
+class BatchComputed(NamedTuple):
+    """The forward of a step is done; its results are not applied yet."""
+
+    step: int
+    request_ids: tuple[str, ...]
+    tokens: int

@@ -28,6 +28,8 @@ class Fault(StrEnum):
     HISTORY_ONLY_ANCHOR = "history-only-anchor"
     ROOT_REF_LEAK_ON_MISS = "root-ref-leak-on-miss"
     ROOT_IN_EVICT_SET = "root-in-evict-set"
+    ABORT_STATE_BUFFER_LEAK = "abort-state-buffer-leak"
+    SPEC_OVERALLOC_LEAK = "spec-overalloc-leak"
 
 
 @dataclass(frozen=True)
@@ -80,6 +82,19 @@ REGISTRY: Mapping[Fault, FaultInfo] = {
             "002",
             "cache.radix",
             "the root enters the eviction set when the tree empties",
+        ),
+        FaultInfo(
+            Fault.ABORT_STATE_BUFFER_LEAK,
+            "002",
+            "cache.release",
+            "state snapshots a request took but had not handed to the tree are not "
+            "freed when it is aborted or paused",
+        ),
+        FaultInfo(
+            Fault.SPEC_OVERALLOC_LEAK,
+            "001",
+            "scheduler",
+            "after a speculative verify, the slots of rejected drafts are not freed",
         ),
     )
 }

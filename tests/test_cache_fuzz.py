@@ -33,6 +33,7 @@ from kvwatch.engine.config import (
     LINEAR_STATE,
     STATE_GROUPS,
 )
+from kvwatch.engine.events import NodeEvicted
 
 CONFIGS = {
     "small": cache_config(window=8, interval=16, page=4, full=40, swa=24, snapshots=8, host=4),
@@ -49,7 +50,8 @@ class CacheMachine(RuleBasedStateMachine):
         self.cache = HybridPrefixCache(CONFIGS[self.SIZE], INT_LAYOUTS)
         self.sim = SimRunner(self.cache)
         self.seqs: list[list[int]] = [[]]  # conversations that finished a turn
-        self.first: dict[tuple, int] = {}
+        self.first: dict[tuple, int] = {}  # cached prefix -> the page it was first written to
+        self.cache.events.subscribe(NodeEvicted, self._forget_evicted)
 
     # -- picking holders --------------------------------------------------------------
     def _with(self, status: HolderStatus) -> list[Holder]:
@@ -206,6 +208,10 @@ class CacheMachine(RuleBasedStateMachine):
                 "match returned a page other than the first written"
             )
         self.sim.check_holder(holder)
+
+    def _forget_evicted(self, event: NodeEvicted) -> None:
+        gone = set(event.page_ids)
+        self.first = {key: page for key, page in self.first.items() if page not in gone}
 
     def _values(self, holder: Holder, start: int, end: int):
         return self._tensor(self.sim.values(holder)[start:end])

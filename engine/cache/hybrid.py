@@ -69,13 +69,18 @@ class HybridPrefixCache(CacheStorage):
 
     def open(
         self,
-        tokens: Sequence[int],
+        tokens: list[int],
         *,
         extra_key: str | None = None,
         kind: OwnerKind = OwnerKind.REQUEST,
     ) -> Holder:
+        """A holder over ``tokens``: the caller's own list, read by the cache.
+
+        The caller may append to it (sampled tokens, a new turn) but never
+        change what the holder has computed.
+        """
         hid = next(self._holder_ids)
-        holder = Holder(hid, Owner(kind, hid), list(tokens), extra_key)
+        holder = Holder(hid, Owner(kind, hid), tokens, extra_key)
         self.holders[hid] = holder
         return holder
 
@@ -256,6 +261,32 @@ class HybridPrefixCache(CacheStorage):
     def commit_chunk(self, holder: Holder, terminal: bool = False) -> int:
         return commit_chunk(self, holder, terminal)
 
+    # -- pressure ---------------------------------------------------------------------
+    def make_room(self, group: str, wanted: int, tier: Tier = Tier.DEVICE) -> int:
+        """Prune and evict; as a last resort, give up retracted holders' recovery nodes.
+
+        A host ref keeps a recovery snapshot safe from the superseded-snapshot
+        release, not from real pressure: when nothing unreferenced is left, the
+        least recently used recovery node that no running holder uses is let
+        go, and its holders will recover from a shallower snapshot.
+        """
+        got = super().make_room(group, wanted, tier)
+        while got < wanted and (node := self._oldest_recovery_node(tier)) is not None:
+            for holder in self.holders.values():
+                if holder.anchor is node:
+                    self.tree.drop_host_ref(node)
+                    holder.anchor = None
+            got += super().make_room(group, wanted - got, tier)
+        return got
+
+    def _oldest_recovery_node(self, tier: Tier) -> Node | None:
+        nodes = {
+            h.anchor
+            for h in self.holders.values()
+            if h.anchor is not None and h.anchor.refs == 0 and h.anchor.snapshot.tier is tier
+        }
+        return min(nodes, key=lambda n: (n.last_access, n.id), default=None)
+
     # -- leaving --------------------------------------------------------------------
     def retract(self, holder: Holder) -> None:
         """Free a running holder's pages under pressure; it recovers later via ``match``.
@@ -280,25 +311,30 @@ class HybridPrefixCache(CacheStorage):
             self.offload(anchor)
 
     def release(self, holder: Holder, *, commit: bool) -> None:
-        """Finish (``commit=True``) or abort/pause (``commit=False``) a holder for good."""
+        """Finish (``commit=True``) or abort/pause (``commit=False``) a holder for good.
+
+        The abort path inserts nothing, so every snapshot the holder captured
+        and still holds must be freed here (seed 002's big-page buffers).
+        """
         if holder.status is HolderStatus.ACTIVE:
             if commit:
                 self.commit_chunk(holder, terminal=True)
-            self._drop_everything(holder)
+            leak = not commit and Fault.ABORT_STATE_BUFFER_LEAK in self.faults
+            self._drop_everything(holder, free_pending=not leak)
         elif holder.status is HolderStatus.RETRACTED and holder.anchor is not None:
             self.tree.drop_host_ref(holder.anchor)
             holder.anchor = None
         holder.status = HolderStatus.RELEASED
         self.holders.pop(holder.id, None)
 
-    def _drop_everything(self, holder: Holder) -> None:
+    def _drop_everything(self, holder: Holder, *, free_pending: bool = True) -> None:
         """Unlock the path and free every page the holder owns."""
         if holder.lock_node is not None:
             self.tree.unlock(holder.lock_node)
         self.pools[FULL_KV].free(holder.own_full_pages(self.page_size), holder.owner)
         self.pools[SWA_KV].free(list(holder.swa_pages.values()), holder.owner)
         self.free_groups(holder.working, holder.owner, Tier.DEVICE)
-        for pend in holder.pending.values():
+        for pend in holder.pending.values() if free_pending else ():
             self.free_groups(pend.pages, holder.owner, Tier.DEVICE)
         holder.lock_node = None
         holder.full_pages, holder.swa_pages, holder.working, holder.pending = [], {}, {}, {}

@@ -47,12 +47,21 @@ class OwnershipError(RuntimeError):
     """A page was freed or moved by someone who does not own it."""
 
 
+class AuxField(NamedTuple):
+    """A second per-token tensor that lives and dies with the same pages."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+
+
 @dataclass(frozen=True)
 class PageLayout:
-    """Shape of one token's entry in a page, and its dtype."""
+    """Shape of one token's entry in a page, its dtype, and any auxiliary fields."""
 
     token_shape: tuple[int, ...] = ()
     dtype: torch.dtype = torch.float32
+    aux: tuple[AuxField, ...] = ()
 
 
 class PoolSnapshot(NamedTuple):
@@ -89,6 +98,10 @@ class PagePool:
         self.data = torch.zeros(
             (capacity, page_size, *layout.token_shape), dtype=layout.dtype, device=device
         )
+        self.aux = {
+            f.name: torch.zeros((capacity, page_size, *f.shape), dtype=f.dtype, device=device)
+            for f in layout.aux
+        }
         self.owner_kind = np.zeros(capacity, dtype=np.int8)
         self.owner_id = np.full(capacity, -1, dtype=np.int64)
         # Reversed so that a fresh pool hands out pages 0, 1, 2, ...
@@ -173,17 +186,32 @@ class PagePool:
         flat = as_index(pages)[pos // self.page_size] * self.page_size + pos % self.page_size
         return torch.from_numpy(flat).to(self.data.device)
 
-    def _flat(self) -> torch.Tensor:
+    @property
+    def tokens(self) -> torch.Tensor:
+        """The data as one row per token slot: (capacity * page_size, *token_shape)."""
         return self.data.view(self.capacity * self.page_size, *self.layout.token_shape)
 
     def read_tokens(self, pages: PageIds | Sequence[int], start: int, n: int) -> torch.Tensor:
-        return self._flat()[self.token_index(pages, start, n)]
+        return self.tokens[self.token_index(pages, start, n)]
 
     def write_tokens(
         self, pages: PageIds | Sequence[int], start: int, values: torch.Tensor
     ) -> None:
         idx = self.token_index(pages, start, values.shape[0])
-        self._flat()[idx] = values.to(device=self.data.device, dtype=self.data.dtype)
+        self.tokens[idx] = values.to(device=self.data.device, dtype=self.data.dtype)
+
+    def read_aux(
+        self, name: str, pages: PageIds | Sequence[int], start: int, n: int
+    ) -> torch.Tensor:
+        field = self.aux[name]
+        return field.view(-1, *field.shape[2:])[self.token_index(pages, start, n)]
+
+    def write_aux(
+        self, name: str, pages: PageIds | Sequence[int], start: int, values: torch.Tensor
+    ) -> None:
+        field = self.aux[name]
+        idx = self.token_index(pages, start, values.shape[0])
+        field.view(-1, *field.shape[2:])[idx] = values.to(device=field.device, dtype=field.dtype)
 
     def page_data(self, pages: PageIds | Sequence[int]) -> torch.Tensor:
         return self.data[torch.from_numpy(as_index(pages)).to(self.data.device)]
@@ -194,3 +222,7 @@ class PagePool:
     def copy_pages(self, src: PageIds, dst_pool: PagePool, dst: PageIds) -> None:
         """Copy whole pages into a pool with the same layout (same pool, or a tier move)."""
         dst_pool.set_page_data(dst, self.page_data(src).to(dst_pool.data.device))
+        src_idx, dst_idx = torch.from_numpy(as_index(src)), torch.from_numpy(as_index(dst))
+        for name, field in self.aux.items():
+            target = dst_pool.aux[name]
+            target[dst_idx.to(target.device)] = field[src_idx.to(field.device)].to(target.device)

@@ -136,7 +136,7 @@ class CacheStorage:
             counted += len(node.snapshot.pages.get(group, ()))
             self.drop_snapshot(node, "evicted")
         self.pools[FULL_KV].free(node.pages, TREE_OWNER)
-        self.events.emit(NodeEvicted(node.id, node.depth, len(node.pages)))
+        self.events.emit(NodeEvicted(node.id, node.depth, tuple(node.pages.tolist())))
         return counted
 
     def drop_snapshot(self, node: Node, reason: str) -> None:

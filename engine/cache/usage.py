@@ -4,11 +4,10 @@
 the pages that nothing can take back (not free, not evictable, not prunable)
 with what the live holders justify:
 
-* ``full.kv``: each running holder about ceil(allocated / P) pages, each
-  retracted one the path to its recovery node. Shared tree pages are counted
+* ``full.kv``: each running holder ceil(computed / P) pages (plus the slack
+  it may allocate ahead), each retracted one the path to its recovery node. Shared tree pages are counted
   once in usage but once per holder in the limit, so sharing never trips it.
-* ``swa.kv``: each running holder its last W positions plus what it has
-  allocated ahead of its frontier.
+* ``swa.kv``: each running holder its last W positions plus the slack.
 * state groups: each holder O(1) snapshots, independent of how many turns it
   has run: the deepest snapshot on its path and its frontier snapshot (a
   retracted holder: its recovery snapshot), plus the working state. Only
@@ -94,8 +93,12 @@ def group_usage(cache: HybridPrefixCache) -> dict[str, GroupUsage]:
     return out
 
 
-def usage_bounds(cache: HybridPrefixCache) -> dict[str, Bound]:
-    """Pinned pages against the limit live holders justify, per device group."""
+def usage_bounds(cache: HybridPrefixCache, slack_tokens: int = 0) -> dict[str, Bound]:
+    """Pinned pages against the limit live holders justify, per device group.
+
+    ``slack_tokens`` is how far a holder may legitimately allocate ahead of
+    its computed tokens at a step boundary (k + 1 with speculative decoding).
+    """
     cfg, p = cache.config, cache.page_size
     ps = cache.pools[SWA_KV].page_size
     active = [h for h in cache.holders.values() if h.status is HolderStatus.ACTIVE]
@@ -105,16 +108,14 @@ def usage_bounds(cache: HybridPrefixCache) -> dict[str, Bound]:
     out = {}
 
     full = usage[FULL_KV]
-    full_limit = sum(math.ceil(h.allocated_len / p) for h in active)
+    full_limit = sum(math.ceil((h.computed_len + slack_tokens) / p) for h in active)
     full_limit += sum(h.anchor.depth // p for h in retracted if h.anchor is not None)
     out[FULL_KV] = Bound(
         FULL_KV, full.capacity - full.free - full.evictable, full_limit, 0, holders
     )
 
     swa = usage[SWA_KV]
-    swa_limit = sum(
-        math.ceil((cfg.window + h.allocated_len - h.computed_len) / ps) + 1 for h in active
-    )
+    swa_limit = sum(math.ceil((cfg.window + slack_tokens) / ps) + 1 for h in active)
     out[SWA_KV] = Bound(SWA_KV, swa.capacity - swa.free, swa_limit, 0, holders)
 
     for group in STATE_GROUPS:

@@ -1,0 +1,201 @@
+"""Engine: the public loop of the reference engine.
+
+    engine = Engine(EngineConfig())
+    rid = engine.add_request("hello", SamplingParams(max_tokens=8))
+    while engine.has_unfinished():
+        for out in engine.step():
+            ...                                   # streaming deltas
+    completion = engine.take(rid)
+
+One step, as the loop below reads: apply aborts, schedule (admission and
+allocation, retracting under pressure), run the model, apply the aborts that
+arrived while it ran, then apply the results (commit, stop, finish).
+"""
+
+from __future__ import annotations
+
+import itertools
+import traceback
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import torch
+
+from kvwatch.engine.cache.hybrid import HybridPrefixCache
+from kvwatch.engine.config import EngineConfig
+from kvwatch.engine.events import BatchComputed, EventBus
+from kvwatch.engine.model.model import HybridModel
+from kvwatch.engine.model.paged import page_layouts
+from kvwatch.engine.model.tokenizer import ByteTokenizer, ChatTemplate
+from kvwatch.engine.probe import ProbeReport, QueueReport, take_probe
+from kvwatch.engine.request import Request, RequestOutput, SamplingParams, Status
+from kvwatch.engine.runner import ModelRunner
+from kvwatch.engine.scheduler import Scheduler
+
+
+class Completion(NamedTuple):
+    request_id: str
+    prompt_token_ids: list[int]
+    token_ids: list[int]
+    text: str
+    finish_reason: str | None
+    cached_tokens: int
+    logprobs: list[float]
+    routed_experts: torch.Tensor | None
+    error: str | None
+
+
+class Engine:
+    def __init__(self, config: EngineConfig | None = None) -> None:
+        self.config = config = config or EngineConfig()
+        self.events = EventBus()
+        self.tokenizer = ByteTokenizer()
+        self.chat_template = ChatTemplate(self.tokenizer)
+        self.model = HybridModel(config.model, config.cache.window, config.device)
+        self.cache = HybridPrefixCache(
+            config.cache,
+            page_layouts(config.model),
+            faults=config.faults,
+            device=config.device,
+            events=self.events,
+        )
+        self.runner = ModelRunner(self.model, self.cache)
+        self.scheduler = Scheduler(
+            config.scheduler, self.cache, self.events, config.faults, config.model.max_model_len
+        )
+        self.requests: dict[str, Request] = {}  # live and finished, until taken
+        self.step_count = 0
+        self._ids = itertools.count()
+        self._in_step = False
+        self._aborts: list[str] = []
+
+    # -- the loop ------------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        if self._in_step:
+            raise RuntimeError("step() is not reentrant")
+        self._in_step = True
+        try:
+            self._apply_aborts()
+            works = self.scheduler.schedule(self.step_count)
+            results = self._run(works)
+            if works:
+                ids = tuple(w.request.id for w in works)
+                tokens = sum(w.n + len(w.drafts) for w in works)
+                self.events.emit(BatchComputed(self.step_count, ids, tokens))
+                self._apply_aborts()  # disconnects that arrived while the batch ran
+            outputs = self.scheduler.update(works, results)
+            self.step_count += 1
+            return outputs
+        finally:
+            self._in_step = False
+
+    def _run(self, works):
+        try:
+            return self.runner.run(works) if works else []
+        except Exception as exc:  # one bad batch must not take the loop down
+            error = f"internal error in the model runner: {exc!r}"
+            traceback.print_exc()
+            for w in works:
+                self.scheduler.fail(w.request, error)
+            return [None] * len(works)
+
+    def _apply_aborts(self) -> None:
+        pending, self._aborts = self._aborts, []
+        for rid in pending:
+            req = self.requests.get(rid)
+            if req is not None and not req.done:
+                self.scheduler.abort(req)
+
+    # -- requests ------------------------------------------------------------------------
+    def add_request(
+        self,
+        prompt: str | Sequence[int],
+        params: SamplingParams | None = None,
+        *,
+        request_id: str | None = None,
+        extra_key: str | None = None,
+    ) -> str:
+        """Queue a prompt (text or token ids); returns its request id."""
+        tokens = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        if not tokens:
+            raise ValueError("the prompt is empty")
+        if any(not isinstance(t, int) or not 0 <= t < self.model.vocab_size for t in tokens):
+            raise ValueError(f"token ids must be integers in [0, {self.model.vocab_size})")
+        if len(tokens) >= self.config.model.max_model_len:
+            raise ValueError(
+                f"the prompt has {len(tokens)} tokens; max_model_len is {self.config.model.max_model_len}"
+            )
+        rid = request_id if request_id is not None else f"req-{next(self._ids)}"
+        if rid in self.requests:
+            raise ValueError(f"request id {rid!r} is already in use")
+        req = Request(
+            rid, tokens, len(tokens), params or SamplingParams(), self.step_count, extra_key
+        )
+        self.requests[rid] = req
+        self.scheduler.add(req)
+        return rid
+
+    def abort(self, request_id: str) -> bool:
+        """Abort a request at whatever stage it is; inside a step, at the next safe point."""
+        req = self.requests.get(request_id)
+        if req is None or req.done:
+            return False
+        self._aborts.append(request_id)
+        if not self._in_step:
+            self._apply_aborts()
+        return True
+
+    def pause(self, request_id: str) -> None:
+        self._control(request_id, self.scheduler.pause)
+
+    def resume(self, request_id: str) -> None:
+        self._control(request_id, self.scheduler.resume)
+
+    def retract(self, request_id: str) -> None:
+        """Push a running request out of the cache now, as pool pressure would."""
+        self._control(request_id, self.scheduler.retract)
+
+    def _control(self, request_id: str, action) -> None:
+        if self._in_step:
+            raise RuntimeError("pause, resume and retract apply between steps")
+        action(self.requests[request_id])
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_work
+
+    def take(self, request_id: str) -> Completion:
+        """The result of a finished, aborted or failed request; the engine forgets it."""
+        req = self.requests[request_id]
+        if not req.done:
+            raise ValueError(f"request {request_id!r} is still {req.status}")
+        del self.requests[request_id]
+        return Completion(
+            req.id,
+            req.tokens[: req.prompt_len],
+            req.output_ids,
+            self.tokenizer.decode(req.output_ids),
+            req.finish_reason,
+            req.cached_tokens,
+            req.logprobs,
+            req.routed_experts,
+            req.error,
+        )
+
+    def generate(
+        self, prompts: Sequence[str | Sequence[int]], params: SamplingParams | None = None
+    ) -> list[Completion]:
+        """Run prompts to completion together (continuous batching) and return them in order."""
+        ids = [self.add_request(p, params) for p in prompts]
+        while any(not self.requests[rid].done for rid in ids):
+            self.step()
+        return [self.take(rid) for rid in ids]
+
+    # -- observation ---------------------------------------------------------------------
+    def probe(self) -> ProbeReport:
+        if self._in_step:
+            raise RuntimeError("probe() is taken between steps")
+        s = self.scheduler
+        retracted = sum(r.status is Status.RETRACTED for r in s.waiting)
+        queue = QueueReport(len(s.waiting) - retracted, len(s.running), retracted, len(s.paused))
+        spec = self.config.scheduler.spec
+        return take_probe(self.cache, self.step_count, queue, spec.num_drafts + 1 if spec else 0)

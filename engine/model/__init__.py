@@ -1,0 +1,1 @@
+"""The tiny hybrid decoder: byte tokenizer, chat template, random weights, paged forward."""

@@ -1,0 +1,82 @@
+"""Byte-level tokenizer and a chat template with turn markers.
+
+Ids 0..255 are bytes; the special tokens follow. A chat renders as::
+
+    <|bos|> <|system|> ...bytes... <|end|> <|user|> ...bytes... <|end|> <|assistant|>
+
+and an assistant turn ends with ``<|end|>``, which is the model's stop token.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import NamedTuple
+
+BOS, EOS, SYSTEM, USER, ASSISTANT, TOOL, END, PAD = range(256, 264)
+VOCAB_SIZE = 264
+SPECIAL_NAMES = {
+    BOS: "<|bos|>",
+    EOS: "<|eos|>",
+    SYSTEM: "<|system|>",
+    USER: "<|user|>",
+    ASSISTANT: "<|assistant|>",
+    TOOL: "<|tool|>",
+    END: "<|end|>",
+    PAD: "<|pad|>",
+}
+ROLE_TOKENS = {"system": SYSTEM, "user": USER, "assistant": ASSISTANT, "tool": TOOL}
+STOP_TOKENS = frozenset({EOS, END})
+
+
+class ByteTokenizer:
+    vocab_size = VOCAB_SIZE
+
+    def encode(self, text: str) -> list[int]:
+        """UTF-8 bytes of ``text``; lone surrogates are rejected with ValueError."""
+        try:
+            return list(text.encode("utf-8"))
+        except UnicodeEncodeError as exc:
+            raise ValueError(f"text is not valid Unicode: {exc.reason} at {exc.start}") from None
+
+    def decode(self, ids: Iterable[int], *, skip_special: bool = True) -> str:
+        out, run = [], bytearray()
+        for i in ids:
+            if 0 <= i < 256:
+                run.append(i)
+                continue
+            out.append(run.decode("utf-8", errors="replace"))
+            run = bytearray()
+            if not skip_special:
+                out.append(SPECIAL_NAMES.get(i, f"<|{i}|>"))
+        out.append(run.decode("utf-8", errors="replace"))
+        return "".join(out)
+
+
+class ChatMessage(NamedTuple):
+    role: str
+    content: str
+
+
+class ChatTemplate:
+    def __init__(self, tokenizer: ByteTokenizer | None = None) -> None:
+        self.tokenizer = tokenizer or ByteTokenizer()
+
+    def render(
+        self,
+        messages: Sequence[ChatMessage | Mapping[str, str]],
+        *,
+        add_generation_prompt: bool = True,
+    ) -> list[int]:
+        ids = [BOS]
+        for m in messages:
+            role, content = (
+                (m.role, m.content) if isinstance(m, ChatMessage) else (m["role"], m["content"])
+            )
+            if role not in ROLE_TOKENS:
+                raise ValueError(f"unknown role {role!r}; roles are {', '.join(ROLE_TOKENS)}")
+            ids.append(ROLE_TOKENS[role])
+            ids += self.tokenizer.encode(content)
+            ids.append(END)
+        if add_generation_prompt:
+            ids.append(ASSISTANT)
+        return ids

@@ -1,0 +1,99 @@
+"""The probe: a frozen, JSON-ready report of the engine at a step boundary.
+
+It only reads: pool usage by owner, the audit's findings, the root's refs,
+tree size and the usage bounds that live holders justify.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from kvwatch.engine.cache.audit import RootRefs, audit
+from kvwatch.engine.cache.findings import Finding
+from kvwatch.engine.cache.hybrid import HybridPrefixCache
+from kvwatch.engine.cache.node import Tier
+from kvwatch.engine.cache.usage import Bound, group_usage, usage_bounds
+from kvwatch.engine.config import STATE_GROUPS
+
+
+class GroupReport(NamedTuple):
+    family: str
+    capacity: int
+    free: int
+    by_owner: dict[str, int]  # tree, request, session, slot; host: pages in the host tier
+    evictable: int
+    host_capacity: int
+
+
+class TreeReport(NamedTuple):
+    nodes: int
+    snapshots: dict[str, int]  # nodes holding state, per state group
+    host_snapshots: int
+
+
+class QueueReport(NamedTuple):
+    waiting: int
+    running: int
+    retracted: int
+    paused: int
+
+
+class ProbeReport(NamedTuple):
+    step: int
+    live_requests: int
+    live_sessions: int
+    groups: dict[str, GroupReport]
+    root_refs: RootRefs
+    findings: tuple[Finding, ...]
+    tree: TreeReport
+    bounds: dict[str, Bound]
+    queue: QueueReport
+
+    @property
+    def clean(self) -> bool:
+        return not self.findings
+
+    def as_dict(self) -> dict:
+        return {
+            "step": self.step,
+            "live_requests": self.live_requests,
+            "live_sessions": self.live_sessions,
+            "groups": {name: g._asdict() for name, g in self.groups.items()},
+            "root_refs": self.root_refs._asdict(),
+            "findings": [f.as_dict() for f in self.findings],
+            "tree": self.tree._asdict(),
+            "bounds": {
+                name: {**b._asdict(), "exceeded": b.exceeded} for name, b in self.bounds.items()
+            },
+            "queue": self.queue._asdict(),
+        }
+
+
+def take_probe(
+    cache: HybridPrefixCache, step: int, queue: QueueReport, slack_tokens: int = 0
+) -> ProbeReport:
+    report = audit(cache)
+    usage = group_usage(cache)
+    groups = {
+        name: GroupReport(u.family, u.capacity, u.free, u.by_owner, u.evictable, u.host_capacity)
+        for name, u in usage.items()
+    }
+    snapshots = dict.fromkeys(STATE_GROUPS, 0)
+    on_host = 0
+    for node in cache.tree.snapshot_nodes:
+        on_host += node.snapshot.tier is Tier.HOST
+        for group in node.snapshot.pages:
+            snapshots[group] += 1
+    tree = TreeReport(cache.tree.node_count, snapshots, on_host)
+    live = queue.waiting + queue.running + queue.retracted + queue.paused
+    return ProbeReport(
+        step,
+        live,
+        0,
+        groups,
+        report.root_refs,
+        report.findings,
+        tree,
+        usage_bounds(cache, slack_tokens),
+        queue,
+    )

@@ -1,0 +1,282 @@
+"""Scheduler: continuous batching with chunked prefill, speculative steps and retraction.
+
+Each step, oldest request first:
+
+1. every running request gets its next piece: a prefill chunk while more than
+   one of its tokens is uncomputed, else one decode token, or a verify step
+   of the last token plus k drafts (greedy requests, ``spec`` on);
+2. queued requests are admitted (matched against the cache) while slots,
+   token budget and pages allow.
+
+A piece that cannot get pages has already made the cache evict and prune.
+Then drafts are dropped, then the newest running request is retracted, and
+only a request that cannot fit even alone fails, with a clear error. The
+loop itself never stops on a shortage.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import deque
+
+from kvwatch.engine.cache.hybrid import Capture, HybridPrefixCache
+from kvwatch.engine.cache.pool import PoolExhausted
+from kvwatch.engine.config import FULL_KV, SchedulerConfig
+from kvwatch.engine.events import (
+    EventBus,
+    PrefillChunk,
+    RequestAborted,
+    RequestAdded,
+    RequestFailed,
+    RequestFinished,
+    RequestPaused,
+    RequestRecovered,
+    RequestRetracted,
+    RequestScheduled,
+    SpecVerified,
+    TokensGenerated,
+)
+from kvwatch.engine.faults import Fault
+from kvwatch.engine.model.paged import EXPERTS
+from kvwatch.engine.model.tokenizer import STOP_TOKENS
+from kvwatch.engine.request import Request, RequestOutput, Status
+from kvwatch.engine.runner import Work, WorkResult
+from kvwatch.engine.spec import propose
+
+
+class Scheduler:
+    def __init__(
+        self,
+        cfg: SchedulerConfig,
+        cache: HybridPrefixCache,
+        events: EventBus,
+        faults: frozenset[Fault],
+        max_model_len: int,
+    ) -> None:
+        self.cfg, self.cache, self.events, self.faults = cfg, cache, events, faults
+        self.max_model_len = max_model_len
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []  # by arrival, oldest first
+        self.paused: dict[str, Request] = {}
+        self.in_flight: dict[str, Work] = {}  # the current step's work, until update()
+        self.outputs: list[RequestOutput] = []  # failures and aborts, for the next step's return
+        self.step = 0
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    # -- intake and control ------------------------------------------------------------
+    def add(self, req: Request) -> None:
+        self.waiting.append(req)
+        self.events.emit(RequestAdded(req.id, req.prompt_len, self.step))
+
+    def abort(self, req: Request) -> None:
+        stage = self._stage(req)
+        self._let_go(req, commit=False)
+        req.status = Status.ABORTED
+        req.finish_reason = "abort"
+        self.events.emit(RequestAborted(req.id, stage))
+        self.outputs.append(RequestOutput(req.id, (), True, "abort"))
+
+    def pause(self, req: Request) -> None:
+        """Release without committing; the request waits for ``resume``."""
+        if req.status is Status.PAUSED or req.done:
+            return
+        self._let_go(req, commit=False)
+        req.status = Status.PAUSED
+        self.paused[req.id] = req
+        self.events.emit(RequestPaused(req.id))
+
+    def resume(self, req: Request) -> None:
+        if self.paused.pop(req.id, None) is not None:
+            req.status = Status.WAITING
+            self.waiting.appendleft(req)
+
+    def retract(self, req: Request) -> None:
+        if req.status is Status.RUNNING:
+            self._retract(req)
+
+    # -- one step ----------------------------------------------------------------------
+    def schedule(self, step: int) -> list[Work]:
+        self.step = step
+        works: dict[str, Work] = {}
+        budget = self.cfg.max_batch_tokens
+        for req in list(self.running):
+            if budget <= 0:
+                break
+            if req.status is Status.RUNNING and (work := self._place(req, budget, works)):
+                works[req.id] = work
+                budget -= work.n + len(work.drafts)
+        while self.waiting and len(self.running) < self.cfg.max_running and budget > 0:
+            req = self.waiting[0]
+            if not self._admit(req):
+                if req.done:  # it can never fit: failed, try the next one
+                    continue
+                break
+            work = self._place(req, budget, works)
+            if work is None:  # it stepped back: the cache is full for now
+                break
+            works[req.id] = work
+            budget -= work.n + len(work.drafts)
+        self.in_flight = works
+        return list(works.values())
+
+    def update(self, works: list[Work], results: list[WorkResult]) -> list[RequestOutput]:
+        outputs, self.outputs = self.outputs, []
+        for work, res in zip(works, results, strict=True):
+            req = work.request
+            if req.status is not Status.RUNNING:  # aborted while the batch ran
+                continue
+            outputs.append(self._apply(work, res))
+        self.in_flight = {}
+        return outputs
+
+    def _apply(self, work: Work, res: WorkResult) -> RequestOutput:
+        req, h = work.request, work.request.holder
+        kept, reason = self._accept(req, res.new_tokens)
+        first = not req.output_ids
+        req.tokens.extend(kept)  # before commit: the tree is keyed by these tokens
+        req.logprobs.extend(res.logprobs[: len(kept)])
+        computed_to = min(res.computed_to, len(req.tokens))
+        captures = [
+            Capture(b, kind, res.states[b])
+            for b, kind in self.cache.capture_points(work.start, computed_to)
+            if b in res.states
+        ]
+        self.cache.advance(h, computed_to, captures)
+        if work.drafts:
+            self.events.emit(SpecVerified(req.id, len(work.drafts), len(res.new_tokens) - 1))
+            if Fault.SPEC_OVERALLOC_LEAK not in self.faults:
+                self.cache.trim(h, computed_to)
+        self.cache.commit_chunk(h)
+        if work.n > 1 or work.start < req.prompt_len:
+            self.events.emit(PrefillChunk(req.id, work.start, work.n, self.step))
+        if kept:
+            self.events.emit(TokensGenerated(req.id, len(kept), first, self.step))
+        if reason:
+            self._finish(req, reason)
+        return RequestOutput(req.id, tuple(kept), req.done, req.finish_reason)
+
+    # -- placing work ------------------------------------------------------------------
+    def _plan(self, req: Request, budget: int) -> tuple[int, tuple[int, ...]]:
+        remaining = len(req.tokens) - req.holder.computed_len
+        if remaining > 1:
+            return min(remaining, self.cfg.chunk_size, budget), ()
+        spec = self.cfg.spec
+        if spec is None or not req.params.greedy:
+            return 1, ()
+        k = min(
+            spec.num_drafts,
+            req.params.max_tokens - len(req.output_ids) - 1,
+            self.max_model_len - len(req.tokens) - 1,
+            budget - 1,
+        )
+        return 1, propose(req.tokens, k, spec.min_ngram, spec.max_ngram)
+
+    def _place(self, req: Request, budget: int, works: dict[str, Work]) -> Work | None:
+        """Allocate the request's next piece, making room as the module docstring says."""
+        n, drafts = self._plan(req, budget)
+        while True:
+            try:
+                self.cache.allocate(req.holder, n + len(drafts))
+                return Work(req, req.holder.computed_len, n, drafts)
+            except PoolExhausted as exc:
+                if drafts:
+                    drafts = ()
+                    continue
+                victim = self.running[-1]
+                if victim is not req:
+                    works.pop(victim.id, None)
+                    self._retract(victim)
+                    continue
+                if len(self.running) > 1:
+                    self._retract(req)  # the newest steps back for older requests
+                else:
+                    self.fail(req, f"request needs more pages than the cache can free: {exc}")
+                return None
+
+    def _admit(self, req: Request) -> bool:
+        """Match the head of the queue against the cache and make it running."""
+        if req.holder is None:
+            req.holder = self.cache.open(req.tokens, extra_key=req.extra_key)
+        recovering = req.status is Status.RETRACTED
+        try:
+            match = self.cache.match(req.holder)
+        except PoolExhausted as exc:
+            if not self.running:  # nothing will free pages for it
+                self.fail(req, f"request cannot be admitted even into an idle cache: {exc}")
+            return False
+        self.waiting.popleft()
+        req.status = Status.RUNNING
+        bisect.insort(self.running, req, key=lambda r: r.arrival)
+        if recovering:
+            self.events.emit(RequestRecovered(req.id, match.resume_len))
+        elif not req.admitted:
+            req.cached_tokens = min(match.resume_len, req.prompt_len)
+            self.events.emit(
+                RequestScheduled(
+                    req.id, self.step, min(match.hit_len, req.prompt_len), req.cached_tokens
+                )
+            )
+        req.admitted = True
+        return True
+
+    # -- leaving -----------------------------------------------------------------------
+    def _accept(self, req: Request, new: tuple[int, ...]) -> tuple[list[int], str | None]:
+        """The new tokens up to the first stop condition, and that condition."""
+        params, kept = req.params, []
+        for tok in new:
+            kept.append(tok)
+            if tok in params.stop_token_ids or (tok in STOP_TOKENS and not params.ignore_eos):
+                return kept, "stop"
+            if len(req.output_ids) + len(kept) >= params.max_tokens:
+                return kept, "length"
+            if len(req.tokens) + len(kept) >= self.max_model_len:
+                return kept, "length"
+        return kept, None
+
+    def _finish(self, req: Request, reason: str) -> None:
+        h = req.holder
+        if req.params.return_routed_experts:
+            pool = self.cache.pools[FULL_KV]
+            req.routed_experts = pool.read_aux(EXPERTS, h.full_pages, 0, h.computed_len)
+        self._let_go(req, commit=True)
+        req.status, req.finish_reason = Status.FINISHED, reason
+        self.events.emit(
+            RequestFinished(req.id, reason, req.prompt_len, len(req.output_ids), req.cached_tokens)
+        )
+
+    def fail(self, req: Request, error: str) -> None:
+        """End a request with an error; the loop and every other request go on."""
+        self._let_go(req, commit=False)
+        req.status, req.error, req.finish_reason = Status.FAILED, error, "error"
+        self.events.emit(RequestFailed(req.id, error))
+        self.outputs.append(RequestOutput(req.id, (), True, "error", error))
+
+    def _retract(self, req: Request) -> None:
+        computed = req.holder.computed_len
+        self.cache.retract(req.holder)
+        self.running.remove(req)
+        req.status = Status.RETRACTED
+        self.waiting.appendleft(req)
+        self.events.emit(RequestRetracted(req.id, computed))
+
+    def _let_go(self, req: Request, *, commit: bool) -> None:
+        """Take the request out of every queue and give its cache holder back."""
+        if req in self.running:
+            self.running.remove(req)
+        if req in self.waiting:
+            self.waiting.remove(req)
+        self.paused.pop(req.id, None)
+        self.in_flight.pop(req.id, None)
+        if req.holder is not None:
+            self.cache.release(req.holder, commit=commit)
+            req.holder = None
+
+    def _stage(self, req: Request) -> str:
+        if req.status is Status.RUNNING:
+            if (work := self.in_flight.get(req.id)) and work.drafts:
+                return "verify"
+            return "prefill" if len(req.tokens) - req.holder.computed_len > 1 else "decode"
+        return {Status.RETRACTED: "retracted", Status.PAUSED: "paused"}.get(req.status, "queued")
