@@ -248,6 +248,9 @@ class EngineConfig:
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     device: str = "cpu"
+    # torch intra-op threads on CPU. The model's ops are tiny, and spreading
+    # them over threads costs far more than it saves; 0 leaves torch's default.
+    cpu_threads: int = 1
     faults: frozenset = frozenset()
 
     def __post_init__(self) -> None:
@@ -256,3 +259,5 @@ class EngineConfig:
         object.__setattr__(self, "faults", parse_faults(self.faults))
         if self.device not in ("cpu", "cuda") and not self.device.startswith("cuda:"):
             raise ValueError(f"device must be cpu or cuda, got {self.device!r}")
+        if self.cpu_threads < 0:
+            raise ValueError(f"cpu_threads must be >= 0, got {self.cpu_threads}")

@@ -48,6 +48,8 @@ class Completion(NamedTuple):
 class Engine:
     def __init__(self, config: EngineConfig | None = None) -> None:
         self.config = config = config or EngineConfig()
+        if config.device == "cpu" and config.cpu_threads:
+            torch.set_num_threads(config.cpu_threads)
         self.events = EventBus()
         self.tokenizer = ByteTokenizer()
         self.chat_template = ChatTemplate(self.tokenizer)
