@@ -19,6 +19,11 @@ LINEAR_STATE = "linear.state"
 GROUP_NAMES = (FULL_KV, SWA_KV, SWA_WINDOW, LINEAR_STATE)
 STATE_GROUPS = (SWA_WINDOW, LINEAR_STATE)
 
+# How many assistant steps a session can roll back. A session slot keeps this
+# many turn-end snapshots plus the current one, and session records keep the
+# routed-expert blobs of as many records: O(1) per session, whatever its turns.
+MAX_ROLLBACK = 1
+
 
 class Family(StrEnum):
     """What a cache group holds.

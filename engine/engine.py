@@ -22,12 +22,15 @@ from typing import NamedTuple
 import torch
 
 from kvwatch.engine.cache.hybrid import HybridPrefixCache
-from kvwatch.engine.config import EngineConfig
+from kvwatch.engine.config import MAX_ROLLBACK, EngineConfig
+from kvwatch.engine.errors import SessionError, busy_session
 from kvwatch.engine.events import BatchComputed, EventBus
+from kvwatch.engine.faults import Fault
 from kvwatch.engine.model.model import HybridModel
 from kvwatch.engine.model.paged import page_layouts
 from kvwatch.engine.model.tokenizer import ByteTokenizer, ChatTemplate
 from kvwatch.engine.probe import ProbeReport, QueueReport, take_probe
+from kvwatch.engine.records import Session, SessionRegistry, Trajectory
 from kvwatch.engine.request import Request, RequestOutput, SamplingParams, Status
 from kvwatch.engine.runner import ModelRunner
 from kvwatch.engine.scheduler import Scheduler
@@ -64,6 +67,9 @@ class Engine:
         self.runner = ModelRunner(self.model, self.cache)
         self.scheduler = Scheduler(
             config.scheduler, self.cache, self.events, config.faults, config.model.max_model_len
+        )
+        self.sessions = SessionRegistry(
+            keep_every_blob=Fault.SESSION_BLOB_RETENTION in config.faults
         )
         self.requests: dict[str, Request] = {}  # live and finished, until taken
         self.step_count = 0
@@ -116,8 +122,13 @@ class Engine:
         *,
         request_id: str | None = None,
         extra_key: str | None = None,
+        session_id: str | None = None,
     ) -> str:
-        """Queue a prompt (text or token ids); returns its request id."""
+        """Queue a prompt (text or token ids); returns its request id.
+
+        With ``session_id`` the prompt is the session's next turn: it must
+        start with every token of the session so far and add at least one.
+        """
         tokens = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
         if not tokens:
             raise ValueError("the prompt is empty")
@@ -130,9 +141,13 @@ class Engine:
         rid = request_id if request_id is not None else f"req-{next(self._ids)}"
         if rid in self.requests:
             raise ValueError(f"request id {rid!r} is already in use")
-        req = Request(
-            rid, tokens, len(tokens), params or SamplingParams(), self.step_count, extra_key
-        )
+        session = None
+        if session_id is not None:
+            session = self.sessions.begin_turn(session_id, tokens)
+            session.tokens.extend(tokens[len(session.tokens) :])
+            session.in_flight, tokens = rid, session.tokens
+        params = params or SamplingParams()
+        req = Request(rid, tokens, len(tokens), params, self.step_count, extra_key, session=session)
         self.requests[rid] = req
         self.scheduler.add(req)
         return rid
@@ -161,6 +176,55 @@ class Engine:
         if self._in_step:
             raise RuntimeError("pause, resume and retract apply between steps")
         action(self.requests[request_id])
+
+    # -- sessions ------------------------------------------------------------------------
+    def open_session(
+        self, session_id: str | None = None, *, record: bool = False, routed_experts: bool = False
+    ) -> str:
+        """A streaming session: its turns keep one cache slot; with ``record``, each
+        finished turn leaves a record (and its routed-expert blob with ``routed_experts``)."""
+        return self.sessions.create(session_id, record=record, routed_experts=routed_experts).id
+
+    def close_session(self, session_id: str) -> None:
+        """Insert the session's tokens into the tree and give its slot back."""
+        session = self._idle_session(session_id)
+        if session.holder is not None:
+            self.cache.release(session.holder, commit=True)
+        self.sessions.forget(session)
+
+    def rollback_session(self, session_id: str, steps: int = 1) -> None:
+        """Undo the last ``steps`` turns (at most MAX_ROLLBACK); nothing changes on error."""
+        session = self._idle_session(session_id)
+        if session.records is not None:
+            session.records.check_rollback(steps)
+        elif not 1 <= steps <= min(MAX_ROLLBACK, len(session.turn_ends) - 1):
+            raise SessionError(
+                f"session {session_id!r} can roll back 1 to "
+                f"{min(MAX_ROLLBACK, len(session.turn_ends) - 1)} steps, not {steps}",
+                code="rollback_out_of_range",
+            )
+        del session.tokens[session.turn_ends[-1 - steps] :]
+        del session.turn_ends[-steps:]
+        if session.records is not None:
+            session.records.rollback(steps)
+        if session.holder is not None:  # the slot's state must not outrun its tokens
+            self.cache.settle(session.holder, len(session.tokens))
+
+    def trajectory(self, session_id: str) -> Trajectory:
+        session = self.sessions.get(session_id)
+        if session.records is None:
+            raise SessionError(
+                f"session {session_id!r} was opened without recording", code="session_not_recorded"
+            )
+        return session.records.merge(session.tokens)
+
+    def _idle_session(self, session_id: str) -> Session:
+        if self._in_step:
+            raise RuntimeError("sessions change between steps")
+        session = self.sessions.get(session_id)
+        if session.in_flight is not None:
+            raise busy_session(session_id)
+        return session
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_work
@@ -200,4 +264,11 @@ class Engine:
         retracted = sum(r.status is Status.RETRACTED for r in s.waiting)
         queue = QueueReport(len(s.waiting) - retracted, len(s.running), retracted, len(s.paused))
         spec = self.config.scheduler.spec
-        return take_probe(self.cache, self.step_count, queue, spec.num_drafts + 1 if spec else 0)
+        return take_probe(
+            self.cache,
+            self.step_count,
+            queue,
+            slack_tokens=spec.num_drafts + 1 if spec else 0,
+            live_sessions=len(self.sessions.open),
+            record_bytes=self.sessions.blob_bytes,
+        )

@@ -30,6 +30,9 @@ class Fault(StrEnum):
     ROOT_IN_EVICT_SET = "root-in-evict-set"
     ABORT_STATE_BUFFER_LEAK = "abort-state-buffer-leak"
     SPEC_OVERALLOC_LEAK = "spec-overalloc-leak"
+    SESSION_TAIL_LEAK = "session-tail-leak"
+    SESSION_TAIL_UNALIGNED_FREE = "session-tail-unaligned-free"
+    SESSION_BLOB_RETENTION = "session-blob-retention"
 
 
 @dataclass(frozen=True)
@@ -95,6 +98,27 @@ REGISTRY: Mapping[Fault, FaultInfo] = {
             "001",
             "scheduler",
             "after a speculative verify, the slots of rejected drafts are not freed",
+        ),
+        FaultInfo(
+            Fault.SESSION_TAIL_LEAK,
+            "001",
+            "cache.sessions",
+            "resuming a session does not free [prefix_len, kv_allocated_len): the new "
+            "turn's pages replace the tail's in the slot and the old ones are orphaned",
+        ),
+        FaultInfo(
+            Fault.SESSION_TAIL_UNALIGNED_FREE,
+            "001",
+            "cache.sessions",
+            "the tail free is not page-aligned, so the partial page that still holds "
+            "live tokens goes back to the free stack",
+        ),
+        FaultInfo(
+            Fault.SESSION_BLOB_RETENTION,
+            "003",
+            "records",
+            "every session record keeps its routed-expert blob, so retained memory is "
+            "O(turns x prefix)",
         ),
     )
 }

@@ -48,6 +48,7 @@ class ProbeReport(NamedTuple):
     tree: TreeReport
     bounds: dict[str, Bound]
     queue: QueueReport
+    record_bytes: int  # routed-expert blobs retained by session records
 
     @property
     def clean(self) -> bool:
@@ -66,11 +67,18 @@ class ProbeReport(NamedTuple):
                 name: {**b._asdict(), "exceeded": b.exceeded} for name, b in self.bounds.items()
             },
             "queue": self.queue._asdict(),
+            "record_bytes": self.record_bytes,
         }
 
 
 def take_probe(
-    cache: HybridPrefixCache, step: int, queue: QueueReport, slack_tokens: int = 0
+    cache: HybridPrefixCache,
+    step: int,
+    queue: QueueReport,
+    *,
+    slack_tokens: int = 0,
+    live_sessions: int = 0,
+    record_bytes: int = 0,
 ) -> ProbeReport:
     report = audit(cache)
     usage = group_usage(cache)
@@ -89,11 +97,12 @@ def take_probe(
     return ProbeReport(
         step,
         live,
-        0,
+        live_sessions,
         groups,
         report.root_refs,
         report.findings,
         tree,
         usage_bounds(cache, slack_tokens),
         queue,
+        record_bytes,
     )

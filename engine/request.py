@@ -4,11 +4,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
 from kvwatch.engine.cache.holder import Holder
+
+if TYPE_CHECKING:
+    from kvwatch.engine.records import Session
 
 
 @dataclass(frozen=True)
@@ -65,6 +68,7 @@ class Request:
     routed_experts: torch.Tensor | None = None  # (computed tokens, n_layers, top_k), when asked
     generator: torch.Generator | None = None
     admitted: bool = False
+    session: Session | None = None  # a streaming-session turn; tokens is then the session's list
 
     @property
     def output_ids(self) -> list[int]:

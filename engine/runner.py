@@ -10,8 +10,11 @@ the model agrees with, plus one token of its own (greedy acceptance)::
     model says  p0     p1    ...   pk        accept d1..da while d_i == p_(i-1)
     new tokens  d1 .. da, p_a                 computed_to = c + 1 + a
 
-The working linear state is written back at ``computed_to``, so rejected
-drafts leave no trace in it; rejected K/V slots are trimmed by the scheduler.
+The runner never moves a request's working linear state: the scheduler sets
+it to the state at the new frontier when it applies the results, so a request
+aborted in between keeps a state that matches its computed tokens. K/V
+written past the frontier (rejected drafts) is overwritten later; the
+scheduler trims the slots.
 """
 
 from __future__ import annotations
@@ -40,7 +43,9 @@ class WorkResult(NamedTuple):
     new_tokens: tuple[int, ...]
     logprobs: tuple[float, ...]
     computed_to: int
-    states: dict[int, torch.Tensor]  # linear states at page boundaries in (start, computed_to]
+    states: dict[
+        int, torch.Tensor
+    ]  # linear states after b tokens: page boundaries, verify positions
 
 
 class ModelRunner:
@@ -83,12 +88,10 @@ class ModelRunner:
             computed_to = w.start + w.n
         else:
             new, picks, computed_to = (), [], w.start + w.n
-        it.kv.store_states(out.states[computed_to])
         it.kv.write_experts(w.start, out.experts[: computed_to - w.start])
         lps = tuple(float(logprobs[i, t]) for i, t in zip(picks, new, strict=True))
-        p = self.cache.page_size
-        boundary_states = {b: s for b, s in out.states.items() if b % p == 0 and b <= computed_to}
-        return WorkResult(new, lps, computed_to, boundary_states)
+        states = {b: s for b, s in out.states.items() if b <= computed_to}
+        return WorkResult(new, lps, computed_to, states)
 
     @staticmethod
     def _sample(req: Request, logits: torch.Tensor) -> int:

@@ -19,9 +19,13 @@ from __future__ import annotations
 import bisect
 from collections import deque
 
-from kvwatch.engine.cache.hybrid import Capture, HybridPrefixCache
+import numpy as np
+
+from kvwatch.engine.cache.holder import HolderStatus
+from kvwatch.engine.cache.hybrid import Capture, HybridPrefixCache, Match
+from kvwatch.engine.cache.owner import OwnerKind
 from kvwatch.engine.cache.pool import PoolExhausted
-from kvwatch.engine.config import FULL_KV, SchedulerConfig
+from kvwatch.engine.config import FULL_KV, MAX_ROLLBACK, SchedulerConfig
 from kvwatch.engine.events import (
     EventBus,
     PrefillChunk,
@@ -39,6 +43,7 @@ from kvwatch.engine.events import (
 from kvwatch.engine.faults import Fault
 from kvwatch.engine.model.paged import EXPERTS
 from kvwatch.engine.model.tokenizer import STOP_TOKENS
+from kvwatch.engine.records import TurnRecord
 from kvwatch.engine.request import Request, RequestOutput, Status
 from kvwatch.engine.runner import Work, WorkResult
 from kvwatch.engine.spec import propose
@@ -76,6 +81,8 @@ class Scheduler:
         self._let_go(req, commit=False)
         req.status = Status.ABORTED
         req.finish_reason = "abort"
+        if req.session is not None:
+            self._end_turn(req, record=False)
         self.events.emit(RequestAborted(req.id, stage))
         self.outputs.append(RequestOutput(req.id, (), True, "abort"))
 
@@ -138,16 +145,20 @@ class Scheduler:
         first = not req.output_ids
         req.tokens.extend(kept)  # before commit: the tree is keyed by these tokens
         req.logprobs.extend(res.logprobs[: len(kept)])
-        computed_to = min(res.computed_to, len(req.tokens))
+        # The last token always waits to be computed: it yields the next logits.
+        computed_to = min(res.computed_to, len(req.tokens) - 1)
+        self.cache.set_working_state(h, res.states[computed_to])
         captures = [
             Capture(b, kind, res.states[b])
-            for b, kind in self.cache.capture_points(work.start, computed_to)
+            for b, kind in self.cache.capture_points(h, work.start, computed_to)
             if b in res.states
         ]
         self.cache.advance(h, computed_to, captures)
         if work.drafts:
             self.events.emit(SpecVerified(req.id, len(work.drafts), len(res.new_tokens) - 1))
-            if Fault.SPEC_OVERALLOC_LEAK not in self.faults:
+            # A finishing request gives everything back (a session frees the tail
+            # when it resumes), so only a continuing one trims rejected slots.
+            if not reason and Fault.SPEC_OVERALLOC_LEAK not in self.faults:
                 self.cache.trim(h, computed_to)
         self.cache.commit_chunk(h)
         if work.n > 1 or work.start < req.prompt_len:
@@ -197,12 +208,22 @@ class Scheduler:
                 return None
 
     def _admit(self, req: Request) -> bool:
-        """Match the head of the queue against the cache and make it running."""
+        """Match the head of the queue against the cache (or resume its session slot)."""
+        session = req.session
+        if req.holder is None and session is not None and session.holder is not None:
+            req.holder = session.holder
         if req.holder is None:
-            req.holder = self.cache.open(req.tokens, extra_key=req.extra_key)
+            kind = OwnerKind.SESSION if session else OwnerKind.REQUEST
+            req.holder = self.cache.open(req.tokens, extra_key=req.extra_key, kind=kind)
+            if session is not None:
+                session.holder = req.holder
         recovering = req.status is Status.RETRACTED
+        match = None
+        if req.holder.status is HolderStatus.PARKED:
+            resumed = self.cache.resume(req.holder)  # None: the slot starts over
+            match = Match(resumed, resumed) if resumed is not None else None
         try:
-            match = self.cache.match(req.holder)
+            match = match or self.cache.match(req.holder)
         except PoolExhausted as exc:
             if not self.running:  # nothing will free pages for it
                 self.fail(req, f"request cannot be admitted even into an idle cache: {exc}")
@@ -238,11 +259,13 @@ class Scheduler:
 
     def _finish(self, req: Request, reason: str) -> None:
         h = req.holder
-        if req.params.return_routed_experts:
+        if req.params.return_routed_experts or (req.session and req.session.routed_experts):
             pool = self.cache.pools[FULL_KV]
             req.routed_experts = pool.read_aux(EXPERTS, h.full_pages, 0, h.computed_len)
         self._let_go(req, commit=True)
         req.status, req.finish_reason = Status.FINISHED, reason
+        if req.session is not None:
+            self._end_turn(req, record=True)
         self.events.emit(
             RequestFinished(req.id, reason, req.prompt_len, len(req.output_ids), req.cached_tokens)
         )
@@ -251,12 +274,18 @@ class Scheduler:
         """End a request with an error; the loop and every other request go on."""
         self._let_go(req, commit=False)
         req.status, req.error, req.finish_reason = Status.FAILED, error, "error"
+        if req.session is not None:
+            self._end_turn(req, record=False)
         self.events.emit(RequestFailed(req.id, error))
         self.outputs.append(RequestOutput(req.id, (), True, "error", error))
 
     def _retract(self, req: Request) -> None:
         computed = req.holder.computed_len
-        self.cache.retract(req.holder)
+        if req.session is not None:  # a session slot is pinned: the turn steps back, the slot stays
+            self.cache.park(req.holder)
+            req.holder = None
+        else:
+            self.cache.retract(req.holder)
         self.running.remove(req)
         req.status = Status.RETRACTED
         self.waiting.appendleft(req)
@@ -270,9 +299,30 @@ class Scheduler:
             self.waiting.remove(req)
         self.paused.pop(req.id, None)
         self.in_flight.pop(req.id, None)
-        if req.holder is not None:
+        if req.holder is None:
+            return
+        if req.session is not None:  # the session keeps its slot between turns
+            if req.holder.status is HolderStatus.ACTIVE:
+                self.cache.park(req.holder)
+        else:
             self.cache.release(req.holder, commit=commit)
-            req.holder = None
+        req.holder = None
+
+    def _end_turn(self, req: Request, *, record: bool) -> None:
+        """A session turn is over: the session moves on without this request."""
+        session = req.session
+        req.tokens = list(req.tokens)  # the request keeps its own copy from now on
+        session.in_flight = None
+        if not record:
+            return
+        session.turn_ends = [*session.turn_ends[-(MAX_ROLLBACK + 1) :], len(session.tokens)]
+        if session.records is not None:
+            experts = req.routed_experts
+            blob = None if experts is None else np.array(experts.cpu().numpy(), copy=True)
+            turn = len(session.records.records)
+            outputs = tuple(req.output_ids)
+            rec = TurnRecord(turn, req.prompt_len, outputs, tuple(req.logprobs), blob)
+            session.records.append(rec)
 
     def _stage(self, req: Request) -> str:
         if req.status is Status.RUNNING:

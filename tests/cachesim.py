@@ -89,7 +89,7 @@ class SimRunner:
         hashes = self.values(holder)
         captures = [
             Capture(b, kind, torch.tensor(hashes[b - 1]))
-            for b, kind in cache.capture_points(start, end)
+            for b, kind in cache.capture_points(holder, start, end)
         ]
         cache.advance(holder, end, captures)
         cache.pools[LINEAR_STATE].set_page_data(holder.working[LINEAR_STATE], hashes[end - 1])

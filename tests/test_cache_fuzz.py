@@ -134,7 +134,7 @@ class CacheMachine(RuleBasedStateMachine):
         hashes = self.sim.values(holder)
         caps = [
             Capture(b, kind, self._tensor(hashes[b - 1]))
-            for b, kind in self.cache.capture_points(start, end)
+            for b, kind in self.cache.capture_points(holder, start, end)
         ]
         self.cache.advance(holder, end, caps)
         self.cache.pools[LINEAR_STATE].set_page_data(holder.working[LINEAR_STATE], hashes[end - 1])

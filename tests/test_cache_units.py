@@ -144,14 +144,15 @@ def test_host_ref_pins_a_node_against_eviction():
 # -- HybridPrefixCache -------------------------------------------------------------------
 def test_capture_points_mark_intervals_and_the_frontier_page():
     cache = HybridPrefixCache(small_config(), INT_LAYOUTS)
-    assert cache.capture_points(0, 3) == []
-    assert cache.capture_points(0, 7) == [(4, PendingKind.TRACK)]
-    assert cache.capture_points(10, 37) == [
+    h = cache.open([])
+    assert cache.capture_points(h, 0, 3) == []
+    assert cache.capture_points(h, 0, 7) == [(4, PendingKind.TRACK)]
+    assert cache.capture_points(h, 10, 37) == [
         (16, PendingKind.INTERVAL),
         (32, PendingKind.INTERVAL),
         (36, PendingKind.TRACK),
     ]
-    assert cache.capture_points(15, 16) == [(16, PendingKind.INTERVAL)]
+    assert cache.capture_points(h, 15, 16) == [(16, PendingKind.INTERVAL)]
 
 
 def test_match_leaves_the_last_token_to_compute():

@@ -58,6 +58,38 @@ class EngineMachine(RuleBasedStateMachine):
         params = SamplingParams(max_tokens=max_tokens, temperature=0.8 if sampled else 0.0, seed=1)
         self.engine.add_request(prompt, params)
 
+    @precondition(lambda self: self.engine is not None and len(self.engine.sessions.open) < 4)
+    @rule(record=st.booleans())
+    def open_session(self, record):
+        self.engine.open_session(record=record, routed_experts=record)
+
+    def _idle_sessions(self) -> list[str]:
+        return sorted(sid for sid, s in self.engine.sessions.open.items() if s.in_flight is None)
+
+    @precondition(lambda self: self.engine is not None)
+    @rule(data=st.data(), max_tokens=st.integers(1, 8))
+    def session_turn(self, data, max_tokens):
+        idle = self._idle_sessions()
+        if idle:
+            sid = data.draw(st.sampled_from(idle))
+            tokens = self.engine.sessions.get(sid).tokens
+            more = data.draw(st.lists(PROMPT_TOKENS, min_size=1, max_size=30))
+            self.engine.add_request(
+                [*tokens, *more], SamplingParams(max_tokens=max_tokens), session_id=sid
+            )
+
+    @precondition(lambda self: self.engine is not None)
+    @rule(data=st.data(), close=st.sampled_from([False, False, True]))
+    def close_or_roll_back(self, data, close):
+        idle = self._idle_sessions()
+        if idle:
+            sid = data.draw(st.sampled_from(idle))
+            session = self.engine.sessions.get(sid)
+            if close:
+                self.engine.close_session(sid)
+            elif len(session.turn_ends) > 1:
+                self.engine.rollback_session(sid, 1)
+
     @precondition(lambda self: self.engine is not None)
     @rule(n=st.integers(1, 4))
     def step(self, n):
@@ -112,6 +144,8 @@ class EngineMachine(RuleBasedStateMachine):
             done = engine.take(rid)
             assert done.finish_reason in ("stop", "length", "abort", "error")
             assert (done.finish_reason == "error") == (done.error is not None)
+        for sid in list(engine.sessions.open):
+            engine.close_session(sid)
         engine.cache.flush()
         report = engine.probe()
         assert report.clean, report.findings

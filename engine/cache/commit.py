@@ -26,6 +26,7 @@ import numpy as np
 
 from kvwatch.engine.cache.holder import Holder, HolderStatus, PendingKind
 from kvwatch.engine.cache.node import Node, Tier
+from kvwatch.engine.cache.owner import OwnerKind
 from kvwatch.engine.cache.radix import TREE_OWNER
 from kvwatch.engine.config import FULL_KV, PrefixCacheMode
 from kvwatch.engine.events import SnapshotTaken
@@ -39,8 +40,15 @@ def commit_chunk(cache: HybridPrefixCache, holder: Holder, terminal: bool = Fals
     """Commit what ``holder`` has computed; returns how many tokens joined its cached prefix.
 
     With ``terminal`` the frontier snapshot (the TRACK) is committed too: a turn
-    ends, and the next turn should resume exactly here.
+    ends, and the next turn should resume exactly here. A session commits
+    nothing until it closes (``insert``): its slot keeps its own pages.
     """
+    if holder.owner.kind is OwnerKind.SESSION:
+        return 0
+    return insert(cache, holder, terminal)
+
+
+def insert(cache: HybridPrefixCache, holder: Holder, terminal: bool) -> int:
     if cache.config.mode is PrefixCacheMode.OFF or holder.status is not HolderStatus.ACTIVE:
         return 0
     before = holder.cached_len

@@ -29,6 +29,7 @@ class HolderStatus(StrEnum):
     NEW = "new"  # opened, not matched yet: holds nothing
     ACTIVE = "active"  # matched: holds a lock (maybe empty) and pages
     RETRACTED = "retracted"  # holds only a host ref on its recovery node
+    PARKED = "parked"  # a session between turns: keeps lock, pages and state
     RELEASED = "released"  # holds nothing, forever
 
 

@@ -25,7 +25,8 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from kvwatch.engine.cache.commit import commit_chunk
+from kvwatch.engine.cache import sessions
+from kvwatch.engine.cache.commit import commit_chunk, insert
 from kvwatch.engine.cache.holder import Holder, HolderStatus, Pending, PendingKind
 from kvwatch.engine.cache.node import Node, Tier
 from kvwatch.engine.cache.owner import Owner, OwnerKind
@@ -160,14 +161,23 @@ class HybridPrefixCache(CacheStorage):
         holder.lock_node = anchor
         holder.cached_len = holder.computed_len = holder.allocated_len = d
         holder.status = HolderStatus.ACTIVE
+        self.restore_state(holder, anchor.snapshot.pages if anchor else None, d)
+
+    def restore_state(self, holder: Holder, snapshot: dict[str, np.ndarray] | None, d: int) -> None:
+        """Copy a device snapshot taken at ``d`` into the holder's own working pages.
+
+        The linear state goes to the working page, the window's tokens to
+        ``swa.kv`` positions [d - W, d), whose pages the holder already has.
+        ``None`` is the state before any token: all zeros.
+        """
         linear = self.pools[LINEAR_STATE]
-        if anchor is None:
+        if snapshot is None:
             linear.set_page_data(holder.working[LINEAR_STATE], 0)
             return
-        snap = anchor.snapshot.pages
-        linear.copy_pages(snap[LINEAR_STATE], linear, holder.working[LINEAR_STATE])
+        linear.copy_pages(snapshot[LINEAR_STATE], linear, holder.working[LINEAR_STATE])
+        first = max(0, d - self.config.window)
         n = d - first
-        window = self.pools[SWA_WINDOW].read_tokens(snap[SWA_WINDOW], self.config.window - n, n)
+        window = self.pools[SWA_WINDOW].read_tokens(snapshot[SWA_WINDOW], self.config.window - n, n)
         self._write_swa(holder, first, window)
 
     # -- compute bookkeeping ----------------------------------------------------------
@@ -182,22 +192,24 @@ class HybridPrefixCache(CacheStorage):
         holder.swa_pages.update(zip(swa_idx, got[SWA_KV].tolist(), strict=True))
         holder.allocated_len = end
 
-    def capture_points(self, start: int, end: int) -> list[tuple[int, PendingKind]]:
+    def capture_points(self, holder: Holder, start: int, end: int) -> list[tuple[int, PendingKind]]:
         """Boundaries in (start, end] where the runner must capture state.
 
         Every multiple of ``snapshot_interval``, plus the last page boundary
-        (the TRACK that follows the frontier and ends a turn).
+        (the TRACK that follows the frontier and ends a turn). A session
+        commits nothing until it closes, so it only keeps the TRACK.
         """
         if not self.radix:
             return []
-        p, interval = self.page_size, self.config.snapshot_interval
-        points = [
-            (b, PendingKind.INTERVAL)
-            for b in range((start // p + 1) * p, end + 1, p)
-            if b % interval == 0
-        ]
+        p = self.page_size
+        session = holder.owner.kind is OwnerKind.SESSION
+        interval = self.config.snapshot_interval
+        intervals = (
+            [] if session else range(-(-(start + 1) // interval) * interval, end + 1, interval)
+        )
+        points = [(b, PendingKind.INTERVAL) for b in intervals]
         last = end - end % p
-        if last > start and last % interval:
+        if last > start and (session or last % interval):
             points.append((last, PendingKind.TRACK))
         return points
 
@@ -245,6 +257,10 @@ class HybridPrefixCache(CacheStorage):
         self.pools[LINEAR_STATE].write_tokens(pages[LINEAR_STATE], 0, cap.linear_state.unsqueeze(0))
         holder.pending[b] = Pending(b, pages, cap.kind)
 
+    def set_working_state(self, holder: Holder, state: torch.Tensor) -> None:
+        """Overwrite the holder's working linear state (one page entry)."""
+        self.pools[LINEAR_STATE].set_page_data(holder.working[LINEAR_STATE], state)
+
     def trim(self, holder: Holder, keep_len: int) -> None:
         """Free slots allocated beyond ``keep_len``; a partly kept page stays."""
         self._require(holder, HolderStatus.ACTIVE)
@@ -260,6 +276,19 @@ class HybridPrefixCache(CacheStorage):
 
     def commit_chunk(self, holder: Holder, terminal: bool = False) -> int:
         return commit_chunk(self, holder, terminal)
+
+    # -- sessions (see sessions.py) ------------------------------------------------------
+    def park(self, holder: Holder) -> None:
+        self._require(holder, HolderStatus.ACTIVE)
+        sessions.park(self, holder)
+
+    def resume(self, holder: Holder) -> int | None:
+        self._require(holder, HolderStatus.PARKED)
+        return sessions.resume(self, holder)
+
+    def settle(self, holder: Holder, limit: int) -> None:
+        if holder.status is HolderStatus.PARKED:
+            sessions.settle(self, holder, limit)
 
     # -- pressure ---------------------------------------------------------------------
     def make_room(self, group: str, wanted: int, tier: Tier = Tier.DEVICE) -> int:
@@ -304,7 +333,7 @@ class HybridPrefixCache(CacheStorage):
         )
         if anchor is not None:
             self.tree.add_host_ref(anchor)
-        self._drop_everything(holder)
+        self.drop_everything(holder)
         holder.anchor = anchor
         holder.status = HolderStatus.RETRACTED
         if anchor is not None and anchor.refs == 0 and anchor.snapshot.tier is Tier.DEVICE:
@@ -316,18 +345,19 @@ class HybridPrefixCache(CacheStorage):
         The abort path inserts nothing, so every snapshot the holder captured
         and still holds must be freed here (seed 002's big-page buffers).
         """
-        if holder.status is HolderStatus.ACTIVE:
-            if commit:
-                self.commit_chunk(holder, terminal=True)
+        if holder.status in (HolderStatus.ACTIVE, HolderStatus.PARKED):
+            holder.status = HolderStatus.ACTIVE
+            if commit:  # a finished request, or a closing session
+                insert(self, holder, terminal=True)
             leak = not commit and Fault.ABORT_STATE_BUFFER_LEAK in self.faults
-            self._drop_everything(holder, free_pending=not leak)
+            self.drop_everything(holder, free_pending=not leak)
         elif holder.status is HolderStatus.RETRACTED and holder.anchor is not None:
             self.tree.drop_host_ref(holder.anchor)
             holder.anchor = None
         holder.status = HolderStatus.RELEASED
         self.holders.pop(holder.id, None)
 
-    def _drop_everything(self, holder: Holder, *, free_pending: bool = True) -> None:
+    def drop_everything(self, holder: Holder, *, free_pending: bool = True) -> None:
         """Unlock the path and free every page the holder owns."""
         if holder.lock_node is not None:
             self.tree.unlock(holder.lock_node)

@@ -4,13 +4,15 @@
 the pages that nothing can take back (not free, not evictable, not prunable)
 with what the live holders justify:
 
-* ``full.kv``: each running holder ceil(computed / P) pages (plus the slack
-  it may allocate ahead), each retracted one the path to its recovery node. Shared tree pages are counted
-  once in usage but once per holder in the limit, so sharing never trips it.
+* ``full.kv``: each running (or parked session) holder ceil(computed / P)
+  pages plus the slack it may allocate ahead, each retracted one the path to
+  its recovery node. Shared tree pages are counted once in usage but once per
+  holder in the limit, so sharing never trips it.
 * ``swa.kv``: each running holder its last W positions plus the slack.
 * state groups: each holder O(1) snapshots, independent of how many turns it
   has run: the deepest snapshot on its path and its frontier snapshot (a
-  retracted holder: its recovery snapshot), plus the working state. Only
+  retracted holder: its recovery snapshot), plus the working state; a session
+  also keeps MAX_ROLLBACK earlier turn-end snapshots to roll back to. Only
   snapshots that a single holder pins count here; a snapshot several holders
   share is kept on purpose while they do, and is reported as ``shared``.
 """
@@ -25,7 +27,7 @@ import numpy as np
 from kvwatch.engine.cache.holder import HolderStatus
 from kvwatch.engine.cache.node import Node, Tier
 from kvwatch.engine.cache.owner import OWNER_LABEL, OwnerKind
-from kvwatch.engine.config import FULL_KV, STATE_GROUPS, SWA_KV
+from kvwatch.engine.config import FULL_KV, MAX_ROLLBACK, STATE_GROUPS, SWA_KV
 
 if TYPE_CHECKING:
     from kvwatch.engine.cache.hybrid import HybridPrefixCache
@@ -101,7 +103,8 @@ def usage_bounds(cache: HybridPrefixCache, slack_tokens: int = 0) -> dict[str, B
     """
     cfg, p = cache.config, cache.page_size
     ps = cache.pools[SWA_KV].page_size
-    active = [h for h in cache.holders.values() if h.status is HolderStatus.ACTIVE]
+    live = (HolderStatus.ACTIVE, HolderStatus.PARKED)
+    active = [h for h in cache.holders.values() if h.status in live]
     retracted = [h for h in cache.holders.values() if h.status is HolderStatus.RETRACTED]
     holders = len(active) + len(retracted)
     usage = group_usage(cache)
@@ -131,7 +134,9 @@ def usage_bounds(cache: HybridPrefixCache, slack_tokens: int = 0) -> dict[str, B
         for h in active:
             own += sum(len(pend.pages[group]) for pend in h.pending.values())
             own += len(h.working.get(group, ()))
-        limit = holders * SNAPSHOTS_PER_HOLDER * cfg.pages_per_snapshot(group)
+        sessions = sum(h.owner.kind is OwnerKind.SESSION for h in active)
+        per_snapshot = cfg.pages_per_snapshot(group)
+        limit = (holders * SNAPSHOTS_PER_HOLDER + sessions * MAX_ROLLBACK) * per_snapshot
         limit += sum(1 for h in active if group in h.working)
         out[group] = Bound(group, own, limit, shared, holders)
     return out

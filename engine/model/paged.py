@@ -78,7 +78,3 @@ class PagedKV:
 
     def load_state(self, layer: int) -> torch.Tensor:
         return self.linear.tokens[self.state_page, layer]
-
-    def store_states(self, states: torch.Tensor) -> None:
-        """Overwrite the working state of every L layer: (n_L, H, D, D)."""
-        self.linear.tokens[self.state_page] = states

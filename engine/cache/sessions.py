@@ -1,0 +1,108 @@
+"""Streaming-session slots: a session keeps its holder between turns (seed 001).
+
+Between turns the holder is PARKED: it keeps its lock on the prefix it
+matched, its own pages (owner ``session``), its working state and its
+turn-end snapshots. The next turn resumes from the slot without a tree lookup,
+after freeing the tail the new turn would overwrite::
+
+    positions   0 .... prefix_len ....... allocated_len
+    full.kv     [ kept ][partial][ tail pages .... ]
+                                 ^ free from ceil(prefix_len / P) on; the
+                                   partial page still holds live tokens
+
+The gap [prefix_len, allocated_len) has two sources: a turn's last verify
+step allocated k + 1 slots and kept fewer (parking does not trim), and the
+logit reserve, which resumes at most at len(tokens) - 1 so the last token is
+computed again to yield logits (a retried turn, or a rollback). The linear
+state cannot step backwards, so ``settle`` rewinds a slot whose computed
+tokens outrun that limit to the deepest turn-end snapshot at or below it (a
+slot keeps MAX_ROLLBACK + 1 of them), or failing that drops the slot so the
+next turn matches the tree afresh. Closing is ``release(commit=True)``: the
+session's tokens go into the tree.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+from kvwatch.engine.cache.holder import Holder, HolderStatus, PendingKind
+from kvwatch.engine.cache.node import Tier
+from kvwatch.engine.cache.pool import PoolExhausted
+from kvwatch.engine.config import FULL_KV, MAX_ROLLBACK, SWA_KV
+from kvwatch.engine.faults import Fault
+
+if TYPE_CHECKING:
+    from kvwatch.engine.cache.hybrid import HybridPrefixCache
+
+
+def park(cache: HybridPrefixCache, holder: Holder) -> None:
+    """End a turn: keep everything; the frontier snapshot becomes a turn-end snapshot."""
+    if (track := holder.track()) is not None:
+        track.kind = PendingKind.TERMINAL
+    ends = sorted(b for b, pend in holder.pending.items() if pend.kind is PendingKind.TERMINAL)
+    for b in ends[: -(MAX_ROLLBACK + 1)]:
+        cache.free_groups(holder.pending.pop(b).pages, holder.owner, Tier.DEVICE)
+    holder.status = HolderStatus.PARKED
+
+
+def resume(cache: HybridPrefixCache, holder: Holder) -> int | None:
+    """Reopen a parked slot for ``holder.tokens``; returns where computing resumes.
+
+    ``None`` means the slot had nothing to resume from and is NEW again: the
+    caller matches it against the tree like a new request.
+    """
+    settle(cache, holder, len(holder.tokens) - 1)  # the logit reserve
+    if holder.status is HolderStatus.NEW:
+        return None
+    holder.status = HolderStatus.ACTIVE
+    free_tail(cache, holder, holder.computed_len)
+    return holder.computed_len
+
+
+def settle(cache: HybridPrefixCache, holder: Holder, limit: int) -> None:
+    """Bring a parked slot's computed tokens back to at most ``limit`` (after a
+    rollback, or to leave the logit reserve). Never fails: without a snapshot to
+    rewind to, the slot is dropped and becomes NEW."""
+    if holder.computed_len <= limit:
+        return
+    for b in [b for b in holder.pending if b > limit]:
+        cache.free_groups(holder.pending.pop(b).pages, holder.owner, Tier.DEVICE)
+    b = max(holder.pending, default=-1)
+    if b >= max(holder.cached_len, 1):
+        try:
+            _cover_window(cache, holder, b)
+        except PoolExhausted:
+            pass
+        else:
+            cache.restore_state(holder, holder.pending[b].pages, b)
+            free_tail(cache, holder, b)
+            return
+    cache.drop_everything(holder)
+    holder.status = HolderStatus.NEW
+
+
+def free_tail(cache: HybridPrefixCache, holder: Holder, prefix_len: int) -> None:
+    """Free [prefix_len, allocated_len) page-aligned and set both lengths to prefix_len."""
+    if prefix_len >= holder.allocated_len:  # no gap: nothing to free
+        return
+    p = cache.page_size
+    keep = math.ceil(prefix_len / p)
+    first = prefix_len // p if Fault.SESSION_TAIL_UNALIGNED_FREE in cache.faults else keep
+    if Fault.SESSION_TAIL_LEAK not in cache.faults:
+        cache.pools[FULL_KV].free(holder.full_pages[first:], holder.owner)
+    del holder.full_pages[keep:]
+    ps = cache.pools[SWA_KV].page_size
+    tail = [j for j in holder.swa_pages if j * ps >= prefix_len]
+    cache.pools[SWA_KV].free([holder.swa_pages.pop(j) for j in tail], holder.owner)
+    holder.computed_len = holder.allocated_len = prefix_len
+
+
+def _cover_window(cache: HybridPrefixCache, holder: Holder, b: int) -> None:
+    """A restore writes the window below ``b``: make sure its swa.kv pages exist."""
+    ps = cache.pools[SWA_KV].page_size
+    lo = max(0, b - cache.config.window)
+    missing = [j for j in range(lo // ps, math.ceil(b / ps)) if j not in holder.swa_pages]
+    if missing:
+        pages = cache.alloc(SWA_KV, len(missing), holder.owner)
+        holder.swa_pages.update(zip(missing, pages.tolist(), strict=True))

@@ -1,0 +1,159 @@
+"""The session registry: streaming sessions and their per-turn records (seed 003).
+
+A session is a conversation that keeps its cache slot between turns. Each
+turn must extend the session's tokens (append-only). With recording on,
+every finished turn leaves a ``TurnRecord``: where its prompt ends, its
+output tokens and logprobs and, when asked, the routed-expert blob of every
+computed token. A record's whole sequence is the session's tokens up to its
+end, so records share one token list. Records merge into one ``Trajectory``,
+last record wins::
+
+    record 1   [ prompt 1 | out 1 ]
+    record 2   [ prompt 1 | out 1 | prompt 2 | out 2 ]          <- its blob covers all of it
+    merged     tokens and blob of record 2; out 1 and out 2 marked for the loss
+
+Only the last record's blob is ever read, and a rollback of at most
+MAX_ROLLBACK steps can promote an earlier record to be last. So only the
+last MAX_ROLLBACK + 1 records keep their blob: retained memory is
+O(prefix), not O(turns x prefix).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+import numpy as np
+
+from kvwatch.engine.cache.holder import Holder
+from kvwatch.engine.config import MAX_ROLLBACK
+from kvwatch.engine.errors import SessionError, busy_session, closed_session, unknown_session
+
+CLOSED_IDS_KEPT = 4096  # closed session ids remembered, to tell "closed" from "unknown"
+
+
+class TurnRecord(NamedTuple):
+    turn: int
+    prompt_len: int  # the turn's sequence is the session's tokens[: prompt_len + len(output_ids)]
+    output_ids: tuple[int, ...]
+    logprobs: tuple[float, ...]  # of the output tokens
+    routed_experts: np.ndarray | None  # (computed tokens, n_layers, top_k); None once dropped
+
+    @property
+    def end(self) -> int:
+        return self.prompt_len + len(self.output_ids)
+
+
+class Trajectory(NamedTuple):
+    token_ids: list[int]
+    loss_mask: list[int]  # 1 on every turn's output tokens
+    logprobs: list[float]  # the output token's logprob where loss_mask is 1, else 0.0
+    routed_experts: np.ndarray | None
+
+
+class SessionRecords:
+    def __init__(self, *, keep_every_blob: bool = False) -> None:
+        self.records: list[TurnRecord] = []
+        self.keep_every_blob = keep_every_blob  # the session-blob-retention fault
+
+    def append(self, record: TurnRecord) -> None:
+        self.records.append(record)
+        if self.keep_every_blob:
+            return
+        stale = len(self.records) - 1 - (MAX_ROLLBACK + 1)
+        if stale >= 0 and self.records[stale].routed_experts is not None:
+            self.records[stale] = self.records[stale]._replace(routed_experts=None)
+
+    def check_rollback(self, steps: int) -> None:
+        if not 1 <= steps <= MAX_ROLLBACK:
+            raise SessionError(
+                f"a session rolls back 1 to {MAX_ROLLBACK} assistant steps, not {steps}",
+                code="rollback_out_of_range",
+            )
+        if steps > len(self.records):
+            raise SessionError(
+                f"cannot roll back {steps} steps: the session has {len(self.records)} records",
+                code="rollback_out_of_range",
+            )
+
+    def rollback(self, steps: int) -> None:
+        self.check_rollback(steps)
+        del self.records[-steps:]
+
+    def merge(self, session_tokens: list[int]) -> Trajectory:
+        if not self.records:
+            return Trajectory([], [], [], None)
+        last = self.records[-1]
+        tokens = session_tokens[: last.end]
+        mask, logprobs = [0] * len(tokens), [0.0] * len(tokens)
+        for rec in self.records:
+            for i, lp in enumerate(rec.logprobs, start=rec.prompt_len):
+                mask[i], logprobs[i] = 1, lp
+        return Trajectory(tokens, mask, logprobs, last.routed_experts)
+
+    @property
+    def blob_bytes(self) -> int:
+        return sum(r.routed_experts.nbytes for r in self.records if r.routed_experts is not None)
+
+
+@dataclass(eq=False)
+class Session:
+    id: str
+    record: bool
+    routed_experts: bool
+    tokens: list[int] = field(default_factory=list)  # the conversation; the holder reads this list
+    holder: Holder | None = None  # the cache slot, from the first turn's admission on
+    records: SessionRecords | None = None
+    turn_ends: list[int] = field(default_factory=lambda: [0])  # len(tokens) after each turn
+    in_flight: str | None = None  # id of the turn being served
+
+
+class SessionRegistry:
+    def __init__(self, *, keep_every_blob: bool = False) -> None:
+        self.open: dict[str, Session] = {}
+        self.closed: OrderedDict[str, None] = OrderedDict()
+        self.keep_every_blob = keep_every_blob
+        self._ids = itertools.count()
+
+    def create(self, session_id: str | None, *, record: bool, routed_experts: bool) -> Session:
+        sid = session_id if session_id is not None else f"sess-{next(self._ids)}"
+        if sid in self.open or sid in self.closed:
+            raise SessionError(
+                f"session id {sid!r} is already in use", status=409, code="session_exists"
+            )
+        records = SessionRecords(keep_every_blob=self.keep_every_blob) if record else None
+        session = self.open[sid] = Session(sid, record, routed_experts, records=records)
+        return session
+
+    def get(self, session_id: str) -> Session:
+        if session_id in self.open:
+            return self.open[session_id]
+        raise (
+            closed_session(session_id) if session_id in self.closed else unknown_session(session_id)
+        )
+
+    def begin_turn(self, session_id: str, prompt: list[int]) -> Session:
+        """Check that ``prompt`` may be the session's next turn; nothing changes if not."""
+        session = self.get(session_id)
+        if session.in_flight is not None:
+            raise busy_session(session_id)
+        n = len(session.tokens)
+        if len(prompt) <= n or prompt[:n] != session.tokens:
+            raise SessionError(
+                f"a turn must extend session {session_id!r}: its prompt has to start with the "
+                f"session's {n} tokens and add at least one",
+                code="session_not_append_only",
+            )
+        return session
+
+    def forget(self, session: Session) -> None:
+        del self.open[session.id]
+        self.closed[session.id] = None
+        while len(self.closed) > CLOSED_IDS_KEPT:
+            self.closed.popitem(last=False)
+
+    @property
+    def blob_bytes(self) -> int:
+        return sum(s.records.blob_bytes for s in self.open.values() if s.records)
