@@ -81,7 +81,8 @@ class GroupSpec:
 
 
 class PrefixCacheMode(StrEnum):
-    RADIX = "radix"
+    RADIX = "radix"  # the hybrid radix tree with state recovery
+    SLOTS = "slots"  # a few whole-state snapshot slots, llama.cpp style (seed 004)
     OFF = "off"
 
 
@@ -102,9 +103,23 @@ class CacheConfig:
     swa_window: GroupSpec = field(default_factory=lambda: GroupSpec(SWA_WINDOW, 32, 64, 64))
     linear_state: GroupSpec = field(default_factory=lambda: GroupSpec(LINEAR_STATE, 1, 64, 64))
     mode: PrefixCacheMode = PrefixCacheMode.RADIX
+    # ``slots`` mode: how many whole-state snapshot slots, and the shortest turn
+    # boundary worth a snapshot (a shorter one is degenerate: its snapshot aborts).
+    slots: int = 2
+    slot_min_tokens: int = 32
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "mode", PrefixCacheMode(self.mode))
+        try:
+            object.__setattr__(self, "mode", PrefixCacheMode(self.mode))
+        except ValueError:
+            modes = ", ".join(m.value for m in PrefixCacheMode)
+            raise ValueError(
+                f"unknown prefix cache mode {self.mode!r}; modes are {modes}"
+            ) from None
+        if self.slots < 1:
+            raise ValueError(f"slots must be >= 1, got {self.slots}")
+        if self.slot_min_tokens < 1:
+            raise ValueError(f"slot_min_tokens must be >= 1, got {self.slot_min_tokens}")
         for name, spec in zip(GROUP_NAMES, self.groups, strict=True):
             if spec.name != name:
                 raise ValueError(f"CacheConfig slot for {name} holds group {spec.name!r}")

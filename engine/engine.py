@@ -63,6 +63,7 @@ class Engine:
             faults=config.faults,
             device=config.device,
             events=self.events,
+            fingerprint=repr((config.model, config.cache)),
         )
         self.runner = ModelRunner(self.model, self.cache)
         self.scheduler = Scheduler(

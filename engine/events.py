@@ -42,6 +42,45 @@ class SnapshotSkipped(NamedTuple):
     reason: str
 
 
+class SlotPrepared(NamedTuple):
+    holder_id: int
+    slot: int
+    boundary: int
+
+
+class SlotConfirmed(NamedTuple):
+    holder_id: int
+    slot: int
+    length: int
+    stale_erased: int  # entries that still pointed at the reused slot
+
+
+class SlotAborted(NamedTuple):
+    holder_id: int
+    slot: int
+    reason: str  # "degenerate boundary", "no room", "aborted", "retracted", ...
+
+
+class SlotRestored(NamedTuple):
+    holder_id: int
+    slot: int
+    length: int
+
+
+class SlotMissed(NamedTuple):
+    """An entry matched the prompt but its slot could not be restored."""
+
+    holder_id: int
+    slot: int
+    reason: str
+
+
+class SlotEvicted(NamedTuple):
+    slot: int
+    length: int
+    reason: str  # "pressure" or "flush"
+
+
 class EventBus:
     def __init__(self) -> None:
         self._subscribers: dict[type, list[Callable[[Any], None]]] = defaultdict(list)

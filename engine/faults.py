@@ -33,6 +33,7 @@ class Fault(StrEnum):
     SESSION_TAIL_LEAK = "session-tail-leak"
     SESSION_TAIL_UNALIGNED_FREE = "session-tail-unaligned-free"
     SESSION_BLOB_RETENTION = "session-blob-retention"
+    STALE_SLOT_ENTRY = "stale-slot-entry"
 
 
 @dataclass(frozen=True)
@@ -119,6 +120,14 @@ REGISTRY: Mapping[Fault, FaultInfo] = {
             "records",
             "every session record keeps its routed-expert blob, so retained memory is "
             "O(turns x prefix)",
+        ),
+        FaultInfo(
+            Fault.STALE_SLOT_ENTRY,
+            "004",
+            "cache.slots",
+            "confirming a snapshot into a reused slot leaves the entries that still "
+            "point at it, and restore trusts an entry without checking the slot's "
+            "contents, so KV from another conversation is restored",
         ),
     )
 }

@@ -31,6 +31,16 @@ class TreeReport(NamedTuple):
     host_snapshots: int
 
 
+class SlotReport(NamedTuple):
+    """The ``slots`` backend's table: filled slots, entries and the next slot handed out."""
+
+    slots: int
+    filled: int
+    entries: int
+    next_slot: int
+    lengths: tuple[int, ...]  # tokens held, per slot (0: empty)
+
+
 class QueueReport(NamedTuple):
     waiting: int
     running: int
@@ -49,6 +59,7 @@ class ProbeReport(NamedTuple):
     bounds: dict[str, Bound]
     queue: QueueReport
     record_bytes: int  # routed-expert blobs retained by session records
+    slots: SlotReport | None = None  # only in slots mode
 
     @property
     def clean(self) -> bool:
@@ -68,6 +79,7 @@ class ProbeReport(NamedTuple):
             },
             "queue": self.queue._asdict(),
             "record_bytes": self.record_bytes,
+            "slots": self.slots._asdict() if self.slots is not None else None,
         }
 
 
@@ -94,6 +106,11 @@ def take_probe(
             snapshots[group] += 1
     tree = TreeReport(cache.tree.node_count, snapshots, on_host)
     live = queue.waiting + queue.running + queue.retracted + queue.paused
+    slots = None
+    if (table := cache.slots) is not None:
+        lengths = tuple(s.length for s in table.slots)
+        filled = sum(not s.empty for s in table.slots)
+        slots = SlotReport(len(lengths), filled, len(table.entries), table.next_slot, lengths)
     return ProbeReport(
         step,
         live,
@@ -105,4 +122,5 @@ def take_probe(
         usage_bounds(cache, slack_tokens),
         queue,
         record_bytes,
+        slots,
     )

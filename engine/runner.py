@@ -66,7 +66,8 @@ class ModelRunner:
             points = frozenset(range(w.start + 1, end + 1))
             logits = tuple(range(w.start, end))
         else:
-            points = frozenset(b for b in range(w.start + 1, end + 1) if b % p == 0) | {end}
+            points = {b for b in range(w.start + 1, end + 1) if b % p == 0} | {end}
+            points = frozenset(points | {b for b, _ in self.cache.capture_points(h, w.start, end)})
             logits = (end - 1,) if end == len(req.tokens) else ()
         kv = PagedKV(self.cache.pools, h.full_pages, h.swa_pages, int(h.working[LINEAR_STATE][0]))
         return ForwardItem(tokens, w.start, kv, points, logits)

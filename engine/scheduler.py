@@ -42,7 +42,7 @@ from kvwatch.engine.events import (
 )
 from kvwatch.engine.faults import Fault
 from kvwatch.engine.model.paged import EXPERTS
-from kvwatch.engine.model.tokenizer import STOP_TOKENS
+from kvwatch.engine.model.tokenizer import STOP_TOKENS, last_turn_start
 from kvwatch.engine.records import TurnRecord
 from kvwatch.engine.request import Request, RequestOutput, Status
 from kvwatch.engine.runner import Work, WorkResult
@@ -214,7 +214,12 @@ class Scheduler:
             req.holder = session.holder
         if req.holder is None:
             kind = OwnerKind.SESSION if session else OwnerKind.REQUEST
-            req.holder = self.cache.open(req.tokens, extra_key=req.extra_key, kind=kind)
+            req.holder = self.cache.open(
+                req.tokens,
+                extra_key=req.extra_key,
+                kind=kind,
+                snapshot_at=last_turn_start(req.tokens[: req.prompt_len]),
+            )
             if session is not None:
                 session.holder = req.holder
         recovering = req.status is Status.RETRACTED

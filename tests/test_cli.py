@@ -14,6 +14,7 @@ CACHE_FAULTS = {
     "history-only-anchor": "000",
     "root-ref-leak-on-miss": "002",
     "root-in-evict-set": "002",
+    "stale-slot-entry": "004",
 }
 
 

@@ -1,4 +1,5 @@
-"""Scheduler fuzz: random arrivals, aborts, pauses, retractions and pool pressure.
+"""Scheduler fuzz: random arrivals, aborts, pauses, retractions and pool pressure,
+with the radix cache or the snapshot-slot backend.
 
 After every operation the probe has no findings. At the end the engine
 drains, every request ends in a known state (a failure carries its error),
@@ -14,9 +15,11 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from kvwatch.engine import Engine, EngineConfig, SamplingParams, SchedulerConfig, SpecConfig
+from kvwatch.engine.model.tokenizer import USER
 from kvwatch.engine.request import Status
 
-PROMPT_TOKENS = st.integers(32, 40)  # a small alphabet: prompts share pages
+# A small alphabet, so prompts share pages, with turn markers for the slots backend.
+PROMPT_TOKENS = st.sampled_from([*range(32, 41), USER])
 
 
 class EngineMachine(RuleBasedStateMachine):
@@ -31,10 +34,11 @@ class EngineMachine(RuleBasedStateMachine):
         max_running=st.integers(1, 8),
         spec=st.booleans(),
         full=st.sampled_from([24, 64, 256]),
+        mode=st.sampled_from(["radix", "slots"]),
     )
-    def start(self, chunk, max_running, spec, full):
+    def start(self, chunk, max_running, spec, full, mode):
         config = EngineConfig(
-            cache=small_cache(full=full, swa=48, state=14, host=6),
+            cache=small_cache(full=full, swa=48, state=14, host=6, mode=mode, slot_min_tokens=8),
             scheduler=SchedulerConfig(
                 max_running=max_running,
                 chunk_size=chunk,

@@ -6,6 +6,8 @@ reports each disagreement as a ``Finding``:
 
 * pools (vectorised over every page): orphans, double ownership (including an
   owner tag that disagrees with the holder), pages both free and owned;
+* slots (``slots`` mode): each slot claims its snapshot's pages, and the
+  slot table reports entries that disagree with the slots they point at;
 * refs: the root's and every node's device and host refs against the locks and
   host refs of live holders;
 * tree: the evict set against the unlocked non-root leaves, the counters
@@ -38,6 +40,7 @@ from kvwatch.engine.cache.node import Node, Tier
 from kvwatch.engine.cache.owner import Owner, OwnerKind
 from kvwatch.engine.cache.pool import PagePool
 from kvwatch.engine.cache.radix import TREE_OWNER
+from kvwatch.engine.cache.slots import Slot
 from kvwatch.engine.config import FULL_KV, STATE_GROUPS, SWA_KV
 
 if TYPE_CHECKING:
@@ -70,9 +73,9 @@ class _Claims:
     def __init__(self) -> None:
         self.pages: dict[tuple[str, Tier], list[np.ndarray]] = {}
         self.claimant: dict[tuple[str, Tier], list[int]] = {}
-        self.who: list[tuple[Owner, Node | Holder]] = []
+        self.who: list[tuple[Owner, Node | Holder | Slot]] = []
 
-    def register(self, owner: Owner, who: Node | Holder) -> int:
+    def register(self, owner: Owner, who: Node | Holder | Slot) -> int:
         self.who.append((owner, who))
         return len(self.who) - 1
 
@@ -112,6 +115,7 @@ def audit(cache: HybridPrefixCache) -> AuditReport:
     claims = _Claims()
     problems = _scan_tree(cache, nodes, claims)
     _claim_holders(cache, claims)
+    _claim_slots(cache, claims)
     owners = claims.owner_arrays()
     findings: list[Finding] = []
     for group, pool in cache.pools.items():
@@ -121,6 +125,8 @@ def audit(cache: HybridPrefixCache) -> AuditReport:
     ref_findings, root = _audit_refs(cache, nodes)
     findings += ref_findings
     findings += [finding(TREE, None, [], p) for p in problems + _holder_problems(cache)]
+    if cache.slots is not None:
+        findings += cache.slots.findings()
     return AuditReport(tuple(findings), root)
 
 
@@ -197,6 +203,15 @@ def _claim_holders(cache: HybridPrefixCache, claims: _Claims) -> None:
         for pend in h.pending.values():
             for group, ids in pend.pages.items():
                 claims.add(group, Tier.DEVICE, ids, me)
+
+
+def _claim_slots(cache: HybridPrefixCache, claims: _Claims) -> None:
+    if cache.slots is None:
+        return
+    for slot in cache.slots.slots:
+        me = claims.register(Owner(OwnerKind.SLOT, slot.index), slot)
+        for group, ids in slot.pages.items():
+            claims.add(group, Tier.DEVICE, ids, me)
 
 
 def _audit_pool(

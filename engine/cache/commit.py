@@ -49,7 +49,7 @@ def commit_chunk(cache: HybridPrefixCache, holder: Holder, terminal: bool = Fals
 
 
 def insert(cache: HybridPrefixCache, holder: Holder, terminal: bool) -> int:
-    if cache.config.mode is PrefixCacheMode.OFF or holder.status is not HolderStatus.ACTIVE:
+    if cache.config.mode is not PrefixCacheMode.RADIX or holder.status is not HolderStatus.ACTIVE:
         return 0
     before = holder.cached_len
     if terminal and (track := holder.track()) is not None:

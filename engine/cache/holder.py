@@ -11,7 +11,8 @@ computed beyond it::
 ``pending`` holds continuation snapshots the holder captured but has not yet
 handed to the tree. A ``TRACK`` snapshot follows the frontier (it is re-keyed
 to each newer page boundary and becomes the terminal snapshot when a turn
-ends); ``INTERVAL`` and ``TERMINAL`` snapshots wait for the next commit.
+ends); ``INTERVAL`` and ``TERMINAL`` snapshots wait for the next commit. In
+``slots`` mode a ``SLOT`` pending is a whole-state copy waiting for confirm.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import numpy as np
 
 from kvwatch.engine.cache.node import Node
 from kvwatch.engine.cache.owner import Owner
+from kvwatch.engine.cache.slots import SlotTicket
 
 
 class HolderStatus(StrEnum):
@@ -37,6 +39,7 @@ class PendingKind(StrEnum):
     TRACK = "track"
     INTERVAL = "interval"
     TERMINAL = "terminal"
+    SLOT = "slot"  # a whole-state copy staged for the slot cache (slots mode)
 
 
 @dataclass(slots=True)
@@ -62,6 +65,8 @@ class Holder:
     swa_pages: dict[int, int] = field(default_factory=dict)  # page index -> page id
     working: dict[str, np.ndarray] = field(default_factory=dict)
     pending: dict[int, Pending] = field(default_factory=dict)
+    snapshot_at: int | None = None  # slots mode: the prompt's last turn boundary
+    slot_ticket: SlotTicket | None = None  # slots mode: the prepared snapshot
 
     def own_full_pages(self, page_size: int) -> list[int]:
         """The ``full.kv`` pages this holder owns (beyond its borrowed prefix)."""

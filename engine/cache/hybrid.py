@@ -13,6 +13,10 @@ A request moves through these calls (the engine makes them at step boundaries)::
 complete (state recovery) and restores that state into the holder's own
 working pages. Holders never write to tree pages: history pages are borrowed
 read-only, and snapshots are copied in and out.
+
+With ``mode=slots`` the tree stays empty: ``match`` looks the prompt up in
+the slot table instead, ``capture_points`` asks for the turn boundary, and
+``release`` confirms or aborts the staged snapshot (see slotcache.py).
 """
 
 from __future__ import annotations
@@ -25,13 +29,14 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from kvwatch.engine.cache import sessions
+from kvwatch.engine.cache import sessions, slotcache
 from kvwatch.engine.cache.commit import commit_chunk, insert
 from kvwatch.engine.cache.holder import Holder, HolderStatus, Pending, PendingKind
 from kvwatch.engine.cache.node import Node, Tier
 from kvwatch.engine.cache.owner import Owner, OwnerKind
 from kvwatch.engine.cache.pool import PoolExhausted
 from kvwatch.engine.cache.radix import Walk
+from kvwatch.engine.cache.slots import SlotTable
 from kvwatch.engine.cache.storage import CacheStorage
 from kvwatch.engine.config import (
     FULL_KV,
@@ -59,10 +64,15 @@ class Capture(NamedTuple):
 
 
 class HybridPrefixCache(CacheStorage):
-    def __init__(self, *args, **kwargs) -> None:
+    def __init__(self, *args, fingerprint: str = "", **kwargs) -> None:
+        """``fingerprint`` names the model and geometry; slot keys hash it in."""
         super().__init__(*args, **kwargs)
         self.holders: dict[int, Holder] = {}
         self._holder_ids = itertools.count(1)
+        self.slots: SlotTable | None = None
+        if self.config.mode is PrefixCacheMode.SLOTS:
+            fingerprint = fingerprint or repr(self.config)
+            self.slots = SlotTable(self.config.slots, fingerprint, self.faults)
 
     @property
     def radix(self) -> bool:
@@ -74,14 +84,16 @@ class HybridPrefixCache(CacheStorage):
         *,
         extra_key: str | None = None,
         kind: OwnerKind = OwnerKind.REQUEST,
+        snapshot_at: int | None = None,
     ) -> Holder:
         """A holder over ``tokens``: the caller's own list, read by the cache.
 
         The caller may append to it (sampled tokens, a new turn) but never
-        change what the holder has computed.
+        change what the holder has computed. ``snapshot_at`` is the prompt's
+        last turn boundary, where the ``slots`` backend cuts its snapshot.
         """
         hid = next(self._holder_ids)
-        holder = Holder(hid, Owner(kind, hid), tokens, extra_key)
+        holder = Holder(hid, Owner(kind, hid), tokens, extra_key, snapshot_at=snapshot_at)
         self.holders[hid] = holder
         return holder
 
@@ -97,6 +109,9 @@ class HybridPrefixCache(CacheStorage):
             raise ValueError(
                 f"holder {holder.id} is {holder.status}; only new or retracted holders match"
             )
+        if self.slots is not None:
+            restored = slotcache.start(self, holder)
+            return Match(restored, restored)
         walk = Walk([], 0)
         anchor = None
         if self.radix:
@@ -149,7 +164,7 @@ class HybridPrefixCache(CacheStorage):
         """Give a holder its working pages and restore ``anchor``'s state into them."""
         d = anchor.depth if anchor is not None else 0
         first = max(0, d - self.config.window)
-        swa_idx = self._swa_page_range(first, d)
+        swa_idx = self.swa_page_range(first, d)
         got = self.alloc_groups({LINEAR_STATE: 1, SWA_KV: len(swa_idx)}, holder.owner)
         holder.working = {LINEAR_STATE: got[LINEAR_STATE]}
         holder.swa_pages = dict(zip(swa_idx, got[SWA_KV].tolist(), strict=True))
@@ -186,7 +201,7 @@ class HybridPrefixCache(CacheStorage):
         self._require(holder, HolderStatus.ACTIVE)
         start, end = holder.allocated_len, holder.allocated_len + n
         need_full = math.ceil(end / self.page_size) - len(holder.full_pages)
-        swa_idx = [j for j in self._swa_page_range(start, end) if j not in holder.swa_pages]
+        swa_idx = [j for j in self.swa_page_range(start, end) if j not in holder.swa_pages]
         got = self.alloc_groups({FULL_KV: need_full, SWA_KV: len(swa_idx)}, holder.owner)
         holder.full_pages.extend(got[FULL_KV].tolist())
         holder.swa_pages.update(zip(swa_idx, got[SWA_KV].tolist(), strict=True))
@@ -197,8 +212,11 @@ class HybridPrefixCache(CacheStorage):
 
         Every multiple of ``snapshot_interval``, plus the last page boundary
         (the TRACK that follows the frontier and ends a turn). A session
-        commits nothing until it closes, so it only keeps the TRACK.
+        commits nothing until it closes, so it only keeps the TRACK. The
+        ``slots`` backend wants one point: its prepared turn boundary.
         """
+        if self.slots is not None:
+            return slotcache.capture_points(holder, start, end)
         if not self.radix:
             return []
         p = self.page_size
@@ -236,6 +254,9 @@ class HybridPrefixCache(CacheStorage):
             self.pools[SWA_KV].free([holder.swa_pages.pop(j) for j in dead], holder.owner)
 
     def _capture(self, holder: Holder, cap: Capture) -> None:
+        if cap.kind is PendingKind.SLOT:
+            slotcache.capture(self, holder, cap.boundary, cap.linear_state)
+            return
         track = holder.track()
         if track is not None:  # the older frontier snapshot is obsolete: reuse its pages
             del holder.pending[track.boundary]
@@ -247,15 +268,22 @@ class HybridPrefixCache(CacheStorage):
             except PoolExhausted as exc:  # snapshots are an optimisation: go on without
                 self.events.emit(SnapshotSkipped(holder.id, cap.boundary, str(exc)))
                 return
-        w, b = self.config.window, cap.boundary
+        self.write_snapshot(holder, pages, cap.boundary, cap.linear_state)
+        holder.pending[cap.boundary] = Pending(cap.boundary, pages, cap.kind)
+
+    def write_snapshot(
+        self, holder: Holder, pages: dict[str, np.ndarray], b: int, linear_state: torch.Tensor
+    ) -> None:
+        """Write the continuation state at ``b`` into snapshot pages: the last W
+        tokens of ``swa.kv`` (zero-padded below position 0) and the linear state."""
+        w = self.config.window
         n = min(b, w)
         window = self.pools[SWA_WINDOW]
         if n < w:
             pad = torch.zeros((w - n, *window.layout.token_shape), dtype=window.layout.dtype)
             window.write_tokens(pages[SWA_WINDOW], 0, pad)
         window.write_tokens(pages[SWA_WINDOW], w - n, self._read_swa(holder, b - n, n))
-        self.pools[LINEAR_STATE].write_tokens(pages[LINEAR_STATE], 0, cap.linear_state.unsqueeze(0))
-        holder.pending[b] = Pending(b, pages, cap.kind)
+        self.pools[LINEAR_STATE].write_tokens(pages[LINEAR_STATE], 0, linear_state.unsqueeze(0))
 
     def set_working_state(self, holder: Holder, state: torch.Tensor) -> None:
         """Overwrite the holder's working linear state (one page entry)."""
@@ -306,7 +334,14 @@ class HybridPrefixCache(CacheStorage):
                     self.tree.drop_host_ref(node)
                     holder.anchor = None
             got += super().make_room(group, wanted - got, tier)
+        if got < wanted and self.slots is not None and tier is Tier.DEVICE:
+            got += slotcache.make_room(self, group, wanted - got)
         return got
+
+    def flush(self) -> None:
+        super().flush()
+        if self.slots is not None:
+            slotcache.flush(self)
 
     def _oldest_recovery_node(self, tier: Tier) -> Node | None:
         nodes = {
@@ -326,6 +361,7 @@ class HybridPrefixCache(CacheStorage):
         """
         self._require(holder, HolderStatus.ACTIVE)
         self.commit_chunk(holder, terminal=True)
+        slotcache.abort(self, holder, "retracted")
         anchor = (
             next((n for n in holder.lock_node.path() if n.has_complete_snapshot), None)
             if holder.lock_node
@@ -349,6 +385,9 @@ class HybridPrefixCache(CacheStorage):
             holder.status = HolderStatus.ACTIVE
             if commit:  # a finished request, or a closing session
                 insert(self, holder, terminal=True)
+                slotcache.confirm(self, holder)
+            else:
+                slotcache.abort(self, holder, "aborted")
             leak = not commit and Fault.ABORT_STATE_BUFFER_LEAK in self.faults
             self.drop_everything(holder, free_pending=not leak)
         elif holder.status is HolderStatus.RETRACTED and holder.anchor is not None:
@@ -375,14 +414,14 @@ class HybridPrefixCache(CacheStorage):
         if holder.status is not status:
             raise ValueError(f"holder {holder.id} is {holder.status}, expected {status}")
 
-    def _swa_page_range(self, start: int, end: int) -> range:
+    def swa_page_range(self, start: int, end: int) -> range:
         ps = self.pools[SWA_KV].page_size
         return range(start // ps, math.ceil(end / ps)) if end > start else range(0)
 
     def swa_table(self, holder: Holder, start: int, n: int) -> tuple[list[int], int]:
         """Pages and in-page offset that hold ``swa.kv`` positions [start, start + n)."""
         ps = self.pools[SWA_KV].page_size
-        pages = [holder.swa_pages[j] for j in self._swa_page_range(start - start % ps, start + n)]
+        pages = [holder.swa_pages[j] for j in self.swa_page_range(start - start % ps, start + n)]
         return pages, start % ps
 
     def _read_swa(self, holder: Holder, start: int, n: int) -> torch.Tensor:

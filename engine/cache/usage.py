@@ -15,6 +15,8 @@ with what the live holders justify:
   also keeps MAX_ROLLBACK earlier turn-end snapshots to roll back to. Only
   snapshots that a single holder pins count here; a snapshot several holders
   share is kept on purpose while they do, and is reported as ``shared``.
+* ``slots`` mode: each filled slot its snapshot (ceil(length / P) history
+  pages and one snapshot per state group), and each holder its staged copy.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
-from kvwatch.engine.cache.holder import HolderStatus
+from kvwatch.engine.cache.holder import HolderStatus, PendingKind
 from kvwatch.engine.cache.node import Node, Tier
 from kvwatch.engine.cache.owner import OWNER_LABEL, OwnerKind
 from kvwatch.engine.config import FULL_KV, MAX_ROLLBACK, STATE_GROUPS, SWA_KV
@@ -113,6 +115,14 @@ def usage_bounds(cache: HybridPrefixCache, slack_tokens: int = 0) -> dict[str, B
     full = usage[FULL_KV]
     full_limit = sum(math.ceil((h.computed_len + slack_tokens) / p) for h in active)
     full_limit += sum(h.anchor.depth // p for h in retracted if h.anchor is not None)
+    slots = [s for s in cache.slots.slots if not s.empty] if cache.slots is not None else []
+    full_limit += sum(math.ceil(s.length / p) for s in slots)
+    full_limit += sum(
+        math.ceil(pend.boundary / p)
+        for h in active
+        for pend in h.pending.values()
+        if pend.kind is PendingKind.SLOT
+    )
     out[FULL_KV] = Bound(
         FULL_KV, full.capacity - full.free - full.evictable, full_limit, 0, holders
     )
@@ -134,9 +144,11 @@ def usage_bounds(cache: HybridPrefixCache, slack_tokens: int = 0) -> dict[str, B
         for h in active:
             own += sum(len(pend.pages[group]) for pend in h.pending.values())
             own += len(h.working.get(group, ()))
+        own += sum(len(s.pages.get(group, ())) for s in slots)
         sessions = sum(h.owner.kind is OwnerKind.SESSION for h in active)
         per_snapshot = cfg.pages_per_snapshot(group)
-        limit = (holders * SNAPSHOTS_PER_HOLDER + sessions * MAX_ROLLBACK) * per_snapshot
+        snapshots = holders * SNAPSHOTS_PER_HOLDER + sessions * MAX_ROLLBACK + len(slots)
+        limit = snapshots * per_snapshot
         limit += sum(1 for h in active if group in h.working)
         out[group] = Bound(group, own, limit, shared, holders)
     return out

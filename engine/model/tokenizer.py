@@ -26,6 +26,21 @@ SPECIAL_NAMES = {
 }
 ROLE_TOKENS = {"system": SYSTEM, "user": USER, "assistant": ASSISTANT, "tool": TOOL}
 STOP_TOKENS = frozenset({EOS, END})
+ROLES = frozenset(ROLE_TOKENS.values())
+
+
+def last_turn_start(tokens: Sequence[int]) -> int | None:
+    """Where the prompt's last message begins: its role marker's position.
+
+    A trailing ``<|assistant|>`` generation prompt is not a message. Everything
+    before the returned position is the conversation so far, which the next
+    turn repeats; None when the prompt has no turn markers at all.
+    """
+    end = len(tokens) - 1 if tokens and tokens[-1] == ASSISTANT else len(tokens)
+    for i in range(end - 1, -1, -1):
+        if tokens[i] in ROLES:
+            return i
+    return None
 
 
 class ByteTokenizer:
