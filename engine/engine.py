@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import itertools
 import traceback
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
 import torch
@@ -29,7 +29,7 @@ from kvwatch.engine.faults import Fault
 from kvwatch.engine.model.model import HybridModel
 from kvwatch.engine.model.paged import page_layouts
 from kvwatch.engine.model.tokenizer import ByteTokenizer, ChatTemplate
-from kvwatch.engine.probe import ProbeReport, QueueReport, take_probe
+from kvwatch.engine.probe import EngineStats, ProbeReport, QueueReport, take_probe, take_stats
 from kvwatch.engine.records import Session, SessionRegistry, Trajectory
 from kvwatch.engine.request import Request, RequestOutput, SamplingParams, Status
 from kvwatch.engine.runner import ModelRunner
@@ -124,11 +124,13 @@ class Engine:
         request_id: str | None = None,
         extra_key: str | None = None,
         session_id: str | None = None,
+        labels: Mapping[str, str] | None = None,
     ) -> str:
         """Queue a prompt (text or token ids); returns its request id.
 
         With ``session_id`` the prompt is the session's next turn: it must
         start with every token of the session so far and add at least one.
+        ``labels`` ride along on the ``RequestAdded`` event for subscribers.
         """
         tokens = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
         if not tokens:
@@ -149,6 +151,7 @@ class Engine:
             session.in_flight, tokens = rid, session.tokens
         params = params or SamplingParams()
         req = Request(rid, tokens, len(tokens), params, self.step_count, extra_key, session=session)
+        req.labels = tuple((str(k), str(v)) for k, v in (labels or {}).items())
         self.requests[rid] = req
         self.scheduler.add(req)
         return rid
@@ -259,17 +262,36 @@ class Engine:
 
     # -- observation ---------------------------------------------------------------------
     def probe(self) -> ProbeReport:
-        if self._in_step:
-            raise RuntimeError("probe() is taken between steps")
-        s = self.scheduler
-        retracted = sum(r.status is Status.RETRACTED for r in s.waiting)
-        queue = QueueReport(len(s.waiting) - retracted, len(s.running), retracted, len(s.paused))
+        """The full report at a step boundary: usage, audit findings, bounds."""
         spec = self.config.scheduler.spec
         return take_probe(
             self.cache,
             self.step_count,
-            queue,
+            self._queue(),
             slack_tokens=spec.num_drafts + 1 if spec else 0,
             live_sessions=len(self.sessions.open),
             record_bytes=self.sessions.blob_bytes,
         )
+
+    def stats(self) -> EngineStats:
+        """Usage, tree and queue figures without the audit: cheap, for gauges."""
+        return take_stats(
+            self.cache,
+            self.step_count,
+            self._queue(),
+            live_sessions=len(self.sessions.open),
+            record_bytes=self.sessions.blob_bytes,
+        )
+
+    def flush_cache(self) -> None:
+        """Evict every unreferenced node, snapshot and slot."""
+        if self._in_step:
+            raise RuntimeError("the cache is flushed between steps")
+        self.cache.flush()
+
+    def _queue(self) -> QueueReport:
+        if self._in_step:
+            raise RuntimeError("probes are taken between steps")
+        s = self.scheduler
+        retracted = sum(r.status is Status.RETRACTED for r in s.waiting)
+        return QueueReport(len(s.waiting) - retracted, len(s.running), retracted, len(s.paused))

@@ -100,6 +100,10 @@ class RequestAdded(NamedTuple):
     request_id: str
     prompt_tokens: int
     step: int
+    session_id: str | None = None
+    # Opaque (key, value) pairs the caller attached (a server's model name,
+    # operation, prompt text on opt-in); the engine only passes them on.
+    labels: tuple[tuple[str, str], ...] = ()
 
 
 class RequestScheduled(NamedTuple):
@@ -109,6 +113,7 @@ class RequestScheduled(NamedTuple):
     step: int
     hit_tokens: int  # prompt tokens found in the tree's history
     cached_tokens: int  # prompt tokens skipped: the depth of the restored snapshot
+    holder_id: int = 0  # the cache holder: cache events name it, not the request
 
 
 class PrefillChunk(NamedTuple):

@@ -1,7 +1,8 @@
 """The probe: a frozen, JSON-ready report of the engine at a step boundary.
 
 It only reads: pool usage by owner, the audit's findings, the root's refs,
-tree size and the usage bounds that live holders justify.
+tree size and the usage bounds that live holders justify. ``EngineStats`` is
+the same minus the audit and the bounds, cheap enough for every scrape.
 """
 
 from __future__ import annotations
@@ -83,6 +84,50 @@ class ProbeReport(NamedTuple):
         }
 
 
+class EngineStats(NamedTuple):
+    """The cheap part of a probe: no audit, no bounds. Gauges poll this."""
+
+    step: int
+    live_requests: int
+    live_sessions: int
+    groups: dict[str, GroupReport]
+    root_refs: RootRefs  # expected: one per holder with a lock (every lock path ends at the root)
+    tree: TreeReport
+    queue: QueueReport
+    record_bytes: int
+    slots: SlotReport | None
+
+
+def take_stats(
+    cache: HybridPrefixCache,
+    step: int,
+    queue: QueueReport,
+    *,
+    live_sessions: int = 0,
+    record_bytes: int = 0,
+) -> EngineStats:
+    groups = {
+        name: GroupReport(u.family, u.capacity, u.free, u.by_owner, u.evictable, u.host_capacity)
+        for name, u in group_usage(cache).items()
+    }
+    snapshots = dict.fromkeys(STATE_GROUPS, 0)
+    on_host = 0
+    for node in cache.tree.snapshot_nodes:
+        on_host += node.snapshot.tier is Tier.HOST
+        for group in node.snapshot.pages:
+            snapshots[group] += 1
+    tree = TreeReport(cache.tree.node_count, snapshots, on_host)
+    locked = sum(h.lock_node is not None for h in cache.holders.values())
+    live = queue.waiting + queue.running + queue.retracted + queue.paused
+    slots = None
+    if (table := cache.slots) is not None:
+        lengths = tuple(s.length for s in table.slots)
+        filled = sum(not s.empty for s in table.slots)
+        slots = SlotReport(len(lengths), filled, len(table.entries), table.next_slot, lengths)
+    root = RootRefs(cache.tree.root.refs, locked)
+    return EngineStats(step, live, live_sessions, groups, root, tree, queue, record_bytes, slots)
+
+
 def take_probe(
     cache: HybridPrefixCache,
     step: int,
@@ -93,34 +138,17 @@ def take_probe(
     record_bytes: int = 0,
 ) -> ProbeReport:
     report = audit(cache)
-    usage = group_usage(cache)
-    groups = {
-        name: GroupReport(u.family, u.capacity, u.free, u.by_owner, u.evictable, u.host_capacity)
-        for name, u in usage.items()
-    }
-    snapshots = dict.fromkeys(STATE_GROUPS, 0)
-    on_host = 0
-    for node in cache.tree.snapshot_nodes:
-        on_host += node.snapshot.tier is Tier.HOST
-        for group in node.snapshot.pages:
-            snapshots[group] += 1
-    tree = TreeReport(cache.tree.node_count, snapshots, on_host)
-    live = queue.waiting + queue.running + queue.retracted + queue.paused
-    slots = None
-    if (table := cache.slots) is not None:
-        lengths = tuple(s.length for s in table.slots)
-        filled = sum(not s.empty for s in table.slots)
-        slots = SlotReport(len(lengths), filled, len(table.entries), table.next_slot, lengths)
+    stats = take_stats(cache, step, queue, live_sessions=live_sessions, record_bytes=record_bytes)
     return ProbeReport(
         step,
-        live,
+        stats.live_requests,
         live_sessions,
-        groups,
+        stats.groups,
         report.root_refs,
         report.findings,
-        tree,
+        stats.tree,
         usage_bounds(cache, slack_tokens),
         queue,
         record_bytes,
-        slots,
+        stats.slots,
     )

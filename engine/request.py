@@ -69,6 +69,7 @@ class Request:
     generator: torch.Generator | None = None
     admitted: bool = False
     session: Session | None = None  # a streaming-session turn; tokens is then the session's list
+    labels: tuple[tuple[str, str], ...] = ()  # passed on in RequestAdded, never read
 
     @property
     def output_ids(self) -> list[int]:

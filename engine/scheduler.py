@@ -74,7 +74,8 @@ class Scheduler:
     # -- intake and control ------------------------------------------------------------
     def add(self, req: Request) -> None:
         self.waiting.append(req)
-        self.events.emit(RequestAdded(req.id, req.prompt_len, self.step))
+        session_id = req.session.id if req.session is not None else None
+        self.events.emit(RequestAdded(req.id, req.prompt_len, self.step, session_id, req.labels))
 
     def abort(self, req: Request) -> None:
         stage = self._stage(req)
@@ -242,7 +243,11 @@ class Scheduler:
             req.cached_tokens = min(match.resume_len, req.prompt_len)
             self.events.emit(
                 RequestScheduled(
-                    req.id, self.step, min(match.hit_len, req.prompt_len), req.cached_tokens
+                    req.id,
+                    self.step,
+                    min(match.hit_len, req.prompt_len),
+                    req.cached_tokens,
+                    req.holder.id,
                 )
             )
         req.admitted = True

@@ -56,3 +56,34 @@ def test_fault_names_parse_from_env_and_reject_unknown_names():
         assert "unknown fault 'made-up'" in str(exc) and "root-ref-leak-on-miss" in str(exc)
     else:
         raise AssertionError("an unknown fault name was accepted")
+
+
+def test_serve_rejects_bad_flags_with_exit_2():
+    for args, message in (
+        (["--prefix-cache", "tree"], "invalid choice"),
+        (["--inject", "no-such-fault"], "unknown fault"),
+        (["--probe-token", "t"], "--probe-token needs --enable-probe"),
+    ):
+        out = kvwatch("serve", *args)
+        assert out.returncode == 2 and message in out.stderr, (args, out.stderr)
+
+
+def test_serve_with_the_slots_backend_and_an_injected_fault():
+    import httpx
+    from serverproc import kvwatch_server
+
+    with kvwatch_server(
+        "--prefix-cache", "slots", "--inject", "stale-slot-entry", "--enable-probe"
+    ) as url:
+        body = {
+            "model": "tiny",
+            "messages": [
+                {"role": "system", "content": "s" * 40},
+                {"role": "user", "content": "hi"},
+            ],
+            "max_tokens": 2,
+        }
+        assert httpx.post(f"{url}/v1/chat/completions", json=body, timeout=60).status_code == 200
+        report = httpx.get(f"{url}/debug/probe", timeout=30).json()
+        assert report["slots"]["filled"] == 1 and report["slots"]["entries"] == 1
+        assert report["findings"] == []

@@ -1,11 +1,15 @@
-"""The engine core publishes events; it never imports telemetry, load or dashboard code."""
+"""Layering: the engine core publishes events and never imports telemetry, load or
+dashboard code; the HTTP server only reaches telemetry through what it is handed."""
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
+from pathlib import Path
 
 FORBIDDEN = ("opentelemetry", "locust", "grafana_client", "grafana_foundation_sdk", "gevent")
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_importing_the_engine_pulls_no_telemetry():
@@ -18,3 +22,35 @@ def test_importing_the_engine_pulls_no_telemetry():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "", f"kvwatch.engine imported {out.stdout.strip()}"
+
+
+def imports_of(folder: str) -> dict[str, set[str]]:
+    out = {}
+    for path in sorted((ROOT / folder).rglob("*.py")):
+        names = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names.update(a.name for a in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                names.add(node.module)
+        out[str(path.relative_to(ROOT))] = names
+    return out
+
+
+def test_the_server_code_imports_no_telemetry_or_instrumentation():
+    """FastAPI itself may load the OTel API; the server's own modules never use it."""
+    for path, names in imports_of("server").items():
+        bad = {
+            n
+            for n in names
+            if n.split(".")[0] in FORBIDDEN or n.startswith("kvwatch.instrumentation")
+        }
+        assert not bad, f"{path} imports {sorted(bad)}"
+
+
+def test_instrumentation_only_listens_to_the_engine():
+    """It may read events, stats and names; it never reaches into the cache or scheduler."""
+    allowed = {"kvwatch.engine", "kvwatch.engine.events", "kvwatch.engine.probe"}
+    for path, names in imports_of("instrumentation").items():
+        reach = {n for n in names if n.startswith("kvwatch.engine")} - allowed
+        assert not reach, f"{path} reaches into {sorted(reach)}"

@@ -9,6 +9,7 @@ and an assistant turn ends with ``<|end|>``, which is the model's stop token.
 
 from __future__ import annotations
 
+import codecs
 from collections.abc import Iterable, Mapping, Sequence
 from typing import NamedTuple
 
@@ -82,7 +83,29 @@ class ChatTemplate:
         *,
         add_generation_prompt: bool = True,
     ) -> list[int]:
-        ids = [BOS]
+        return [BOS, *self.render_turn(messages, add_generation_prompt=add_generation_prompt)]
+
+    def continue_session(
+        self, history: Sequence[int], messages: Sequence[ChatMessage | Mapping[str, str]]
+    ) -> list[int]:
+        """A session's next prompt: its tokens so far, then the new messages.
+
+        An assistant turn cut short (no ``<|end|>``) is closed first, so every
+        message starts on a turn marker. An empty history starts the chat.
+        """
+        if not history:
+            return self.render(messages)
+        close = [] if history[-1] in STOP_TOKENS else [END]
+        return [*history, *close, *self.render_turn(messages)]
+
+    def render_turn(
+        self,
+        messages: Sequence[ChatMessage | Mapping[str, str]],
+        *,
+        add_generation_prompt: bool = True,
+    ) -> list[int]:
+        """Messages with their turn markers, without the leading ``<|bos|>``."""
+        ids: list[int] = []
         for m in messages:
             role, content = (
                 (m.role, m.content) if isinstance(m, ChatMessage) else (m["role"], m["content"])
@@ -95,3 +118,16 @@ class ChatTemplate:
         if add_generation_prompt:
             ids.append(ASSISTANT)
         return ids
+
+
+class TextStream:
+    """Turns a stream of token ids into text deltas, holding back split UTF-8 bytes."""
+
+    def __init__(self) -> None:
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def feed(self, ids: Iterable[int]) -> str:
+        return self._decoder.decode(bytes(i for i in ids if 0 <= i < 256))
+
+    def flush(self) -> str:
+        return self._decoder.decode(b"", final=True)

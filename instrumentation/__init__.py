@@ -1,0 +1,45 @@
+"""kvwatch.instrumentation: OpenTelemetry for the reference engine, as listeners.
+
+telemetry = Telemetry(run_dir="runs/1")
+inst = instrument(engine.events, engine.stats, telemetry)   # or a worker's stats
+...
+inst.close(); telemetry.shutdown()
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import NamedTuple
+
+from kvwatch.engine.events import EventBus
+from kvwatch.engine.probe import EngineStats
+from kvwatch.instrumentation.metrics import EngineMetrics
+from kvwatch.instrumentation.spans import RequestSpans
+from kvwatch.instrumentation.telemetry import Telemetry
+
+
+class Instrumentation(NamedTuple):
+    metrics: EngineMetrics
+    spans: RequestSpans
+
+    def close(self) -> None:
+        self.metrics.close()
+        self.spans.close()
+
+
+def instrument(
+    events: EventBus,
+    stats: Callable[[], EngineStats],
+    telemetry: Telemetry,
+    *,
+    stats_max_age: float = 0.25,
+) -> Instrumentation:
+    """Subscribe metrics and spans to an engine's events; gauges poll ``stats``
+    (one read serves every gauge for ``stats_max_age`` seconds)."""
+    return Instrumentation(
+        EngineMetrics(telemetry.meter, events, stats, stats_max_age),
+        RequestSpans(telemetry.tracer, events),
+    )
+
+
+__all__ = ["Instrumentation", "Telemetry", "instrument"]

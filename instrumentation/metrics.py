@@ -1,0 +1,197 @@
+"""EngineMetrics: pool gauges polled from ``EngineStats``, counters and latency
+histograms fed by engine events.
+
+Gauges read a stats snapshot taken at a step boundary (``StatsCache`` keeps
+one scrape from asking the engine once per instrument). Counters and
+histograms are listeners: they run on the engine thread as events fire and
+stamp them with a monotonic clock.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterable
+
+from opentelemetry.metrics import CallbackOptions, Meter, Observation
+
+from kvwatch.engine.events import (
+    EventBus,
+    NodeEvicted,
+    RequestAborted,
+    RequestAdded,
+    RequestFailed,
+    RequestFinished,
+    RequestRetracted,
+    RequestScheduled,
+    SlotEvicted,
+    SnapshotReleased,
+    TokensGenerated,
+)
+from kvwatch.engine.probe import EngineStats
+from kvwatch.instrumentation import names as n
+
+
+class StatsCache:
+    """The latest ``EngineStats``, re-read when older than ``max_age`` seconds."""
+
+    def __init__(self, source: Callable[[], EngineStats], max_age: float = 0.25) -> None:
+        self.source, self.max_age = source, max_age
+        self._lock = threading.Lock()
+        self._value: EngineStats | None = None
+        self._at = 0.0
+
+    def get(self) -> EngineStats:
+        with self._lock:
+            now = time.monotonic()
+            if self._value is None or now - self._at > self.max_age:
+                self._value, self._at = self.source(), now
+            return self._value
+
+
+def _pool_pages(stats: EngineStats) -> Iterable[Observation]:
+    for group, g in stats.groups.items():
+        values = {
+            "free": g.free,
+            "used": g.capacity - g.free,
+            "evictable": g.evictable,
+            "pinned_request": g.by_owner.get("request", 0),
+            "pinned_session": g.by_owner.get("session", 0),
+            "host": g.by_owner.get("host", 0),
+        }
+        for state in n.POOL_STATES:
+            yield Observation(values[state], {n.GROUP: group, n.FAMILY: g.family, n.STATE: state})
+
+
+class _Request:
+    __slots__ = ("added", "first", "labels", "prompt")
+
+    def __init__(self, added: float, prompt: int, labels: dict[str, str]) -> None:
+        self.added, self.prompt, self.labels = added, prompt, labels
+        self.first: float | None = None
+
+
+class EngineMetrics:
+    def __init__(
+        self,
+        meter: Meter,
+        events: EventBus,
+        stats: Callable[[], EngineStats],
+        stats_max_age: float = 0.25,
+    ) -> None:
+        self.stats = StatsCache(stats, stats_max_age)
+        self._requests: dict[str, _Request] = {}
+        self._gauges(meter)
+        self.queried = meter.create_counter(n.PREFIX_QUERIED, unit="{token}")
+        self.hit = meter.create_counter(n.PREFIX_HIT, unit="{token}")
+        self.retractions = meter.create_counter(n.RETRACTIONS, unit="{request}")
+        self.aborts = meter.create_counter(n.ABORTS, unit="{request}")
+        self.evictions = meter.create_counter(n.EVICTIONS, unit="{eviction}")
+        self.finished = meter.create_counter(n.REQUESTS_FINISHED, unit="{request}")
+        self.ttft = meter.create_histogram(n.TTFT, unit="s")
+        self.tpot = meter.create_histogram(n.TPOT, unit="s")
+        self.duration = meter.create_histogram(n.REQUEST_DURATION, unit="s")
+        self._unsubscribe = [
+            events.subscribe(RequestAdded, self._added),
+            events.subscribe(RequestScheduled, self._scheduled),
+            events.subscribe(TokensGenerated, self._tokens),
+            events.subscribe(RequestFinished, self._finished),
+            events.subscribe(RequestAborted, self._aborted),
+            events.subscribe(RequestFailed, self._failed),
+            events.subscribe(RequestRetracted, lambda e: self.retractions.add(1)),
+            events.subscribe(NodeEvicted, lambda e: self.evictions.add(1, {"kind": "node"})),
+            events.subscribe(SlotEvicted, lambda e: self.evictions.add(1, {"kind": "slot"})),
+            events.subscribe(SnapshotReleased, self._snapshot_released),
+        ]
+
+    def close(self) -> None:
+        for unsubscribe in self._unsubscribe:
+            unsubscribe()
+
+    # -- gauges ---------------------------------------------------------------------------
+    def _gauges(self, meter: Meter) -> None:
+        def gauge(name: str, read: Callable[[EngineStats], Iterable[Observation]], unit: str):
+            def callback(options: CallbackOptions) -> Iterable[Observation]:
+                return list(read(self.stats.get()))
+
+            meter.create_observable_gauge(name, [callback], unit=unit)
+
+        def per_group(pick: Callable) -> Callable[[EngineStats], Iterable[Observation]]:
+            return lambda s: (Observation(pick(g), {n.GROUP: k}) for k, g in s.groups.items())
+
+        gauge(n.POOL_PAGES, _pool_pages, "{page}")
+        gauge(
+            n.POOL_CAPACITY,
+            lambda s: (
+                Observation(g.capacity, {n.GROUP: name, n.FAMILY: g.family})
+                for name, g in s.groups.items()
+            ),
+            "{page}",
+        )
+        gauge(n.ROOT_REFS, lambda s: [Observation(s.root_refs.actual)], "{ref}")
+        gauge(n.ROOT_REFS_EXPECTED, lambda s: [Observation(s.root_refs.expected)], "{ref}")
+        gauge(n.TREE_NODES, lambda s: [Observation(s.tree.nodes)], "{node}")
+        gauge(
+            n.TREE_SNAPSHOTS,
+            lambda s: (Observation(v, {n.GROUP: g}) for g, v in s.tree.snapshots.items()),
+            "{snapshot}",
+        )
+        gauge(n.SESSION_PAGES, per_group(lambda g: g.by_owner.get("session", 0)), "{page}")
+        gauge(n.SESSIONS_LIVE, lambda s: [Observation(s.live_sessions)], "{session}")
+        gauge(n.RECORD_BYTES, lambda s: [Observation(s.record_bytes)], "By")
+        gauge(
+            n.REQUESTS_LIVE,
+            lambda s: (Observation(v, {n.STATE: k}) for k, v in s.queue._asdict().items()),
+            "{request}",
+        )
+        gauge(n.SLOTS_FILLED, lambda s: [Observation(s.slots.filled)] if s.slots else [], "{slot}")
+        gauge(
+            n.SLOT_ENTRIES, lambda s: [Observation(s.slots.entries)] if s.slots else [], "{entry}"
+        )
+
+    # -- listeners ------------------------------------------------------------------------
+    def _attrs(self, rid: str) -> dict[str, str]:
+        req = self._requests.get(rid)
+        if req is None:
+            return {}
+        return {k: v for k, v in req.labels.items() if k in (n.OPERATION, n.MODEL)}
+
+    def _added(self, e: RequestAdded) -> None:
+        self._requests[e.request_id] = _Request(time.monotonic(), e.prompt_tokens, dict(e.labels))
+
+    def _scheduled(self, e: RequestScheduled) -> None:
+        req = self._requests.get(e.request_id)
+        if req is not None:
+            self.queried.add(req.prompt, self._attrs(e.request_id))
+            self.hit.add(e.cached_tokens, self._attrs(e.request_id))
+
+    def _tokens(self, e: TokensGenerated) -> None:
+        req = self._requests.get(e.request_id)
+        if req is not None and e.first and req.first is None:
+            req.first = time.monotonic()
+            self.ttft.record(req.first - req.added, self._attrs(e.request_id))
+
+    def _finished(self, e: RequestFinished) -> None:
+        attrs = self._attrs(e.request_id)
+        req = self._requests.pop(e.request_id, None)
+        self.finished.add(1, {**attrs, "reason": e.reason})
+        if req is None:
+            return
+        now = time.monotonic()
+        self.duration.record(now - req.added, attrs)
+        if req.first is not None and e.output_tokens > 1:
+            self.tpot.record((now - req.first) / (e.output_tokens - 1), attrs)
+
+    def _aborted(self, e: RequestAborted) -> None:
+        self._requests.pop(e.request_id, None)
+        self.aborts.add(1, {"stage": e.stage})
+        self.finished.add(1, {"reason": "abort"})
+
+    def _failed(self, e: RequestFailed) -> None:
+        attrs = self._attrs(e.request_id)
+        self._requests.pop(e.request_id, None)
+        self.finished.add(1, {**attrs, "reason": "error"})
+
+    def _snapshot_released(self, e: SnapshotReleased) -> None:
+        if e.reason in ("pruned", "evicted"):
+            self.evictions.add(1, {"kind": "snapshot"})

@@ -1,0 +1,60 @@
+"""``kvwatch serve``: compose engine, worker, HTTP app and telemetry, then run uvicorn.
+
+This is the one place the server and the instrumentation meet: the app gets
+the Prometheus page as a plain callable, and the instrumentation listens to
+the engine's events and polls its stats through the worker.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from kvwatch.engine import Engine, EngineConfig
+from kvwatch.engine.config import CacheConfig, PrefixCacheMode
+from kvwatch.engine.faults import faults_from_env, parse_faults
+from kvwatch.instrumentation import Telemetry, instrument
+from kvwatch.server import EngineWorker, ServerSettings, create_app
+
+STATS_TIMEOUT_S = 10.0
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    host: str = "127.0.0.1"
+    port: int = 8000
+    prefix_cache: str = "radix"
+    device: str = "cpu"
+    faults: tuple[str, ...] = ()
+    settings: ServerSettings = field(default_factory=ServerSettings)
+    run_dir: Path | None = None
+    log_level: str = "warning"
+
+
+def engine_config(options: ServeOptions, base: EngineConfig | None = None) -> EngineConfig:
+    """The engine config the flags describe; unknown modes and faults raise ValueError."""
+    base = base or EngineConfig()
+    faults = parse_faults(options.faults) | faults_from_env()
+    cache: CacheConfig = replace(base.cache, mode=PrefixCacheMode(options.prefix_cache))
+    return replace(base, cache=cache, device=options.device, faults=faults)
+
+
+def build(options: ServeOptions, config: EngineConfig | None = None):
+    """The ASGI app, its worker and its telemetry (nothing runs until the app starts)."""
+    engine = Engine(config or engine_config(options))
+    worker = EngineWorker(engine)
+    telemetry = Telemetry(run_dir=options.run_dir)
+    instrument(engine.events, lambda: worker.call(engine.stats).result(STATS_TIMEOUT_S), telemetry)
+    app = create_app(worker, options.settings, metrics=telemetry.render_metrics)
+    return app, worker, telemetry
+
+
+def serve(options: ServeOptions) -> int:
+    import uvicorn
+
+    app, _, telemetry = build(options)
+    try:
+        uvicorn.run(app, host=options.host, port=options.port, log_level=options.log_level)
+    finally:
+        telemetry.shutdown()
+    return 0

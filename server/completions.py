@@ -1,0 +1,302 @@
+"""``POST /v1/chat/completions`` and ``POST /v1/completions``.
+
+A request flows: validate (protocol.py) -> build the prompt tokens on the
+engine thread (a session turn reads the session there, atomically) -> submit
+-> stream deltas as SSE, or collect them. A client that goes away aborts its
+request wherever it is: queued, mid-prefill or decoding.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import replace
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from kvwatch.engine.engine import Completion, Engine
+from kvwatch.engine.model.tokenizer import ChatMessage, TextStream
+from kvwatch.engine.request import RequestOutput, SamplingParams
+from kvwatch.server.errors import ApiError, error_body
+from kvwatch.server.protocol import ChatCompletionRequest, CompletionRequest
+from kvwatch.server.worker import EngineWorker, Stream
+
+DEFAULT_MAX_TOKENS = 256
+DISCONNECT_POLL_S = 0.2
+
+router = APIRouter()
+
+
+def _worker(request: Request) -> EngineWorker:
+    return request.app.state.worker
+
+
+def _params(body: ChatCompletionRequest | CompletionRequest, logprobs: bool) -> SamplingParams:
+    return SamplingParams(
+        max_tokens=body.token_limit or DEFAULT_MAX_TOKENS,
+        temperature=body.temperature,
+        top_p=body.top_p,
+        seed=body.seed,
+        ignore_eos=body.ignore_eos,
+        logprobs=logprobs,
+        return_routed_experts=body.return_routed_experts,
+    )
+
+
+def _fit(
+    tokens: list[int], params: SamplingParams, engine: Engine, explicit: bool
+) -> SamplingParams:
+    """Clamp a default token budget to the context left; an explicit one must fit."""
+    room = engine.config.model.max_model_len - len(tokens)
+    if room >= params.max_tokens:
+        return params
+    if explicit or room < 1:
+        raise ApiError(
+            400,
+            f"the prompt has {len(tokens)} tokens and max_tokens is {params.max_tokens}; "
+            f"the context holds {engine.config.model.max_model_len}",
+            code="context_length_exceeded",
+        )
+    return replace(params, max_tokens=room)
+
+
+async def _start(
+    request: Request,
+    body: ChatCompletionRequest | CompletionRequest,
+    prompt: Callable[[Engine], list[int]],
+    params: SamplingParams,
+    labels: dict[str, str],
+) -> Stream:
+    worker = _worker(request)
+
+    def add() -> tuple[list[int], SamplingParams]:
+        tokens = prompt(worker.engine)
+        return tokens, _fit(tokens, params, worker.engine, body.token_limit is not None)
+
+    try:
+        tokens, fitted = await worker.run(add)
+        return await worker.submit(tokens, fitted, session_id=body.session_id, labels=labels)
+    except ApiError:
+        raise
+    except ValueError as exc:  # the engine's own checks (EngineError is handled as itself)
+        if hasattr(exc, "status"):
+            raise
+        raise ApiError(400, str(exc), code="invalid_prompt") from None
+
+
+def _labels(request: Request, operation: str, body, text: str) -> dict[str, str]:
+    labels = {"gen_ai.operation.name": operation, "gen_ai.request.model": body.model}
+    if request.app.state.settings.capture_content:
+        labels["gen_ai.prompt"] = text
+    return labels
+
+
+@router.post("/v1/chat/completions")
+async def chat_completions(request: Request, body: ChatCompletionRequest):
+    messages = [
+        ChatMessage("system" if m.role == "developer" else m.role, m.text()) for m in body.messages
+    ]
+
+    def prompt(engine: Engine) -> list[int]:
+        if body.session_id is None:
+            return engine.chat_template.render(messages)
+        history = engine.sessions.get(body.session_id).tokens
+        return engine.chat_template.continue_session(history, messages)
+
+    labels = _labels(request, "chat", body, "\n".join(m.content for m in messages))
+    stream = await _start(request, body, prompt, _params(body, body.logprobs), labels)
+    shape = _Shape("chat", stream.request_id, body)
+    if body.stream:
+        return _sse(request, stream, shape)
+    return await _respond(request, stream, shape)
+
+
+@router.post("/v1/completions")
+async def completions(request: Request, body: CompletionRequest):
+    def prompt(engine: Engine) -> list[int]:
+        if isinstance(body.prompt, list):
+            return list(body.prompt)
+        return engine.tokenizer.encode(body.prompt)
+
+    text = body.prompt if isinstance(body.prompt, str) else ""
+    labels = _labels(request, "text_completion", body, text)
+    stream = await _start(request, body, prompt, _params(body, bool(body.logprobs)), labels)
+    shape = _Shape("text", stream.request_id, body)
+    if body.stream:
+        return _sse(request, stream, shape)
+    return await _respond(request, stream, shape)
+
+
+# -- response shapes ----------------------------------------------------------------------
+class _Shape:
+    """Builds chat or text-completion bodies and chunks for one request."""
+
+    def __init__(self, kind: str, request_id: str, body) -> None:
+        self.kind, self.body = kind, body
+        prefix = "chatcmpl" if kind == "chat" else "cmpl"
+        self.id = f"{prefix}-{request_id}"
+        self.created = int(time.time())
+        self.object = "chat.completion" if kind == "chat" else "text_completion"
+
+    def _envelope(self, obj: str, choices: list) -> dict:
+        return {
+            "id": self.id,
+            "object": obj,
+            "created": self.created,
+            "model": self.body.model,
+            "choices": choices,
+        }
+
+    def chunk(self, text: str, finish_reason: str | None = None, first: bool = False) -> dict:
+        if self.kind == "chat":
+            delta = (
+                {"role": "assistant", "content": text}
+                if first
+                else ({"content": text} if text else {})
+            )
+            choice = {"index": 0, "delta": delta, "finish_reason": finish_reason, "logprobs": None}
+            return self._envelope("chat.completion.chunk", [choice])
+        choice = {"index": 0, "text": text, "finish_reason": finish_reason, "logprobs": None}
+        return self._envelope("text_completion", [choice])
+
+    def usage(self, done: Completion) -> dict:
+        prompt, out = len(done.prompt_token_ids), len(done.token_ids)
+        return {
+            "prompt_tokens": prompt,
+            "completion_tokens": out,
+            "total_tokens": prompt + out,
+            "prompt_tokens_details": {"cached_tokens": done.cached_tokens},
+        }
+
+    def final(self, done: Completion) -> dict:
+        if self.kind == "chat":
+            message = {"role": "assistant", "content": done.text}
+            choice = {"index": 0, "message": message, "finish_reason": done.finish_reason}
+            choice["logprobs"] = _chat_logprobs(done) if self.body.logprobs else None
+        else:
+            choice = {"index": 0, "text": done.text, "finish_reason": done.finish_reason}
+            choice["logprobs"] = _text_logprobs(done) if self.body.logprobs is not None else None
+        out = self._envelope(self.object, [choice])
+        out["usage"] = self.usage(done)
+        if self.body.session_id is not None:
+            out["session_id"] = self.body.session_id
+        if done.routed_experts is not None:
+            out["routed_experts"] = done.routed_experts.tolist()
+        return out
+
+
+def _chat_logprobs(done: Completion) -> dict:
+    return {
+        "content": [
+            {
+                "token": _token_text(t),
+                "logprob": lp,
+                "bytes": [t] if t < 256 else [],
+                "top_logprobs": [],
+            }
+            for t, lp in zip(done.token_ids, done.logprobs, strict=False)
+        ]
+    }
+
+
+def _text_logprobs(done: Completion) -> dict:
+    return {
+        "tokens": [_token_text(t) for t in done.token_ids],
+        "token_logprobs": list(done.logprobs),
+        "top_logprobs": None,
+        "text_offset": None,
+    }
+
+
+def _token_text(token: int) -> str:
+    return bytes([token]).decode("latin-1") if token < 256 else f"<|{token}|>"
+
+
+def _failure(done: Completion) -> ApiError:
+    if done.error and done.error.startswith("internal error"):
+        return ApiError(500, done.error, code="internal_error")
+    return ApiError(400, done.error or "the request failed", code="request_failed")
+
+
+# -- delivery -----------------------------------------------------------------------------
+async def _next(request: Request, stream: Stream) -> RequestOutput | Completion | None:
+    """The stream's next item, or None once the client has gone away.
+
+    A busy stream never waits long enough to time out, so the disconnect
+    check also runs every ``DISCONNECT_POLL_S`` between items.
+    """
+    loop = asyncio.get_running_loop()
+    state = request.scope.setdefault("kvwatch.checked", [loop.time()])
+    while True:
+        if loop.time() - state[0] > DISCONNECT_POLL_S:
+            state[0] = loop.time()
+            if await request.is_disconnected():
+                return None
+        try:
+            return await asyncio.wait_for(stream.queue.get(), DISCONNECT_POLL_S)
+        except TimeoutError:
+            continue
+
+
+def _abort_soon(request: Request, stream: Stream) -> None:
+    worker = _worker(request)
+    worker.call(worker.abort_now, stream.request_id)
+
+
+async def _respond(request: Request, stream: Stream, shape: _Shape) -> JSONResponse:
+    try:
+        while True:
+            item = await _next(request, stream)
+            if item is None:
+                _abort_soon(request, stream)
+                return JSONResponse(error_body(400, "client disconnected"), status_code=400)
+            if isinstance(item, Completion):
+                break
+    except asyncio.CancelledError:
+        _abort_soon(request, stream)
+        raise
+    if item.finish_reason == "error":
+        raise _failure(item)
+    return JSONResponse(shape.final(item))
+
+
+def _sse(request: Request, stream: Stream, shape: _Shape) -> StreamingResponse:
+    include_usage = bool(shape.body.stream_options and shape.body.stream_options.include_usage)
+
+    async def events() -> AsyncIterator[str]:
+        done = False
+        text = TextStream()
+        try:
+            if shape.kind == "chat":
+                yield _data(shape.chunk("", first=True))
+            while True:
+                item = await _next(request, stream)
+                if item is None:
+                    return
+                if isinstance(item, RequestOutput):
+                    if delta := text.feed(item.new_token_ids):
+                        yield _data(shape.chunk(delta))
+                    continue
+                done = True
+                if item.finish_reason == "error":
+                    err = _failure(item)
+                    yield _data(error_body(err.status, err.message, code=err.code))
+                else:
+                    yield _data(shape.chunk(text.flush(), item.finish_reason))
+                    if include_usage:
+                        yield _data({**shape.chunk(""), "choices": [], "usage": shape.usage(item)})
+                yield "data: [DONE]\n\n"
+                return
+        finally:
+            if not done:  # the client went away (or the server is stopping): abort
+                _abort_soon(request, stream)
+
+    headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+    return StreamingResponse(events(), media_type="text/event-stream", headers=headers)
+
+
+def _data(obj: dict) -> str:
+    return f"data: {json.dumps(obj, separators=(',', ':'))}\n\n"

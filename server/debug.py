@@ -1,0 +1,112 @@
+"""Probe endpoints: only mounted with ``--enable-probe``.
+
+With a probe token set, every call needs ``Authorization: Bearer TOKEN``.
+``/debug/probe`` is ``Engine.probe()`` as JSON (DESIGN.md's probe shape);
+``/debug/flush_cache`` evicts everything unreferenced and answers 409 while
+requests run; the tracemalloc pair starts heap tracking and reports the
+largest growth since the previous snapshot, by traceback.
+"""
+
+from __future__ import annotations
+
+import hmac
+import tracemalloc
+
+from fastapi import APIRouter, Depends, Request
+
+from kvwatch.server.errors import ApiError
+from kvwatch.server.worker import EngineWorker
+
+TRACE_FRAMES = 16
+
+
+def require_token(request: Request) -> None:
+    token = request.app.state.settings.probe_token
+    if not token:
+        return
+    got = request.headers.get("authorization", "")
+    if not hmac.compare_digest(got.encode(), f"Bearer {token}".encode()):
+        raise ApiError(
+            401, "the probe endpoints need Authorization: Bearer <probe token>", code="unauthorized"
+        )
+
+
+router = APIRouter(prefix="/debug", dependencies=[Depends(require_token)])
+
+
+def _worker(request: Request) -> EngineWorker:
+    return request.app.state.worker
+
+
+@router.get("/probe")
+async def probe(request: Request):
+    report = await _worker(request).run(_worker(request).engine.probe)
+    return report.as_dict()
+
+
+@router.post("/flush_cache")
+async def flush_cache(request: Request):
+    worker = _worker(request)
+
+    def flush() -> dict:
+        engine = worker.engine
+        if engine.has_unfinished():
+            raise ApiError(409, "requests are still running; flush when idle", code="engine_busy")
+        engine.flush_cache()
+        return {"flushed": True, "step": engine.step_count}
+
+    return await worker.run(flush)
+
+
+class HeapTracker:
+    """tracemalloc snapshots, each compared with the one before."""
+
+    def __init__(self) -> None:
+        self.last: tracemalloc.Snapshot | None = None
+
+    def start(self) -> dict:
+        if not tracemalloc.is_tracing():
+            tracemalloc.start(TRACE_FRAMES)
+        self.last = _snapshot()
+        return {"tracing": True, "frames": tracemalloc.get_traceback_limit()}
+
+    def diff(self, top: int) -> dict:
+        if not tracemalloc.is_tracing():
+            raise ApiError(
+                409, "heap tracking is off; POST /debug/tracemalloc/start first", code="not_tracing"
+            )
+        snap = _snapshot()
+        stats = snap.compare_to(self.last, "traceback") if self.last else []
+        self.last = snap
+        current, peak = tracemalloc.get_traced_memory()
+        return {
+            "traced_bytes": current,
+            "peak_bytes": peak,
+            "top_growth": [
+                {
+                    "size_diff": s.size_diff,
+                    "size": s.size,
+                    "count_diff": s.count_diff,
+                    "traceback": [f"{f.filename}:{f.lineno}" for f in s.traceback],
+                }
+                for s in stats[:top]
+            ],
+        }
+
+
+def _snapshot() -> tracemalloc.Snapshot:
+    return tracemalloc.take_snapshot().filter_traces(
+        [tracemalloc.Filter(False, tracemalloc.__file__), tracemalloc.Filter(False, "<frozen *>")]
+    )
+
+
+@router.post("/tracemalloc/start")
+async def tracemalloc_start(request: Request):
+    return await _worker(request).run(request.app.state.heap.start)
+
+
+@router.get("/tracemalloc/snapshot")
+async def tracemalloc_snapshot(request: Request, top: int = 10):
+    if not 1 <= top <= 100:
+        raise ApiError(400, "top must be in [1, 100]", code="invalid_value", param="top")
+    return await _worker(request).run(request.app.state.heap.diff, top)

@@ -1,0 +1,77 @@
+"""OpenAI-style error bodies, and the handlers that turn every failure into one.
+
+Every error a client can cause answers ``{"error": {"message", "type",
+"param", "code"}}`` with a 4xx status; only a bug answers 500.
+"""
+
+from __future__ import annotations
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
+
+from kvwatch.engine.errors import EngineError
+
+TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    409: "conflict_error",
+    413: "invalid_request_error",
+    415: "invalid_request_error",
+    422: "invalid_request_error",
+}
+
+
+def error_body(status: int, message: str, *, code: str | None = None, param: str | None = None):
+    return {
+        "error": {
+            "message": message,
+            "type": TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error"),
+            "param": param,
+            "code": code,
+        }
+    }
+
+
+def error_response(status: int, message: str, **kw) -> JSONResponse:
+    return JSONResponse(error_body(status, message, **kw), status_code=status)
+
+
+class ApiError(Exception):
+    """Raised by handlers for a client error that is not a validation failure."""
+
+    def __init__(self, status: int, message: str, *, code: str | None = None, param=None):
+        super().__init__(message)
+        self.status, self.message, self.code, self.param = status, message, code, param
+
+
+def install(app: FastAPI) -> None:
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        first = exc.errors()[0] if exc.errors() else {}
+        loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+        what = first.get("msg", "invalid request")
+        if first.get("type") == "json_invalid":
+            return error_response(400, "the request body is not valid JSON", code="invalid_json")
+        if not loc and first.get("type") in ("model_attributes_type", "dict_type", "missing"):
+            message = "the request body must be a JSON object (Content-Type: application/json)"
+            return error_response(400, message, code="invalid_body")
+        param = ".".join(loc) or None
+        message = f"{param}: {what}" if param else what
+        return error_response(400, message, code="invalid_value", param=param)
+
+    @app.exception_handler(EngineError)
+    async def _engine(request: Request, exc: EngineError) -> JSONResponse:
+        return error_response(exc.status, str(exc), code=exc.code)
+
+    @app.exception_handler(ApiError)
+    async def _api(request: Request, exc: ApiError) -> JSONResponse:
+        return error_response(exc.status, exc.message, code=exc.code, param=exc.param)
+
+    @app.exception_handler(HTTPException)
+    async def _http(request: Request, exc: HTTPException) -> JSONResponse:
+        body = error_body(exc.status_code, str(exc.detail))
+        return JSONResponse(body, status_code=exc.status_code, headers=exc.headers)

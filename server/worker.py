@@ -1,0 +1,146 @@
+"""EngineWorker: the one thread that owns the ``Engine``.
+
+The engine is single-threaded and step-driven. HTTP handlers never touch it:
+they send calls that run on the worker thread between two steps, and read
+their request's deltas from an asyncio queue the worker fills::
+
+    handler ──call(fn)──► [call queue] ──► worker: drain calls, step, dispatch
+       ▲                                              │
+       └──────── asyncio.Queue (RequestOutput ..., Completion) ◄┘
+
+Each stream ends with the request's ``Completion``, taken from the engine
+as soon as the request is done, so finished requests never pile up in it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+import traceback
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any
+
+from kvwatch.engine.engine import Completion, Engine
+from kvwatch.engine.request import RequestOutput, SamplingParams
+
+IDLE_WAIT_S = 0.05
+
+
+@dataclass(eq=False)
+class Stream:
+    """One request's deltas; the last item is its ``Completion``."""
+
+    request_id: str
+    loop: asyncio.AbstractEventLoop
+    queue: asyncio.Queue
+
+    def put(self, item: RequestOutput | Completion) -> None:
+        self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+
+
+class EngineWorker:
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self._calls: queue.SimpleQueue[tuple[Callable[[], Any], Future]] = queue.SimpleQueue()
+        self._streams: dict[str, Stream] = {}
+        self._wake = threading.Event()
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name="kvwatch-engine", daemon=True)
+
+    # -- lifecycle ----------------------------------------------------------------------
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stopping = True
+        self._wake.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+
+    # -- calls --------------------------------------------------------------------------
+    def call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Future:
+        """Run ``fn`` on the worker thread between steps; its result or exception lands in the future."""
+        future: Future = Future()
+        self._calls.put((lambda: fn(*args, **kwargs), future))
+        self._wake.set()
+        return future
+
+    async def run(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        return await asyncio.wrap_future(self.call(fn, *args, **kwargs))
+
+    async def submit(
+        self,
+        prompt: Sequence[int],
+        params: SamplingParams,
+        *,
+        session_id: str | None = None,
+        labels: Mapping[str, str] | None = None,
+    ) -> Stream:
+        """Queue a request; raises what ``Engine.add_request`` raises (bad input)."""
+        loop = asyncio.get_running_loop()
+
+        def add() -> Stream:
+            rid = self.engine.add_request(prompt, params, session_id=session_id, labels=labels)
+            stream = Stream(rid, loop, asyncio.Queue())
+            self._streams[rid] = stream
+            return stream
+
+        return await self.run(add)
+
+    async def abort(self, request_id: str) -> None:
+        """Abort a request (a client went away); its stream ends with the abort."""
+        await self.run(self.abort_now, request_id)
+
+    def abort_now(self, request_id: str) -> None:
+        """On the worker thread: abort, and end the request's stream at once."""
+        if self.engine.abort(request_id):
+            self._finish(request_id)
+
+    # -- the thread ---------------------------------------------------------------------
+    def _run(self) -> None:
+        while not self._stopping:
+            self._drain_calls()
+            if self.engine.has_unfinished():
+                try:
+                    outputs = self.engine.step()
+                except Exception:  # the engine contains per-request failures; this is a bug
+                    traceback.print_exc()
+                    continue
+                self._dispatch(outputs)
+            else:
+                self._wake.wait(IDLE_WAIT_S)
+                self._wake.clear()
+        self._drain_calls()
+
+    def _drain_calls(self) -> None:
+        while True:
+            try:
+                fn, future = self._calls.get_nowait()
+            except queue.Empty:
+                return
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                future.set_result(fn())
+            except BaseException as exc:  # handed to the caller
+                future.set_exception(exc)
+
+    def _dispatch(self, outputs: list[RequestOutput]) -> None:
+        for out in outputs:
+            stream = self._streams.get(out.request_id)
+            if stream is None:
+                continue
+            if out.new_token_ids:
+                stream.put(out)
+            if out.finished:
+                self._finish(out.request_id)
+
+    def _finish(self, request_id: str) -> None:
+        stream = self._streams.pop(request_id, None)
+        if request_id in self.engine.requests and self.engine.requests[request_id].done:
+            completion = self.engine.take(request_id)
+            if stream is not None:
+                stream.put(completion)

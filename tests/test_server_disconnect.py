@@ -1,0 +1,88 @@
+"""A client that goes away aborts its request, mid-prefill or mid-stream, and leaks nothing."""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+import pytest
+from serverproc import TOKEN, kvwatch_server, probe, wait_idle
+
+
+@pytest.fixture(scope="module")
+def server():
+    with kvwatch_server("--enable-probe", "--probe-token", TOKEN) as url:
+        yield url
+
+
+def aborts(url: str, stage: str) -> float:
+    text = httpx.get(f"{url}/metrics", timeout=30).text
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("kvwatch_aborts_total{") and f'stage="{stage}"' in line
+    )
+
+
+def assert_clean_and_empty(url: str) -> None:
+    report = wait_idle(url)
+    assert report["live_requests"] == 0
+    assert report["findings"] == []
+    for name, group in report["groups"].items():
+        assert group["by_owner"]["request"] == 0, f"{name} still holds request pages"
+
+
+def test_disconnect_mid_prefill_aborts_the_request(server):
+    before = aborts(server, "prefill")
+    body = {
+        "model": "t",
+        "prompt": [65 + i % 26 for i in range(3500)],
+        "max_tokens": 4,
+        "stream": True,
+    }
+    with httpx.stream("POST", f"{server}/v1/completions", json=body, timeout=60) as r:
+        assert r.status_code == 200
+        deadline = time.monotonic() + 30
+        while probe(server)["queue"]["running"] == 0:  # admitted: its prefill has started
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+    # leaving the block closed the connection long before 3500 tokens were prefilled
+    deadline = time.monotonic() + 30
+    while aborts(server, "prefill") == before:
+        assert time.monotonic() < deadline, "the disconnect did not abort the request"
+        time.sleep(0.05)
+    assert_clean_and_empty(server)
+
+
+def test_disconnect_mid_stream_aborts_the_request(server):
+    before = aborts(server, "decode")
+    body = {
+        "model": "t",
+        "prompt": "count forever",
+        "max_tokens": 3000,
+        "ignore_eos": True,
+        "stream": True,
+    }
+    with httpx.stream("POST", f"{server}/v1/completions", json=body, timeout=60) as r:
+        chunks = 0
+        for line in r.iter_lines():
+            chunks += line.startswith("data: ")
+            if chunks >= 3:
+                break
+    deadline = time.monotonic() + 30
+    while aborts(server, "decode") == before:
+        assert time.monotonic() < deadline, "the disconnect did not abort the request"
+        time.sleep(0.05)
+    assert_clean_and_empty(server)
+
+
+def test_non_streaming_disconnect_aborts_too(server):
+    before = sum(aborts(server, s) for s in ("queued", "prefill", "decode"))
+    body = {"model": "t", "prompt": "x", "max_tokens": 3000, "ignore_eos": True}
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{server}/v1/completions", json=body, timeout=1.0)
+    deadline = time.monotonic() + 30
+    while sum(aborts(server, s) for s in ("queued", "prefill", "decode")) == before:
+        assert time.monotonic() < deadline, "the disconnect did not abort the request"
+        time.sleep(0.05)
+    assert_clean_and_empty(server)
