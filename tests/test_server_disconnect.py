@@ -8,6 +8,8 @@ import httpx
 import pytest
 from serverproc import TOKEN, kvwatch_server, probe, wait_idle
 
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
 
 @pytest.fixture(scope="module")
 def server():
@@ -67,8 +69,11 @@ def test_disconnect_mid_stream_aborts_the_request(server):
         chunks = 0
         for line in r.iter_lines():
             chunks += line.startswith("data: ")
+            if chunks == 2:  # still reading: the request is live
+                busy = httpx.post(f"{server}/debug/flush_cache", headers=AUTH, timeout=30)
+                assert busy.status_code == 409 and busy.json()["error"]["code"] == "engine_busy"
             if chunks >= 3:
-                break
+                break  # leaving the iteration closes the connection
     deadline = time.monotonic() + 30
     while aborts(server, "decode") == before:
         assert time.monotonic() < deadline, "the disconnect did not abort the request"
