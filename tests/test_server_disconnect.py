@@ -9,6 +9,7 @@ import pytest
 from serverproc import TOKEN, kvwatch_server, probe, wait_idle
 
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
+STAGES = ("queued", "prefill", "decode")
 
 
 @pytest.fixture(scope="module")
@@ -17,13 +18,24 @@ def server():
         yield url
 
 
-def aborts(url: str, stage: str) -> float:
+def aborts(url: str, *stages: str) -> float:
+    """kvwatch_aborts_total summed over the given abort stages."""
     text = httpx.get(f"{url}/metrics", timeout=30).text
     return sum(
         float(line.rsplit(" ", 1)[1])
         for line in text.splitlines()
-        if line.startswith("kvwatch_aborts_total{") and f'stage="{stage}"' in line
+        if line.startswith("kvwatch_aborts_total{")
+        and any(f'stage="{stage}"' in line for stage in stages)
     )
+
+
+def assert_aborted(url: str, stages: tuple[str, ...], before: float) -> None:
+    """Wait for the abort counter of ``stages`` to move, then check nothing is left."""
+    deadline = time.monotonic() + 30
+    while aborts(url, *stages) == before:
+        assert time.monotonic() < deadline, "the disconnect did not abort the request"
+        time.sleep(0.05)
+    assert_clean_and_empty(url)
 
 
 def assert_clean_and_empty(url: str) -> None:
@@ -49,11 +61,7 @@ def test_disconnect_mid_prefill_aborts_the_request(server):
             assert time.monotonic() < deadline
             time.sleep(0.01)
     # leaving the block closed the connection long before 3500 tokens were prefilled
-    deadline = time.monotonic() + 30
-    while aborts(server, "prefill") == before:
-        assert time.monotonic() < deadline, "the disconnect did not abort the request"
-        time.sleep(0.05)
-    assert_clean_and_empty(server)
+    assert_aborted(server, ("prefill",), before)
 
 
 def test_disconnect_mid_stream_aborts_the_request(server):
@@ -74,20 +82,12 @@ def test_disconnect_mid_stream_aborts_the_request(server):
                 assert busy.status_code == 409 and busy.json()["error"]["code"] == "engine_busy"
             if chunks >= 3:
                 break  # leaving the iteration closes the connection
-    deadline = time.monotonic() + 30
-    while aborts(server, "decode") == before:
-        assert time.monotonic() < deadline, "the disconnect did not abort the request"
-        time.sleep(0.05)
-    assert_clean_and_empty(server)
+    assert_aborted(server, ("decode",), before)
 
 
 def test_non_streaming_disconnect_aborts_too(server):
-    before = sum(aborts(server, s) for s in ("queued", "prefill", "decode"))
+    before = aborts(server, *STAGES)
     body = {"model": "t", "prompt": "x", "max_tokens": 3000, "ignore_eos": True}
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(f"{server}/v1/completions", json=body, timeout=1.0)
-    deadline = time.monotonic() + 30
-    while sum(aborts(server, s) for s in ("queued", "prefill", "decode")) == before:
-        assert time.monotonic() < deadline, "the disconnect did not abort the request"
-        time.sleep(0.05)
-    assert_clean_and_empty(server)
+    assert_aborted(server, STAGES, before)
