@@ -248,8 +248,11 @@ class SchedulerConfig:
     max_batch_tokens: int = 512  # tokens computed in one step, all requests together
     chunk_size: int = 64  # largest prefill chunk of one request in one step
     spec: SpecConfig | None = None
+    retract_backoff: int = 2  # steps a retracted request waits before re-admission
 
     def __post_init__(self) -> None:
+        if self.retract_backoff < 0:
+            raise ValueError(f"retract_backoff must be >= 0, got {self.retract_backoff}")
         if self.max_running < 1:
             raise ValueError(f"max_running must be >= 1, got {self.max_running}")
         if self.chunk_size < 1:

@@ -30,6 +30,9 @@ class TreeReport(NamedTuple):
     nodes: int
     snapshots: dict[str, int]  # nodes holding state, per state group
     host_snapshots: int
+    # snapshots on nodes with children: what superseded-snapshot release
+    # should keep near zero once nobody runs (seed 000)
+    interior_snapshots: dict[str, int]
 
 
 class SlotReport(NamedTuple):
@@ -111,12 +114,14 @@ def take_stats(
         for name, u in group_usage(cache).items()
     }
     snapshots = dict.fromkeys(STATE_GROUPS, 0)
+    interior = dict.fromkeys(STATE_GROUPS, 0)
     on_host = 0
     for node in cache.tree.snapshot_nodes:
         on_host += node.snapshot.tier is Tier.HOST
         for group in node.snapshot.pages:
             snapshots[group] += 1
-    tree = TreeReport(cache.tree.node_count, snapshots, on_host)
+            interior[group] += bool(node.children)
+    tree = TreeReport(cache.tree.node_count, snapshots, on_host, interior)
     locked = sum(h.lock_node is not None for h in cache.holders.values())
     live = queue.waiting + queue.running + queue.retracted + queue.paused
     slots = None

@@ -11,7 +11,9 @@ Each step, oldest request first:
 A piece that cannot get pages has already made the cache evict and prune.
 Then drafts are dropped, then the newest running request is retracted, and
 only a request that cannot fit even alone fails, with a clear error. The
-loop itself never stops on a shortage.
+loop itself never stops on a shortage. A retracted request waits
+``retract_backoff`` steps before it is admitted again, so the pressure that
+pushed it out can clear instead of pushing it out again at once.
 """
 
 from __future__ import annotations
@@ -117,7 +119,9 @@ class Scheduler:
                 works[req.id] = work
                 budget -= work.n + len(work.drafts)
         while self.waiting and len(self.running) < self.cfg.max_running and budget > 0:
-            req = self.waiting[0]
+            req = next((r for r in self.waiting if r.not_before <= step), None)
+            if req is None:  # only requests still backing off after a retraction
+                break
             if not self._admit(req):
                 if req.done:  # it can never fit: failed, try the next one
                     continue
@@ -234,7 +238,7 @@ class Scheduler:
             if not self.running:  # nothing will free pages for it
                 self.fail(req, f"request cannot be admitted even into an idle cache: {exc}")
             return False
-        self.waiting.popleft()
+        self.waiting.remove(req)
         req.status = Status.RUNNING
         bisect.insort(self.running, req, key=lambda r: r.arrival)
         if recovering:
@@ -298,6 +302,7 @@ class Scheduler:
             self.cache.retract(req.holder)
         self.running.remove(req)
         req.status = Status.RETRACTED
+        req.not_before = self.step + 1 + self.cfg.retract_backoff
         self.waiting.appendleft(req)
         self.events.emit(RequestRetracted(req.id, computed))
 

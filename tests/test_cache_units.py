@@ -252,7 +252,7 @@ def test_root_has_no_pages():
     assert tree.root.pages is EMPTY_PAGES and tree.root.depth == 0 and tree.root.is_leaf
 
 
-def test_shared_snapshot_lives_while_shared_and_goes_on_the_next_commit():
+def test_shared_snapshot_lives_while_shared_and_goes_when_the_sharer_leaves():
     cache = HybridPrefixCache(small_config(), INT_LAYOUTS)
     sim = SimRunner(cache)
     seeder = cache.open([*range(20), 0])
@@ -267,8 +267,10 @@ def test_shared_snapshot_lives_while_shared_and_goes_on_the_next_commit():
     assert shared.refs == 2 and shared.has_complete_snapshot  # kept for the sharer
     first_terminal = a.lock_node
     cache.release(b, commit=True)
-    assert shared.has_complete_snapshot  # nobody commits on a's path yet
+    # a alone holds it now, and a's own terminal supersedes it: it goes at once,
+    # not at a's next commit, so no probe sees a holder pinning three snapshots
+    assert shared.snapshot.history_only and first_terminal.has_complete_snapshot
     run_turn(sim, a, [7] * 10, chunk=8, decode=[])
-    assert shared.snapshot.history_only and first_terminal.snapshot.history_only
+    assert first_terminal.snapshot.history_only
     assert a.lock_node.has_complete_snapshot  # the deepest anchor always stays
     assert audit(cache).clean

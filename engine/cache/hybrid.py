@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from kvwatch.engine.cache import sessions, slotcache
-from kvwatch.engine.cache.commit import commit_chunk, insert
+from kvwatch.engine.cache.commit import commit_chunk, insert, release_superseded
 from kvwatch.engine.cache.holder import Holder, HolderStatus, Pending, PendingKind
 from kvwatch.engine.cache.node import Node, Tier
 from kvwatch.engine.cache.owner import Owner, OwnerKind
@@ -397,7 +397,13 @@ class HybridPrefixCache(CacheStorage):
         self.holders.pop(holder.id, None)
 
     def drop_everything(self, holder: Holder, *, free_pending: bool = True) -> None:
-        """Unlock the path and free every page the holder owns."""
+        """Unlock the path and free every page the holder owns.
+
+        A snapshot this holder shared with another becomes that one's alone
+        here; if it is superseded on that holder's path it goes now rather
+        than at that holder's next commit.
+        """
+        path = list(holder.lock_node.path()) if holder.lock_node is not None else []
         if holder.lock_node is not None:
             self.tree.unlock(holder.lock_node)
         self.pools[FULL_KV].free(holder.own_full_pages(self.page_size), holder.owner)
@@ -408,6 +414,20 @@ class HybridPrefixCache(CacheStorage):
         holder.lock_node = None
         holder.full_pages, holder.swa_pages, holder.working, holder.pending = [], {}, {}, {}
         holder.cached_len = holder.computed_len = holder.allocated_len = 0
+        if path and Fault.INTERIOR_SNAPSHOT_LEAK not in self.faults:
+            self._release_for_sharers(path)
+
+    def _release_for_sharers(self, path: list[Node]) -> None:
+        lone = {n for n in path if n.refs == 1 and n.snapshot is not None}
+        if not lone:
+            return
+        for other in list(self.holders.values()):
+            if (
+                other.status is HolderStatus.ACTIVE
+                and other.lock_node is not None
+                and any(n in lone for n in other.lock_node.path())
+            ):
+                release_superseded(self, other)
 
     # -- helpers --------------------------------------------------------------------
     def _require(self, holder: Holder, status: HolderStatus) -> None:
