@@ -1,0 +1,55 @@
+"""Leak detectors: pure functions from a recorded run to a verdict.
+
+Ids are stable (summary.json and CI use them). Each module holds one
+detector: ``detect(run: RunRecord) -> Verdict``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+from kvwatch.instrumentation.detectors import (
+    allocator,
+    equivalence,
+    gauge_trend,
+    heap,
+    refcount,
+    slot_table,
+    tree,
+)
+from kvwatch.instrumentation.detectors.base import (
+    FAIL,
+    PASS,
+    SKIPPED,
+    Evidence,
+    HeapSample,
+    Replay,
+    RunRecord,
+    Turn,
+    Verdict,
+)
+
+DETECTORS: Mapping[str, Callable[[RunRecord], Verdict]] = {
+    m.ID: m.detect for m in (allocator, refcount, tree, heap, gauge_trend, slot_table, equivalence)
+}
+IDS = tuple(DETECTORS)
+
+
+def run_detectors(run: RunRecord, only: tuple[str, ...] = IDS) -> dict[str, Verdict]:
+    return {name: DETECTORS[name](run) for name in only}
+
+
+__all__ = [
+    "DETECTORS",
+    "FAIL",
+    "IDS",
+    "PASS",
+    "SKIPPED",
+    "Evidence",
+    "HeapSample",
+    "Replay",
+    "RunRecord",
+    "Turn",
+    "Verdict",
+    "run_detectors",
+]

@@ -1,0 +1,125 @@
+"""What detectors read and what they answer.
+
+A run is a series of turns. Each turn carries the probe reports taken while
+it ran (the last one at the barrier, after the engine drained), how many
+conversations were live and how much context they held, and optionally a
+heap sample and black-box gauge readings. Probe reports are the JSON shape of
+``GET /debug/probe``, so a run recorded in-process and one recorded over HTTP
+look the same to a detector.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+PASS, FAIL, SKIPPED = "pass", "fail", "skipped"
+
+
+class Evidence(NamedTuple):
+    group: str | None
+    pages: tuple[int, ...]
+    detail: str  # what was seen, with the owner chain where there is one
+    traceback: tuple[str, ...] = ()
+
+    def as_dict(self) -> dict:
+        return {
+            "group": self.group,
+            "pages": list(self.pages),
+            "detail": self.detail,
+            "traceback": list(self.traceback),
+        }
+
+
+class Verdict(NamedTuple):
+    detector: str
+    verdict: str  # pass, fail or skipped
+    first_turn: int | None  # the turn where it first failed
+    evidence: tuple[Evidence, ...] = ()
+    note: str = ""  # why it passed or was skipped
+
+    @property
+    def failed(self) -> bool:
+        return self.verdict == FAIL
+
+    def summary(self) -> str:
+        if not self.evidence:
+            return self.note
+        head = self.evidence[0]
+        where = f"{head.group}: " if head.group else ""
+        more = f" (+{len(self.evidence) - 1} more)" if len(self.evidence) > 1 else ""
+        return f"turn {self.first_turn}: {where}{head.detail}{more}"
+
+    def as_dict(self) -> dict:
+        return {
+            "verdict": self.verdict,
+            "first_turn": self.first_turn,
+            "evidence": self.summary(),
+            "details": [e.as_dict() for e in self.evidence],
+        }
+
+
+class HeapSample(NamedTuple):
+    traced_bytes: int  # bytes allocated by the engine's code and still alive
+    # (bytes grown, traceback) since the previous turn, largest first
+    top: tuple[tuple[int, tuple[str, ...]], ...] = ()
+    by_site: dict[str, int] | None = None  # live bytes per allocation site (file:line)
+
+
+class Replay(NamedTuple):
+    turn: int
+    prompt: tuple[int, ...]
+    cached: tuple[int, ...]  # what the run produced
+    reference: tuple[int, ...]  # what a cache-off engine produces
+
+
+class Turn(NamedTuple):
+    turn: int
+    probes: tuple[dict, ...]  # during the turn; the last one at the barrier
+    conversations: int = 0  # live conversations (agents and sub-agents) after the turn
+    context_tokens: int = 0  # tokens those conversations hold
+    heap: HeapSample | None = None
+    gauges: dict[str, float] | None = None  # black-box readings at the barrier
+
+    @property
+    def barrier(self) -> dict | None:
+        return self.probes[-1] if self.probes else None
+
+
+class RunRecord(NamedTuple):
+    turns: tuple[Turn, ...]
+    warmup: int = 2  # turns discarded before judging a trend
+    baseline: dict | None = None  # probe before the first turn
+    drained: dict | None = None  # probe after sessions closed and the cache flushed
+    replays: tuple[Replay, ...] = ()
+    error: str | None = None  # the run broke (the gate exits 3)
+
+
+def fail(detector: str, turn: int, evidence: list[Evidence]) -> Verdict:
+    return Verdict(detector, FAIL, turn, tuple(evidence[:16]))
+
+
+def passed(detector: str, note: str = "") -> Verdict:
+    return Verdict(detector, PASS, None, (), note)
+
+
+def skipped(detector: str, note: str) -> Verdict:
+    return Verdict(detector, SKIPPED, None, (), note)
+
+
+def findings_detector(detector: str, kinds: frozenset[str], run: RunRecord) -> Verdict:
+    """Fail at the first turn whose probes carry a finding of one of ``kinds``."""
+    for turn in run.turns:
+        for probe in turn.probes:
+            hits = [f for f in probe.get("findings", ()) if f["kind"] in kinds]
+            if hits:
+                ev = [Evidence(f["group"], tuple(f["pages"]), f["detail"]) for f in hits]
+                return fail(detector, turn.turn, ev)
+    if run.drained is not None:
+        hits = [f for f in run.drained.get("findings", ()) if f["kind"] in kinds]
+        if hits:
+            last = run.turns[-1].turn + 1 if run.turns else 0
+            ev = [
+                Evidence(f["group"], tuple(f["pages"]), f"after drain: {f['detail']}") for f in hits
+            ]
+            return fail(detector, last, ev)
+    return passed(detector, f"no {', '.join(sorted(kinds))} findings in {len(run.turns)} turns")

@@ -1,0 +1,37 @@
+"""equivalence: greedy outputs replayed with the cache off must equal the cached run's."""
+
+from __future__ import annotations
+
+from kvwatch.instrumentation.detectors.base import (
+    Evidence,
+    RunRecord,
+    Verdict,
+    fail,
+    passed,
+    skipped,
+)
+
+ID = "equivalence"
+
+
+def detect(run: RunRecord) -> Verdict:
+    if not run.replays:
+        return skipped(ID, "no replays")
+    bad = sorted((r for r in run.replays if r.cached != r.reference), key=lambda r: r.turn)
+    if not bad:
+        return passed(ID, f"{len(run.replays)} replays equal the cache-off outputs")
+    ev = []
+    for r in bad:
+        at = next(
+            (i for i, (a, b) in enumerate(zip(r.cached, r.reference, strict=False)) if a != b),
+            min(len(r.cached), len(r.reference)),
+        )
+        ev.append(
+            Evidence(
+                None,
+                (),
+                f"a {len(r.prompt)}-token prompt: output differs from the cache-off replay at token {at} "
+                f"({list(r.cached[at : at + 4])} vs {list(r.reference[at : at + 4])})",
+            )
+        )
+    return fail(ID, bad[0].turn, ev)

@@ -1,0 +1,36 @@
+"""gauge-trend: black-box usage gauges, read at turn barriers, trend upward.
+
+It needs nothing from the engine but its ``/metrics``: each series is a
+gauge reading per turn (for kvwatch, state-group pages in use per live
+conversation; for other engines, whatever usage gauge the preset names).
+"""
+
+from __future__ import annotations
+
+from kvwatch.instrumentation.detectors.base import (
+    Evidence,
+    RunRecord,
+    Verdict,
+    fail,
+    passed,
+    skipped,
+)
+from kvwatch.instrumentation.detectors.stats import first_rise
+
+ID = "gauge-trend"
+
+
+def detect(run: RunRecord) -> Verdict:
+    turns = [t for t in run.turns if t.gauges]
+    if not turns:
+        return skipped(ID, "no gauge readings")
+    names = sorted({name for t in turns for name in t.gauges})
+    for name in names:
+        points = [(t.turn, t.gauges[name]) for t in turns if name in t.gauges]
+        series = [v for _, v in points]
+        rise = first_rise([turn for turn, _ in points], series, run.warmup)
+        if rise is not None:
+            at, trend = rise
+            detail = f"{name} rises {series[0]:.3g} -> {series[-1]:.3g}: {trend.describe}"
+            return fail(ID, at, [Evidence(None, (), detail)])
+    return passed(ID, f"{len(names)} gauge series flat over {len(turns)} turns")

@@ -1,0 +1,30 @@
+"""refcount: the root's and every node's ref counts against what live holders imply."""
+
+from __future__ import annotations
+
+from kvwatch.instrumentation.detectors.base import Evidence, RunRecord, Verdict, fail, passed
+
+ID = "refcount"
+
+
+def detect(run: RunRecord) -> Verdict:
+    probes = [(t.turn, p) for t in run.turns for p in t.probes]
+    if run.drained is not None:
+        probes.append((run.turns[-1].turn + 1 if run.turns else 0, run.drained))
+    for turn, probe in probes:
+        ev = [
+            Evidence(f["group"], tuple(f["pages"]), f["detail"])
+            for f in probe.get("findings", ())
+            if f["kind"] == "ref_mismatch"
+        ]
+        root = probe.get("root_refs", {})
+        if root and root["actual"] != root["expected"]:
+            ev.insert(
+                0,
+                Evidence(
+                    None, (), f"root refs {root['actual']}, live holders imply {root['expected']}"
+                ),
+            )
+        if ev:
+            return fail(ID, turn, ev)
+    return passed(ID, f"root and node refs exact in {len(probes)} probes")

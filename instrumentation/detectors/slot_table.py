@@ -1,0 +1,11 @@
+"""slot-table: more than one entry per slot, or an entry whose hash is not the slot's contents."""
+
+from __future__ import annotations
+
+from kvwatch.instrumentation.detectors.base import RunRecord, Verdict, findings_detector
+
+ID = "slot-table"
+
+
+def detect(run: RunRecord) -> Verdict:
+    return findings_detector(ID, frozenset({"slot_table"}), run)

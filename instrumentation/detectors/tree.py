@@ -1,0 +1,11 @@
+"""tree: structure invariants (evict set, counters, links, host-ref'd nodes keep their state)."""
+
+from __future__ import annotations
+
+from kvwatch.instrumentation.detectors.base import RunRecord, Verdict, findings_detector
+
+ID = "tree"
+
+
+def detect(run: RunRecord) -> Verdict:
+    return findings_detector(ID, frozenset({"tree"}), run)

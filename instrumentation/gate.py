@@ -1,0 +1,138 @@
+"""Gate verdicts: detector results per run -> summary.json, JUnit XML and an exit code.
+
+The shapes follow DESIGN.md's contract, which CI scripts read::
+
+    {"verdict": "pass|fail|error", "faults": [...],
+     "detectors": {"allocator": "pass|fail|skipped", ...},
+     "runs": [{"profile", "concurrency", "turns", "requests", "errors",
+               "detectors": {"allocator": {"verdict", "first_turn", "evidence"}, ...}}]}
+
+Exit codes: 0 every detector passed, 1 a detector failed, 3 the run broke
+(2, a usage error, is the CLI's to give).
+"""
+
+from __future__ import annotations
+
+import json
+import xml.etree.ElementTree as ET
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import NamedTuple
+
+from kvwatch.instrumentation.detectors import (
+    FAIL,
+    IDS,
+    PASS,
+    SKIPPED,
+    RunRecord,
+    Verdict,
+    run_detectors,
+)
+
+EXIT_PASS, EXIT_FAIL, EXIT_USAGE, EXIT_ERROR = 0, 1, 2, 3
+
+
+class RunResult(NamedTuple):
+    profile: str
+    concurrency: int
+    turns: int
+    requests: int
+    errors: int  # requests that ended in an error
+    verdicts: Mapping[str, Verdict]
+    error: str | None = None  # the run itself broke
+
+    def as_dict(self) -> dict:
+        out = {
+            "profile": self.profile,
+            "concurrency": self.concurrency,
+            "turns": self.turns,
+            "requests": self.requests,
+            "errors": self.errors,
+            "detectors": {name: v.as_dict() for name, v in self.verdicts.items()},
+        }
+        if self.error:
+            out["error"] = self.error
+        return out
+
+
+def judge(
+    profile: str,
+    concurrency: int,
+    record: RunRecord,
+    *,
+    requests: int = 0,
+    errors: int = 0,
+    detectors: Sequence[str] = IDS,
+) -> RunResult:
+    """Run the detectors over one recorded run."""
+    verdicts = run_detectors(record, tuple(detectors))
+    return RunResult(
+        profile, concurrency, len(record.turns), requests, errors, verdicts, record.error
+    )
+
+
+def overall(verdicts: Iterable[str]) -> str:
+    seen = set(verdicts)
+    if FAIL in seen:
+        return FAIL
+    return PASS if PASS in seen else SKIPPED
+
+
+def summarize(runs: Sequence[RunResult], faults: Iterable[str] = ()) -> dict:
+    detectors = {
+        name: overall(r.verdicts[name].verdict for r in runs if name in r.verdicts)
+        for name in IDS
+        if any(name in r.verdicts for r in runs)
+    }
+    if any(r.error for r in runs) or not runs:
+        verdict = "error"
+    else:
+        verdict = FAIL if FAIL in detectors.values() else PASS
+    return {
+        "verdict": verdict,
+        "faults": sorted(faults),
+        "detectors": detectors,
+        "runs": [r.as_dict() for r in runs],
+    }
+
+
+def exit_code(summary: Mapping) -> int:
+    return {PASS: EXIT_PASS, FAIL: EXIT_FAIL}.get(summary["verdict"], EXIT_ERROR)
+
+
+def junit_xml(summary: Mapping) -> str:
+    """One test case per run and detector; a failure carries the evidence."""
+    suite = ET.Element("testsuite", name="kvwatch-gate")
+    counts = {"tests": 0, "failures": 0, "skipped": 0, "errors": 0}
+    for run in summary["runs"]:
+        classname = f"kvwatch.{run['profile']}.c{run['concurrency']}"
+        if run.get("error"):
+            case = ET.SubElement(suite, "testcase", classname=classname, name="run")
+            ET.SubElement(case, "error", message=run["error"])
+            counts["tests"] += 1
+            counts["errors"] += 1
+        for name, d in run["detectors"].items():
+            case = ET.SubElement(suite, "testcase", classname=classname, name=name)
+            counts["tests"] += 1
+            if d["verdict"] == FAIL:
+                counts["failures"] += 1
+                node = ET.SubElement(
+                    case, "failure", message=f"first failing turn {d['first_turn']}"
+                )
+                node.text = "\n".join(
+                    [d["evidence"], *(e["detail"] for e in d.get("details", [])[1:])]
+                )
+            elif d["verdict"] == SKIPPED:
+                counts["skipped"] += 1
+                ET.SubElement(case, "skipped", message=d["evidence"])
+    for key, value in counts.items():
+        suite.set(key, str(value))
+    return ET.tostring(suite, encoding="unicode", xml_declaration=True)
+
+
+def write(summary: Mapping, out: Path, junit: Path | None = None) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    if junit is not None:
+        junit.parent.mkdir(parents=True, exist_ok=True)
+        junit.write_text(junit_xml(summary))

@@ -1,0 +1,90 @@
+"""Gate verdicts: summary.json shape, JUnit XML, exit codes."""
+
+from __future__ import annotations
+
+import json
+import xml.etree.ElementTree as ET
+
+from kvwatch.instrumentation.detectors import IDS, Evidence, Verdict
+from kvwatch.instrumentation.gate import (
+    EXIT_ERROR,
+    EXIT_FAIL,
+    EXIT_PASS,
+    RunResult,
+    exit_code,
+    junit_xml,
+    summarize,
+    write,
+)
+
+
+def verdicts(failing: str | None = None) -> dict[str, Verdict]:
+    out = {name: Verdict(name, "pass", None, (), "fine") for name in IDS}
+    out["heap"] = Verdict("heap", "skipped", None, (), "heap tracking off")
+    if failing:
+        ev = (Evidence("linear.state", (3, 4), "2 pages held by no live holder"),)
+        out[failing] = Verdict(failing, "fail", 5, ev)
+    return out
+
+
+def test_a_clean_run_passes_with_exit_0():
+    summary = summarize([RunResult("agentic-trie", c, 6, 40, 0, verdicts()) for c in (1, 2)])
+    assert summary["verdict"] == "pass" and exit_code(summary) == EXIT_PASS
+    assert summary["detectors"]["allocator"] == "pass" and summary["detectors"]["heap"] == "skipped"
+    run = summary["runs"][0]
+    assert set(run) == {"profile", "concurrency", "turns", "requests", "errors", "detectors"}
+    assert run["detectors"]["allocator"] == {
+        "verdict": "pass",
+        "first_turn": None,
+        "evidence": "fine",
+        "details": [],
+    }
+
+
+def test_one_failing_detector_fails_the_gate_with_exit_1(tmp_path):
+    runs = [
+        RunResult("agentic-trie", 1, 6, 40, 0, verdicts()),
+        RunResult("agentic-trie", 8, 6, 320, 0, verdicts("allocator")),
+    ]
+    summary = summarize(runs, faults=["abort-state-buffer-leak"])
+    assert summary["verdict"] == "fail" and exit_code(summary) == EXIT_FAIL
+    assert summary["detectors"]["allocator"] == "fail" and summary["faults"] == [
+        "abort-state-buffer-leak"
+    ]
+    failing = summary["runs"][1]["detectors"]["allocator"]
+    assert failing["first_turn"] == 5 and "held by no live holder" in failing["evidence"]
+    write(summary, tmp_path / "out", tmp_path / "junit.xml")
+    assert json.loads((tmp_path / "out" / "summary.json").read_text()) == summary
+    suite = ET.parse(tmp_path / "junit.xml").getroot()
+    assert suite.get("failures") == "1" and suite.get("skipped") == "2"
+    assert int(suite.get("tests")) == 2 * len(IDS)
+    failure = suite.find(
+        ".//testcase[@classname='kvwatch.agentic-trie.c8'][@name='allocator']/failure"
+    )
+    assert "held by no live holder" in failure.text
+
+
+def test_a_broken_run_is_an_error_with_exit_3():
+    runs = [RunResult("bad-input", 2, 3, 10, 10, verdicts(), error="the engine process died")]
+    summary = summarize(runs)
+    assert summary["verdict"] == "error" and exit_code(summary) == EXIT_ERROR
+    assert '<error message="the engine process died"' in junit_xml(summary)
+    assert exit_code(summarize([])) == EXIT_ERROR
+
+
+def test_judge_runs_the_detectors_over_a_recorded_run():
+    from kvwatch.instrumentation.detectors import RunRecord, Turn
+    from kvwatch.instrumentation.gate import judge
+
+    leak = {"kind": "orphan", "group": "linear.state", "pages": [9], "detail": "held by no one"}
+    probe = {
+        "findings": [leak],
+        "groups": {},
+        "bounds": {},
+        "root_refs": {"actual": 0, "expected": 0},
+    }
+    result = judge("abort-storm", 4, RunRecord((Turn(0, (probe,)),), warmup=0), requests=12)
+    assert (
+        result.verdicts["allocator"].failed and result.verdicts["equivalence"].verdict == "skipped"
+    )
+    assert summarize([result])["verdict"] == "fail"
