@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: test lint bench clean
+.PHONY: test lint bench matrix clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -24,6 +24,10 @@ lint: $(STAMP)
 bench: $(STAMP)
 	KVWATCH_BENCH_PAGES=10000,100000,1000000 $(PY) -m pytest -q -m bench --benchmark-enable \
 		--benchmark-json=benchmarks.json tests
+
+# Regenerate docs/mutation-matrix.md (every fault x c = 1, 2, 4, 8, and clean runs).
+matrix: $(STAMP)
+	$(PY) -m kvwatch.instrumentation.matrix --out docs/mutation-matrix.md
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache .hypothesis .benchmarks
