@@ -1,8 +1,9 @@
 """gauge-trend: black-box usage gauges, read at turn barriers, trend upward.
 
 It needs nothing from the engine but its ``/metrics``: each series is a
-gauge reading per turn (for kvwatch, state-group pages in use per live
-conversation; for other engines, whatever usage gauge the preset names).
+gauge reading per turn (for kvwatch, state-group pages that eviction cannot
+take back, used minus evictable, per live conversation; for other engines,
+whatever usage gauge the preset names).
 """
 
 from __future__ import annotations
