@@ -51,6 +51,10 @@ class Completion(NamedTuple):
 class Engine:
     def __init__(self, config: EngineConfig | None = None) -> None:
         self.config = config = config or EngineConfig()
+        if config.device.startswith("cuda") and not torch.cuda.is_available():
+            raise RuntimeError(
+                f"device {config.device!r} was asked for, but torch sees no CUDA device"
+            )
         if config.device == "cpu" and config.cpu_threads:
             torch.set_num_threads(config.cpu_threads)
         self.events = EventBus()

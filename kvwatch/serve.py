@@ -50,9 +50,16 @@ def build(options: ServeOptions, config: EngineConfig | None = None):
 
 
 def serve(options: ServeOptions) -> int:
+    """Run until interrupted; 2 when the engine cannot start (no such device, say)."""
+    import sys
+
     import uvicorn
 
-    app, _, telemetry = build(options)
+    try:
+        app, _, telemetry = build(options)
+    except (RuntimeError, ValueError) as exc:
+        print(f"kvwatch serve: cannot start the engine: {exc}", file=sys.stderr)
+        return 2
     try:
         uvicorn.run(app, host=options.host, port=options.port, log_level=options.log_level)
     finally:

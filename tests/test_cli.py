@@ -87,3 +87,13 @@ def test_serve_with_the_slots_backend_and_an_injected_fault():
         report = httpx.get(f"{url}/debug/probe", timeout=30).json()
         assert report["slots"]["filled"] == 1 and report["slots"]["entries"] == 1
         assert report["findings"] == []
+
+
+def test_serve_on_a_missing_device_exits_2_with_a_message():
+    import pytest
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a CUDA device")
+    out = kvwatch("serve", "--device", "cuda")
+    assert out.returncode == 2 and "cannot start the engine" in out.stderr, out.stderr
