@@ -1,0 +1,1 @@
+"""kvwatch.loadtests: Locust users and load profiles (run in Locust's own process)."""

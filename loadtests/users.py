@@ -1,0 +1,134 @@
+"""Locust users for OpenAI-compatible servers.
+
+``StreamingChatUser`` streams chat completions over SSE and reports, besides
+the HTTP request Locust's client records, two derived samples through
+``events.request.fire``: ``TTFT`` (time to the first content chunk) and
+``ITL`` (mean gap between content chunks), both in milliseconds.
+``AgentUser`` runs a streaming session: it opens one on start, takes a turn
+per task, and closes it on stop.
+
+These run in Locust's own process (gevent); nothing here imports the engine.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+
+from locust import HttpUser, between, task
+
+WORDS = [
+    "pool",
+    "page",
+    "tree",
+    "slot",
+    "window",
+    "state",
+    "session",
+    "prefix",
+    "cache",
+    "token",
+    "turn",
+    "agent",
+]
+
+
+def sentence(rng: random.Random, lo: int = 4, hi: int = 12) -> str:
+    return " ".join(rng.choice(WORDS) for _ in range(rng.randint(lo, hi)))
+
+
+class StreamingChatUser(HttpUser):
+    abstract = True
+    wait_time = between(0.0, 0.05)
+    model = "kvwatch-tiny-hybrid"
+    max_tokens = 12
+
+    def on_start(self) -> None:
+        self.rng = random.Random(hash((id(self), time.monotonic_ns())))
+
+    def stream_chat(self, messages: list[dict], *, name: str, session_id: str | None = None) -> str:
+        """One streamed completion; returns its text (empty on failure)."""
+        body = {
+            "model": self.model,
+            "messages": messages,
+            "max_tokens": self.max_tokens,
+            "temperature": 0,
+            "stream": True,
+        }
+        if session_id is not None:
+            body["session_id"] = session_id
+        start = time.perf_counter()
+        stamps, text, done = [], [], False
+        with self.client.post(
+            "/v1/chat/completions", json=body, name=name, stream=True, catch_response=True
+        ) as resp:
+            if resp.status_code != 200:
+                resp.failure(f"HTTP {resp.status_code}: {resp.text[:200]}")
+                return ""
+            for raw in resp.iter_lines():
+                line = raw.decode() if isinstance(raw, bytes) else raw
+                if not line.startswith("data: "):
+                    continue
+                data = line[6:]
+                if data == "[DONE]":
+                    done = True
+                    break
+                chunk = json.loads(data)
+                if "error" in chunk:
+                    resp.failure(chunk["error"]["message"])
+                    return ""
+                delta = chunk["choices"][0]["delta"].get("content") if chunk["choices"] else None
+                if delta:
+                    stamps.append(time.perf_counter())
+                    text.append(delta)
+            if not done:
+                resp.failure("the stream ended without [DONE]")
+                return ""
+        self._report(name, start, stamps)
+        return "".join(text)
+
+    def _report(self, name: str, start: float, stamps: list[float]) -> None:
+        fire = self.environment.events.request.fire
+        if stamps:
+            fire(
+                request_type="TTFT",
+                name=name,
+                response_time=(stamps[0] - start) * 1000,
+                response_length=0,
+                exception=None,
+                context={},
+            )
+        if len(stamps) > 1:
+            itl = (stamps[-1] - stamps[0]) / (len(stamps) - 1) * 1000
+            fire(
+                request_type="ITL",
+                name=name,
+                response_time=itl,
+                response_length=0,
+                exception=None,
+                context={},
+            )
+
+
+class AgentUser(StreamingChatUser):
+    """A multi-turn agent in one streaming session (the session keeps its cache slot)."""
+
+    abstract = True
+
+    def on_start(self) -> None:
+        super().on_start()
+        resp = self.client.post("/v1/sessions", json={"record": False}, name="/v1/sessions")
+        self.session_id = resp.json()["id"] if resp.status_code == 200 else None
+
+    @task
+    def turn(self) -> None:
+        if self.session_id is None:
+            return
+        messages = [{"role": "user", "content": sentence(self.rng)}]
+        self.stream_chat(messages, name="session turn", session_id=self.session_id)
+
+    def on_stop(self) -> None:
+        if self.session_id is not None:
+            self.client.delete(f"/v1/sessions/{self.session_id}", name="/v1/sessions/[id]")
+            self.session_id = None
