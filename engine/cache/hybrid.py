@@ -12,7 +12,7 @@ A request moves through these calls (the engine makes them at step boundaries)::
 ``match`` locks the deepest cached node whose continuation snapshot is
 complete (state recovery) and restores that state into the holder's own
 working pages. Holders never write to tree pages: history pages are borrowed
-read-only, and snapshots are copied in and out.
+read-only, and snapshots are copied in and out (working.py).
 
 With ``mode=slots`` the tree stays empty: ``match`` looks the prompt up in
 the slot table instead, ``capture_points`` asks for the turn boundary, and
@@ -38,12 +38,12 @@ from kvwatch.engine.cache.pool import PoolExhausted
 from kvwatch.engine.cache.radix import Walk
 from kvwatch.engine.cache.slots import SlotTable
 from kvwatch.engine.cache.storage import CacheStorage
+from kvwatch.engine.cache.working import WorkingState
 from kvwatch.engine.config import (
     FULL_KV,
     LINEAR_STATE,
     STATE_GROUPS,
     SWA_KV,
-    SWA_WINDOW,
     PrefixCacheMode,
 )
 from kvwatch.engine.events import SnapshotSkipped
@@ -63,7 +63,7 @@ class Capture(NamedTuple):
     linear_state: torch.Tensor  # the L layers' state after token ``boundary - 1``
 
 
-class HybridPrefixCache(CacheStorage):
+class HybridPrefixCache(WorkingState, CacheStorage):
     def __init__(self, *args, fingerprint: str = "", **kwargs) -> None:
         """``fingerprint`` names the model and geometry; slot keys hash it in."""
         super().__init__(*args, **kwargs)
@@ -178,23 +178,6 @@ class HybridPrefixCache(CacheStorage):
         holder.status = HolderStatus.ACTIVE
         self.restore_state(holder, anchor.snapshot.pages if anchor else None, d)
 
-    def restore_state(self, holder: Holder, snapshot: dict[str, np.ndarray] | None, d: int) -> None:
-        """Copy a device snapshot taken at ``d`` into the holder's own working pages.
-
-        The linear state goes to the working page, the window's tokens to
-        ``swa.kv`` positions [d - W, d), whose pages the holder already has.
-        ``None`` is the state before any token: all zeros.
-        """
-        linear = self.pools[LINEAR_STATE]
-        if snapshot is None:
-            linear.set_page_data(holder.working[LINEAR_STATE], 0)
-            return
-        linear.copy_pages(snapshot[LINEAR_STATE], linear, holder.working[LINEAR_STATE])
-        first = max(0, d - self.config.window)
-        n = d - first
-        window = self.pools[SWA_WINDOW].read_tokens(snapshot[SWA_WINDOW], self.config.window - n, n)
-        self._write_swa(holder, first, window)
-
     # -- compute bookkeeping ----------------------------------------------------------
     def allocate(self, holder: Holder, n: int) -> None:
         """Pages for tokens [allocated_len, allocated_len + n) in full.kv and swa.kv."""
@@ -270,24 +253,6 @@ class HybridPrefixCache(CacheStorage):
                 return
         self.write_snapshot(holder, pages, cap.boundary, cap.linear_state)
         holder.pending[cap.boundary] = Pending(cap.boundary, pages, cap.kind)
-
-    def write_snapshot(
-        self, holder: Holder, pages: dict[str, np.ndarray], b: int, linear_state: torch.Tensor
-    ) -> None:
-        """Write the continuation state at ``b`` into snapshot pages: the last W
-        tokens of ``swa.kv`` (zero-padded below position 0) and the linear state."""
-        w = self.config.window
-        n = min(b, w)
-        window = self.pools[SWA_WINDOW]
-        if n < w:
-            pad = torch.zeros((w - n, *window.layout.token_shape), dtype=window.layout.dtype)
-            window.write_tokens(pages[SWA_WINDOW], 0, pad)
-        window.write_tokens(pages[SWA_WINDOW], w - n, self._read_swa(holder, b - n, n))
-        self.pools[LINEAR_STATE].write_tokens(pages[LINEAR_STATE], 0, linear_state.unsqueeze(0))
-
-    def set_working_state(self, holder: Holder, state: torch.Tensor) -> None:
-        """Overwrite the holder's working linear state (one page entry)."""
-        self.pools[LINEAR_STATE].set_page_data(holder.working[LINEAR_STATE], state)
 
     def trim(self, holder: Holder, keep_len: int) -> None:
         """Free slots allocated beyond ``keep_len``; a partly kept page stays."""
@@ -433,21 +398,3 @@ class HybridPrefixCache(CacheStorage):
     def _require(self, holder: Holder, status: HolderStatus) -> None:
         if holder.status is not status:
             raise ValueError(f"holder {holder.id} is {holder.status}, expected {status}")
-
-    def swa_page_range(self, start: int, end: int) -> range:
-        ps = self.pools[SWA_KV].page_size
-        return range(start // ps, math.ceil(end / ps)) if end > start else range(0)
-
-    def swa_table(self, holder: Holder, start: int, n: int) -> tuple[list[int], int]:
-        """Pages and in-page offset that hold ``swa.kv`` positions [start, start + n)."""
-        ps = self.pools[SWA_KV].page_size
-        pages = [holder.swa_pages[j] for j in self.swa_page_range(start - start % ps, start + n)]
-        return pages, start % ps
-
-    def _read_swa(self, holder: Holder, start: int, n: int) -> torch.Tensor:
-        pages, offset = self.swa_table(holder, start, n)
-        return self.pools[SWA_KV].read_tokens(pages, offset, n)
-
-    def _write_swa(self, holder: Holder, start: int, values: torch.Tensor) -> None:
-        pages, offset = self.swa_table(holder, start, values.shape[0])
-        self.pools[SWA_KV].write_tokens(pages, offset, values)
