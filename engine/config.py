@@ -249,8 +249,13 @@ class SchedulerConfig:
     chunk_size: int = 64  # largest prefill chunk of one request in one step
     spec: SpecConfig | None = None
     retract_backoff: int = 2  # steps a retracted request waits before re-admission
+    # Testing aid: every this many steps, push one running request out as pool
+    # pressure would (0 = never), so retraction and recovery run under any load.
+    retract_every: int = 0
 
     def __post_init__(self) -> None:
+        if self.retract_every < 0:
+            raise ValueError(f"retract_every must be >= 0, got {self.retract_every}")
         if self.retract_backoff < 0:
             raise ValueError(f"retract_backoff must be >= 0, got {self.retract_backoff}")
         if self.max_running < 1:

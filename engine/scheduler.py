@@ -107,6 +107,15 @@ class Scheduler:
         if req.status is Status.RUNNING:
             self._retract(req)
 
+    def retract_one(self) -> None:
+        """``retract_every``: push out the newest request still in prefill (the
+        newest running one if none is), as pressure would; one request runs on."""
+        running = [r for r in self.running if r.status is Status.RUNNING]
+        if len(running) < 2:
+            return
+        prefilling = [r for r in running if r.holder.computed_len < r.prompt_len - 1]
+        self._retract((prefilling or running)[-1])
+
     # -- one step ----------------------------------------------------------------------
     def schedule(self, step: int) -> list[Work]:
         self.step = step

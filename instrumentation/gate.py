@@ -8,7 +8,7 @@ The shapes follow DESIGN.md's contract, which CI scripts read::
                "detectors": {"allocator": {"verdict", "first_turn", "evidence"}, ...}}]}
 
 Exit codes: 0 every detector passed, 1 a detector failed, 3 the run broke
-(2, a usage error, is the CLI's to give).
+and no detector failed (2, a usage error, is the CLI's to give).
 """
 
 from __future__ import annotations
@@ -84,10 +84,13 @@ def summarize(runs: Sequence[RunResult], faults: Iterable[str] = ()) -> dict:
         for name in IDS
         if any(name in r.verdicts for r in runs)
     }
-    if any(r.error for r in runs) or not runs:
+    # A detector that failed is the finding, even where a fault then broke the run.
+    if FAIL in detectors.values():
+        verdict = FAIL
+    elif any(r.error for r in runs) or not runs:
         verdict = "error"
     else:
-        verdict = FAIL if FAIL in detectors.values() else PASS
+        verdict = PASS
     return {
         "verdict": verdict,
         "faults": sorted(faults),

@@ -136,6 +136,11 @@ class EngineMetrics:
             lambda s: (Observation(v, {n.GROUP: g}) for g, v in s.tree.snapshots.items()),
             "{snapshot}",
         )
+        gauge(
+            n.TREE_INTERIOR_SNAPSHOTS,
+            lambda s: (Observation(v, {n.GROUP: g}) for g, v in s.tree.interior_snapshots.items()),
+            "{snapshot}",
+        )
         gauge(n.SESSION_PAGES, per_group(lambda g: g.by_owner.get("session", 0)), "{page}")
         gauge(n.SESSIONS_LIVE, lambda s: [Observation(s.live_sessions)], "{session}")
         gauge(n.RECORD_BYTES, lambda s: [Observation(s.record_bytes)], "By")

@@ -17,6 +17,8 @@ ROOT_REFS = "kvwatch.tree.root_refs"
 ROOT_REFS_EXPECTED = "kvwatch.tree.root_refs_expected"
 TREE_NODES = "kvwatch.tree.nodes"
 TREE_SNAPSHOTS = "kvwatch.tree.snapshots"  # {group}
+# snapshots on nodes that have children: superseded continuation states (seed 000)
+TREE_INTERIOR_SNAPSHOTS = "kvwatch.tree.interior_snapshots"  # {group}
 SESSION_PAGES = "kvwatch.session.pages"  # {group}
 SESSIONS_LIVE = "kvwatch.sessions.live"
 RECORD_BYTES = "kvwatch.records.bytes"

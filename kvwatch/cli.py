@@ -43,7 +43,9 @@ def _serve(args: argparse.Namespace) -> int:
             capture_content=args.capture_content,
             max_body_bytes=args.max_body_bytes,
         )
+        overrides = _read_config(args.config) if args.config else {}
         options = ServeOptions(
+            overrides=overrides,
             host=args.host,
             port=args.port,
             prefix_cache=args.prefix_cache,
@@ -63,6 +65,73 @@ def _serve(args: argparse.Namespace) -> int:
     return serve(options)
 
 
+def _profiles(args: argparse.Namespace) -> int:
+    from kvwatch.loadtests.profiles import PROFILES
+
+    entries = [p.as_dict() for p in PROFILES.values()]
+    if args.json:
+        json.dump(entries, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+        return 0
+    width = max(len(e["name"]) for e in entries)
+    print(f"{'profile':<{width}}  black-box  summary")
+    for e in entries:
+        box = "yes" if e["black_box"] else "no"
+        print(f"{e['name']:<{width}}  {box:<9}  {e['summary']}")
+        print(f"{'':<{width}}             exposes: {', '.join(e['faults'])}")
+    return 0
+
+
+def _concurrency(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"want a list like 1,2,4,8, got {text!r}") from None
+    if not values:
+        raise argparse.ArgumentTypeError("want at least one concurrency")
+    return values
+
+
+def _gate(args: argparse.Namespace) -> int:
+    from kvwatch.loadtests.gate import GateOptions, run_gate
+
+    options = GateOptions(
+        profiles=tuple(args.profile),
+        concurrency=args.c,
+        turns=args.turns,
+        faults=tuple(args.inject),
+        out=args.out,
+        junit=args.junit,
+        target=args.target,
+        metrics_url=args.metrics_url,
+        gauges=args.gauges,
+        extra_gauges=tuple(args.gauge),
+        locust_workers=args.locust_workers,
+        seed=args.seed,
+        model=args.model,
+        report=not args.no_report,
+    )
+    try:
+        options.validate()
+    except ValueError as exc:
+        print(f"kvwatch gate: {exc}", file=sys.stderr)
+        return 2
+    _, code = run_gate(options)
+    return code
+
+
+def _read_config(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text())
+    except OSError as exc:
+        raise ValueError(f"cannot read --config {path}: {exc.strerror}") from None
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"--config {path} is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"--config {path} must hold a JSON object")
+    return data
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="kvwatch", description="Leak detection and observability for LLM prefix caches."
@@ -76,7 +145,16 @@ def build_parser() -> argparse.ArgumentParser:
     serve = sub.add_parser("serve", help="run the reference engine behind an OpenAI-compatible API")
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
-    serve.add_argument("--prefix-cache", choices=["radix", "slots", "off"], default="radix")
+    serve.add_argument(
+        "--prefix-cache", choices=["radix", "slots", "off"], default=None, help="default: radix"
+    )
+    serve.add_argument(
+        "--config",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help='JSON engine-config overrides, e.g. {"cache": {"full_kv": {"capacity": 1024}}}',
+    )
     serve.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     serve.add_argument(
         "--inject", action="append", default=[], metavar="FAULT", help="switch a fault on"
@@ -88,6 +166,38 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--run-dir", type=Path, default=None, help="write spans.jsonl here")
     serve.add_argument("--log-level", default="warning")
     serve.set_defaults(run=_serve)
+
+    profiles = sub.add_parser("profiles", help="list the load profiles")
+    profiles.add_argument("--json", action="store_true", help="print the profiles as JSON")
+    profiles.set_defaults(run=_profiles)
+
+    gate = sub.add_parser(
+        "gate",
+        help="run the load profiles in turns and judge them with the leak detectors",
+        description="Exit codes: 0 every detector passed, 1 a detector failed, "
+        "2 usage or config error, 3 the run itself broke.",
+    )
+    gate.add_argument("--profile", action="append", default=[], metavar="NAME", help="default: all")
+    gate.add_argument("-c", type=_concurrency, default=(1, 2, 4, 8), metavar="1,2,4,8")
+    gate.add_argument("--turns", type=int, default=6)
+    gate.add_argument("--inject", action="append", default=[], metavar="FAULT")
+    gate.add_argument("--out", type=Path, default=Path("kvwatch-out"))
+    gate.add_argument("--junit", type=Path, default=None, metavar="FILE")
+    gate.add_argument("--target", default=None, metavar="URL", help="an external engine")
+    gate.add_argument("--metrics-url", default=None, metavar="URL", help="its /metrics page")
+    gate.add_argument("--gauges", default="kvwatch", help="gauge preset: kvwatch, vllm or sglang")
+    gate.add_argument(
+        "--gauge",
+        action="append",
+        default=[],
+        metavar="SERIES",
+        help='another usage series to trend, e.g. my_pool_used{pool="state"}',
+    )
+    gate.add_argument("--locust-workers", type=int, default=0, metavar="N")
+    gate.add_argument("--seed", type=int, default=0)
+    gate.add_argument("--model", default="kvwatch-tiny-hybrid", help="the model name to ask for")
+    gate.add_argument("--no-report", action="store_true", help="skip report.html")
+    gate.set_defaults(run=_gate)
     return parser
 
 

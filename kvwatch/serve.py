@@ -7,35 +7,45 @@ the engine's events and polls its stats through the worker.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 from kvwatch.engine import Engine, EngineConfig
 from kvwatch.engine.config import CacheConfig, PrefixCacheMode
 from kvwatch.engine.faults import faults_from_env, parse_faults
+from kvwatch.engine.overrides import apply_overrides
 from kvwatch.instrumentation import Telemetry, instrument
 from kvwatch.server import EngineWorker, ServerSettings, create_app
 
 STATS_TIMEOUT_S = 10.0
+# One engine read serves every gauge of a scrape; a scrape's callbacks run
+# within milliseconds, and a reader at a turn barrier wants fresh values.
+STATS_MAX_AGE_S = 0.05
 
 
 @dataclass(frozen=True)
 class ServeOptions:
     host: str = "127.0.0.1"
     port: int = 8000
-    prefix_cache: str = "radix"
+    prefix_cache: str | None = None  # None: the config's (radix by default)
     device: str = "cpu"
     faults: tuple[str, ...] = ()
     settings: ServerSettings = field(default_factory=ServerSettings)
     run_dir: Path | None = None
     log_level: str = "warning"
+    overrides: Mapping[str, Any] = field(default_factory=dict)  # ``--config FILE``
 
 
 def engine_config(options: ServeOptions, base: EngineConfig | None = None) -> EngineConfig:
-    """The engine config the flags describe; unknown modes and faults raise ValueError."""
-    base = base or EngineConfig()
-    faults = parse_faults(options.faults) | faults_from_env()
-    cache: CacheConfig = replace(base.cache, mode=PrefixCacheMode(options.prefix_cache))
+    """The engine config the flags describe: the overrides file first, then the
+    flags on top. Unknown fields, modes and faults raise ValueError."""
+    base = apply_overrides(base or EngineConfig(), options.overrides)
+    faults = base.faults | parse_faults(options.faults) | faults_from_env()
+    cache: CacheConfig = base.cache
+    if options.prefix_cache is not None:
+        cache = replace(cache, mode=PrefixCacheMode(options.prefix_cache))
     return replace(base, cache=cache, device=options.device, faults=faults)
 
 
@@ -44,7 +54,12 @@ def build(options: ServeOptions, config: EngineConfig | None = None):
     engine = Engine(config or engine_config(options))
     worker = EngineWorker(engine)
     telemetry = Telemetry(run_dir=options.run_dir)
-    instrument(engine.events, lambda: worker.call(engine.stats).result(STATS_TIMEOUT_S), telemetry)
+    instrument(
+        engine.events,
+        lambda: worker.call(engine.stats).result(STATS_TIMEOUT_S),
+        telemetry,
+        stats_max_age=STATS_MAX_AGE_S,
+    )
     app = create_app(worker, options.settings, metrics=telemetry.render_metrics)
     return app, worker, telemetry
 

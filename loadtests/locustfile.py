@@ -1,13 +1,43 @@
-"""Locust entry point: ``locust -f loadtests/locustfile.py --host URL``.
+"""Locust entry point.
 
-Exposes the concrete users; each takes its shape from ``users.py``.
+Free-running users (``ChatUser``, ``SessionAgent``)::
+
+    locust -f loadtests/locustfile.py --host URL ChatUser SessionAgent
+
+The profiles' turn-based users run under ``kvwatch gate``, which writes a run
+plan and starts ``locust -f ... --kvwatch-plan FILE <UserClass>``. With a
+plan, this file wires the turn barrier on every runner, and the recorder
+(the barrier action) on the coordinator: the master, or the local runner.
 """
 
 from __future__ import annotations
 
-from locust import task
+import gevent
+from locust import events, task
+from locust.runners import WorkerRunner
 
+from kvwatch.loadtests.agents import (
+    AbortStormUser,
+    AgentTrieUser,
+    RolloutUser,
+    SlotCacheUser,
+    StreamingSessionUser,
+)
+from kvwatch.loadtests.badinput import BadInputUser
+from kvwatch.loadtests.barrier import END, TurnBarrier
+from kvwatch.loadtests.plan import RunPlan
 from kvwatch.loadtests.users import AgentUser, StreamingChatUser, sentence
+
+__all__ = [
+    "AbortStormUser",
+    "AgentTrieUser",
+    "BadInputUser",
+    "ChatUser",
+    "RolloutUser",
+    "SessionAgent",
+    "SlotCacheUser",
+    "StreamingSessionUser",
+]
 
 
 class ChatUser(StreamingChatUser):
@@ -16,7 +46,7 @@ class ChatUser(StreamingChatUser):
     system = "You are the storage agent of a serving team. Answer briefly. " * 2
 
     @task
-    def chat(self) -> None:
+    def chat_once(self) -> None:
         messages = [
             {"role": "system", "content": self.system},
             {"role": "user", "content": sentence(self.rng)},
@@ -26,3 +56,29 @@ class ChatUser(StreamingChatUser):
 
 class SessionAgent(AgentUser):
     pass
+
+
+@events.init_command_line_parser.add_listener
+def _arguments(parser) -> None:
+    parser.add_argument(
+        "--kvwatch-plan", default="", help="a kvwatch run plan (JSON); written by kvwatch gate"
+    )
+
+
+@events.init.add_listener
+def _wire(environment, **kwargs) -> None:
+    options = environment.parsed_options
+    if options is None or not getattr(options, "kvwatch_plan", ""):
+        return
+    from kvwatch.loadtests.recorder import Recorder
+
+    plan = RunPlan.load(options.kvwatch_plan)
+    environment.kvwatch_plan = plan
+    record = None if isinstance(environment.runner, WorkerRunner) else Recorder(plan)
+
+    def action(turn: int, reports: list[dict]) -> None:
+        record(turn, reports)
+        if turn == END:
+            gevent.spawn(environment.runner.quit)
+
+    environment.kvwatch_barrier = TurnBarrier(environment, action)

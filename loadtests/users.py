@@ -16,6 +16,8 @@ import json
 import random
 import time
 
+import gevent
+import requests
 from locust import HttpUser, between, task
 
 WORDS = [
@@ -47,12 +49,26 @@ class StreamingChatUser(HttpUser):
     def on_start(self) -> None:
         self.rng = random.Random(hash((id(self), time.monotonic_ns())))
 
-    def stream_chat(self, messages: list[dict], *, name: str, session_id: str | None = None) -> str:
-        """One streamed completion; returns its text (empty on failure)."""
+    def stream_chat(
+        self,
+        messages: list[dict],
+        *,
+        name: str,
+        session_id: str | None = None,
+        max_tokens: int | None = None,
+        cut_after: int | None = None,
+        stall: float = 0.0,
+    ) -> str:
+        """One streamed completion; returns its text (empty on failure).
+
+        ``cut_after``: the client leaves after that many content chunks (a
+        disconnect mid-stream, which the server must turn into an abort).
+        ``stall``: the client stops reading for that long after the first chunk.
+        """
         body = {
             "model": self.model,
             "messages": messages,
-            "max_tokens": self.max_tokens,
+            "max_tokens": max_tokens or self.max_tokens,
             "temperature": 0,
             "stream": True,
         }
@@ -82,11 +98,55 @@ class StreamingChatUser(HttpUser):
                 if delta:
                     stamps.append(time.perf_counter())
                     text.append(delta)
+                    if cut_after is not None and len(stamps) >= cut_after:
+                        resp.close()  # hang up mid-stream
+                        resp.success()
+                        return ""
+                    if stall and len(stamps) == 1:
+                        gevent.sleep(stall)
             if not done:
                 resp.failure("the stream ended without [DONE]")
                 return ""
         self._report(name, start, stamps)
         return "".join(text)
+
+    def chat(
+        self,
+        messages: list[dict],
+        *,
+        name: str,
+        max_tokens: int = 8,
+        temperature: float = 0.0,
+        session_id: str | None = None,
+        seed: int | None = None,
+        timeout: float | None = None,
+    ) -> dict | None:
+        """One non-streamed chat completion with its token ids; None on failure.
+
+        With ``timeout`` the client hangs up after that long: a disconnect while
+        the request is queued or in prefill, which counts as a success.
+        """
+        body = {
+            "model": self.model,
+            "messages": messages,
+            "max_tokens": max_tokens,
+            "temperature": temperature,
+            "return_token_ids": True,
+        }
+        if session_id is not None:
+            body["session_id"] = session_id
+        if seed is not None:
+            body["seed"] = seed
+        with self.client.post(
+            "/v1/chat/completions", json=body, name=name, catch_response=True, timeout=timeout
+        ) as resp:
+            if timeout is not None and isinstance(resp.error, requests.Timeout):
+                resp.success()
+                return None
+            if resp.status_code != 200:
+                resp.failure(f"HTTP {resp.status_code}: {resp.text[:200]}")
+                return None
+            return resp.json()
 
     def _report(self, name: str, start: float, stamps: list[float]) -> None:
         fire = self.environment.events.request.fire

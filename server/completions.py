@@ -185,6 +185,9 @@ class _Shape:
             out["session_id"] = self.body.session_id
         if done.routed_experts is not None:
             out["routed_experts"] = done.routed_experts.tolist()
+        if self.body.return_token_ids:
+            out["prompt_token_ids"] = list(done.prompt_token_ids)
+            choice["token_ids"] = list(done.token_ids)
         return out
 
 

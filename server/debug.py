@@ -4,20 +4,27 @@ With a probe token set, every call needs ``Authorization: Bearer TOKEN``.
 ``/debug/probe`` is ``Engine.probe()`` as JSON (DESIGN.md's probe shape);
 ``/debug/flush_cache`` evicts everything unreferenced and answers 409 while
 requests run; the tracemalloc pair starts heap tracking and reports the
-largest growth since the previous snapshot, by traceback.
+largest growth since the previous snapshot, by traceback. With
+``scope=engine`` the snapshot counts only what the engine's own code
+allocated, and adds the live bytes of its largest allocation sites
+(``by_site``, file:line), which is what the heap detector follows.
 """
 
 from __future__ import annotations
 
 import hmac
 import tracemalloc
+from pathlib import Path
+from typing import Literal
 
 from fastapi import APIRouter, Depends, Request
 
+import kvwatch.engine
 from kvwatch.server.errors import ApiError
 from kvwatch.server.worker import EngineWorker
 
 TRACE_FRAMES = 16
+ENGINE_FILES = str(Path(kvwatch.engine.__file__).parent / "*")
 
 
 def require_token(request: Request) -> None:
@@ -62,26 +69,38 @@ class HeapTracker:
     """tracemalloc snapshots, each compared with the one before."""
 
     def __init__(self) -> None:
-        self.last: tracemalloc.Snapshot | None = None
+        self.last: dict[str, tracemalloc.Snapshot] = {}
 
-    def start(self) -> dict:
+    def start(self, frames: int = TRACE_FRAMES) -> dict:
+        if tracemalloc.is_tracing() and tracemalloc.get_traceback_limit() != frames:
+            tracemalloc.stop()
         if not tracemalloc.is_tracing():
-            tracemalloc.start(TRACE_FRAMES)
-        self.last = _snapshot()
+            tracemalloc.start(frames)
+        self.last = {}
         return {"tracing": True, "frames": tracemalloc.get_traceback_limit()}
 
-    def diff(self, top: int) -> dict:
+    def diff(self, top: int, scope: str = "process", sites: int = 0) -> dict:
+        """Growth since this scope's previous snapshot (none yet: no growth listed)."""
         if not tracemalloc.is_tracing():
             raise ApiError(
                 409, "heap tracking is off; POST /debug/tracemalloc/start first", code="not_tracing"
             )
         snap = _snapshot()
-        stats = snap.compare_to(self.last, "traceback") if self.last else []
-        self.last = snap
+        if scope == "engine":
+            snap = snap.filter_traces([tracemalloc.Filter(True, ENGINE_FILES)])
+        last = self.last.get(scope)
+        stats = snap.compare_to(last, "traceback") if last else []
+        self.last[scope] = snap
         current, peak = tracemalloc.get_traced_memory()
+        by_line = snap.statistics("lineno")
         return {
-            "traced_bytes": current,
+            "scope": scope,
+            "traced_bytes": current if scope == "process" else sum(s.size for s in by_line),
             "peak_bytes": peak,
+            "by_site": {
+                f"{s.traceback[0].filename}:{s.traceback[0].lineno}": s.size
+                for s in by_line[:sites]
+            },
             "top_growth": [
                 {
                     "size_diff": s.size_diff,
@@ -101,12 +120,22 @@ def _snapshot() -> tracemalloc.Snapshot:
 
 
 @router.post("/tracemalloc/start")
-async def tracemalloc_start(request: Request):
-    return await _worker(request).run(request.app.state.heap.start)
+async def tracemalloc_start(request: Request, frames: int = TRACE_FRAMES):
+    """Start (or restart with another traceback depth): fewer frames cost less per allocation."""
+    if not 1 <= frames <= 64:
+        raise ApiError(400, "frames must be in [1, 64]", code="invalid_value", param="frames")
+    return await _worker(request).run(request.app.state.heap.start, frames)
 
 
 @router.get("/tracemalloc/snapshot")
-async def tracemalloc_snapshot(request: Request, top: int = 10):
+async def tracemalloc_snapshot(
+    request: Request,
+    top: int = 10,
+    scope: Literal["process", "engine"] = "process",
+    sites: int = 0,
+):
     if not 1 <= top <= 100:
         raise ApiError(400, "top must be in [1, 100]", code="invalid_value", param="top")
-    return await _worker(request).run(request.app.state.heap.diff, top)
+    if not 0 <= sites <= 200:
+        raise ApiError(400, "sites must be in [0, 200]", code="invalid_value", param="sites")
+    return await _worker(request).run(request.app.state.heap.diff, top, scope, sites)

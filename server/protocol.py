@@ -2,7 +2,8 @@
 
 Validation failures become 400 errors in OpenAI's shape (see errors.py).
 Fields kvwatch adds to the OpenAI schema: ``session_id`` (a streaming
-session's next turn), ``return_routed_experts`` and ``ignore_eos``. Unknown
+session's next turn), ``return_routed_experts``, ``return_token_ids`` (the
+prompt's and the output's token ids, as vLLM offers) and ``ignore_eos``. Unknown
 fields are ignored, as OpenAI-compatible servers commonly do.
 """
 
@@ -52,6 +53,7 @@ class _Sampling(_Body):
     stop: str | list[str] | None = None
     session_id: str | None = Field(default=None, pattern=ID_PATTERN)
     return_routed_experts: bool = False
+    return_token_ids: bool = False
     ignore_eos: bool = False
 
     @field_validator("stop")

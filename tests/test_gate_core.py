@@ -72,6 +72,15 @@ def test_a_broken_run_is_an_error_with_exit_3():
     assert exit_code(summarize([])) == EXIT_ERROR
 
 
+def test_a_failed_detector_outranks_a_broken_run():
+    """A fault that both trips a detector and then breaks the run is a finding (exit 1)."""
+    broken = RunResult("abort-storm", 2, 6, 10, 0, verdicts(), error="drain timed out")
+    failed = RunResult("agentic-trie", 2, 6, 10, 0, verdicts("allocator"))
+    summary = summarize([broken, failed])
+    assert summary["verdict"] == "fail" and exit_code(summary) == EXIT_FAIL
+    assert summary["runs"][0]["error"] == "drain timed out"
+
+
 def test_judge_runs_the_detectors_over_a_recorded_run():
     from kvwatch.instrumentation.detectors import RunRecord, Turn
     from kvwatch.instrumentation.gate import judge

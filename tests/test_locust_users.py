@@ -35,6 +35,8 @@ def test_streaming_users_report_ttft_and_itl_and_close_their_sessions(tmp_path):
                 "--only-summary",
                 "--stop-timeout",
                 "10",
+                "ChatUser",
+                "SessionAgent",
             ],
             capture_output=True,
             text=True,

@@ -28,6 +28,7 @@ from kvwatch.instrumentation.detectors.base import (
     Turn,
     Verdict,
 )
+from kvwatch.instrumentation.detectors.stats import MIN_POINTS as MIN_JUDGED_TURNS
 
 DETECTORS: Mapping[str, Callable[[RunRecord], Verdict]] = {
     m.ID: m.detect for m in (allocator, refcount, tree, heap, gauge_trend, slot_table, equivalence)
@@ -43,6 +44,7 @@ __all__ = [
     "DETECTORS",
     "FAIL",
     "IDS",
+    "MIN_JUDGED_TURNS",
     "PASS",
     "SKIPPED",
     "Evidence",

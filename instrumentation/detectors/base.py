@@ -92,6 +92,45 @@ class RunRecord(NamedTuple):
     drained: dict | None = None  # probe after sessions closed and the cache flushed
     replays: tuple[Replay, ...] = ()
     error: str | None = None  # the run broke (the gate exits 3)
+    # black-box: drain gauges before the first turn and after the run ended
+    gauges_baseline: dict[str, float] | None = None
+    gauges_drained: dict[str, float] | None = None
+
+    @classmethod
+    def from_json(cls, data: dict) -> RunRecord:
+        """A run recorded over HTTP (the gate's recorder writes this shape)."""
+        turns = tuple(
+            Turn(
+                t["turn"],
+                tuple(t["probes"]),
+                t.get("conversations", 0),
+                t.get("context_tokens", 0),
+                _heap(t.get("heap")),
+                t.get("gauges") or None,
+            )
+            for t in data.get("turns", ())
+        )
+        replays = tuple(
+            Replay(turn, tuple(prompt), tuple(cached), tuple(reference))
+            for turn, prompt, cached, reference in data.get("replays", ())
+        )
+        return cls(
+            turns,
+            data.get("warmup", 2),
+            data.get("baseline"),
+            data.get("drained"),
+            replays,
+            data.get("error"),
+            data.get("gauges_baseline") or None,
+            data.get("gauges_drained") or None,
+        )
+
+
+def _heap(data: dict | None) -> HeapSample | None:
+    if not data:
+        return None
+    top = tuple((size, tuple(tb)) for size, tb in data.get("top", ()))
+    return HeapSample(data["traced_bytes"], top, data.get("by_site"))
 
 
 def fail(detector: str, turn: int, evidence: list[Evidence]) -> Verdict:

@@ -3,7 +3,9 @@
 It needs nothing from the engine but its ``/metrics``: each series is a
 gauge reading per turn (for kvwatch, state-group pages that eviction cannot
 take back, used minus evictable, per live conversation; for other engines,
-whatever usage gauge the preset names).
+whatever usage gauge the preset names). Where the run recorded drain
+gauges before the first turn and after it ended (black-box runs), each must
+be back at its starting value.
 """
 
 from __future__ import annotations
@@ -34,4 +36,21 @@ def detect(run: RunRecord) -> Verdict:
             at, trend = rise
             detail = f"{name} rises {series[0]:.3g} -> {series[-1]:.3g}: {trend.describe}"
             return fail(ID, at, [Evidence(None, (), detail)])
+    if (left := _not_drained(run)) is not None:
+        return left
     return passed(ID, f"{len(names)} gauge series flat over {len(turns)} turns")
+
+
+def _not_drained(run: RunRecord) -> Verdict | None:
+    if not run.gauges_baseline or not run.gauges_drained:
+        return None
+    left = [
+        Evidence(
+            None, (), f"{name} is {value:.4g} after the run, {run.gauges_baseline[name]:.4g} before"
+        )
+        for name, value in sorted(run.gauges_drained.items())
+        if name in run.gauges_baseline and value > run.gauges_baseline[name] + 1e-9
+    ]
+    if not left:
+        return None
+    return fail(ID, run.turns[-1].turn + 1 if run.turns else 0, left)

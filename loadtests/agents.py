@@ -1,0 +1,319 @@
+"""The profiles' users: each does one turn of its shape, then waits at the barrier.
+
+``TurnUser`` owns the loop, the same for every profile::
+
+    on_start: setup()               (open sessions, build prompts)
+    START barrier                   (the baseline is taken)
+    for t in turns: turn(t), barrier t (drain, probe, scrape)
+    finish()                        (close sessions)
+    END barrier                     (flush, drain-to-baseline, replays; the run quits)
+
+At each barrier a user reports its live conversations, the context tokens
+they hold, and one greedy request (prompt and output token ids) the recorder
+may replay on a cold cache. Every text is drawn from seeded RNGs: the shared
+system prompt and tool schema from the run's seed, the rest from the seed and
+the user's index, so a run is the same run again.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+import gevent
+from locust import constant, task
+
+from kvwatch.loadtests.barrier import END, START
+from kvwatch.loadtests.users import StreamingChatUser, sentence
+
+
+class TurnUser(StreamingChatUser):
+    abstract = True
+    wait_time = constant(0)
+
+    def on_start(self) -> None:
+        plan = getattr(self.environment, "kvwatch_plan", None)
+        if plan is None:
+            raise RuntimeError(
+                f"{type(self).__name__} runs under kvwatch gate (--kvwatch-plan FILE)"
+            )
+        self.plan, self.model = plan, plan.model
+        runner = self.environment.runner
+        counter = self.environment.__dict__.setdefault("kvwatch_users", itertools.count())
+        # unique across workers: the nth user of worker w is n * 1000 + w
+        self.index = next(counter) * 1000 + getattr(runner, "worker_index", 0)
+        self.rng = random.Random(f"{plan.seed}:{plan.profile}:{self.index}")
+        shared = random.Random(f"{plan.seed}:shared")
+        self.system = {"role": "system", "content": sentence(shared, 14, 16)}
+        self.schema = {"role": "tool", "content": sentence(shared, 16, 18)}
+        self.candidates: list[list] = []
+        self.finished = False
+        self.setup()
+
+    @task
+    def run_turns(self) -> None:
+        barrier = self.environment.kvwatch_barrier
+        barrier.wait(START, {})
+        for t in range(self.plan.turns):
+            self._safely(self.turn, t)
+            barrier.wait(t, self._barrier_report())
+        self._safely(self._finish)
+        barrier.wait(END, {})
+        gevent.sleep(3600)  # the coordinator quits the run
+
+    def on_stop(self) -> None:
+        self._finish()
+
+    def _finish(self) -> None:
+        if not self.finished:
+            self.finished = True
+            self.finish()
+
+    def _safely(self, fn, *args) -> None:
+        """A broken turn is a failed request in the stats; the user goes on to the barrier."""
+        try:
+            fn(*args)
+        except Exception as exc:
+            self.environment.events.request.fire(
+                request_type="TURN",
+                name=type(self).__name__,
+                response_time=0,
+                response_length=0,
+                exception=exc,
+                context={},
+            )
+
+    def _barrier_report(self) -> dict:
+        report = {
+            "conversations": self.conversations(),
+            "context_tokens": self.context_tokens(),
+            "replays": self.candidates[:1],
+        }
+        self.candidates = []
+        return report
+
+    def keep_for_replay(self, data: dict | None, max_tokens: int) -> None:
+        if data and "prompt_token_ids" in data:
+            self.candidates.append(
+                [data["prompt_token_ids"], data["choices"][0]["token_ids"], max_tokens]
+            )
+
+    # -- what a profile fills in ----------------------------------------------------------
+    def setup(self) -> None:
+        pass
+
+    def turn(self, t: int) -> None:
+        raise NotImplementedError
+
+    def finish(self) -> None:
+        pass
+
+    def conversations(self) -> int:
+        return 0
+
+    def context_tokens(self) -> int:
+        return 0
+
+
+def parallel(*calls) -> None:
+    """Run calls side by side (one user's parallel requests); wait for every one,
+    then raise the first error, if any."""
+    jobs = gevent.joinall([gevent.spawn(c) for c in calls])
+    for job in jobs:
+        if job.exception is not None:
+            raise job.exception
+
+
+class Chat:
+    """A stateless multi-turn chat: the client resends the whole history."""
+
+    def __init__(self, messages: list[dict]) -> None:
+        self.messages, self.tokens = list(messages), 0
+
+    def step(self, user: TurnUser, text: str, *, name: str, max_tokens: int = 8) -> dict | None:
+        messages = [*self.messages, {"role": "user", "content": text}]
+        data = user.chat(messages, name=name, max_tokens=max_tokens)
+        if data is not None:
+            reply = data["choices"][0]["message"]["content"]
+            self.messages = [*messages, {"role": "assistant", "content": reply}]
+            self.tokens = data["usage"]["total_tokens"]
+        return data
+
+
+class AgentTrieUser(TurnUser):
+    """agentic-trie: chats over a shared system prompt, parallel tool calls over a
+    shared tool schema, and (for the first three agents) a sub-agent forked from
+    where the agent's chat stood after its first turn."""
+
+    def setup(self) -> None:
+        self.chats = [Chat([self.system])]
+
+    def turn(self, t: int) -> None:
+        if t == 1 and self.index // 1000 < 3:
+            self.chats.append(Chat(self.chats[0].messages))
+
+        def step(chat: Chat) -> None:
+            data = chat.step(self, sentence(self.rng), name="agent turn")
+            if chat is self.chats[0]:
+                self.keep_for_replay(data, 8)
+
+        def tool_call() -> None:
+            words = sentence(self.rng, 2, 5)
+            self.chat(
+                [self.system, self.schema, {"role": "user", "content": words}], name="tool call"
+            )
+
+        parallel(*(lambda c=c: step(c) for c in self.chats), tool_call, tool_call)
+
+    def conversations(self) -> int:
+        return len(self.chats)
+
+    def context_tokens(self) -> int:
+        return sum(c.tokens for c in self.chats)
+
+
+class StreamingSessionUser(TurnUser):
+    """streaming-session: one kept session slot, streamed turns with speculative
+    decoding, and a disconnect mid-stream in the first turn."""
+
+    def setup(self) -> None:
+        resp = self.client.post("/v1/sessions", json={}, name="/v1/sessions")
+        self.session_id = resp.json()["id"] if resp.status_code == 200 else None
+
+    def turn(self, t: int) -> None:
+        if self.session_id is None:
+            return
+        first = [self.system] if t == 0 else []
+        messages = [*first, {"role": "user", "content": sentence(self.rng)}]
+        cut = self.rng.randint(2, 6) if t == 0 else None
+
+        def session_turn() -> None:
+            self.stream_chat(
+                messages,
+                name="session turn",
+                session_id=self.session_id,
+                max_tokens=48 if t == 0 else 16,
+                cut_after=cut,
+            )
+
+        def side_chat() -> None:  # a stateless neighbour, so retraction has a choice
+            self.stream_chat(
+                [self.system, {"role": "user", "content": sentence(self.rng)}], name="chat"
+            )
+
+        parallel(session_turn, side_chat)
+
+    def finish(self) -> None:
+        if self.session_id is not None:
+            self.client.delete(f"/v1/sessions/{self.session_id}", name="/v1/sessions/[id]")
+
+    def conversations(self) -> int:
+        return 1 if self.session_id else 0
+
+    def context_tokens(self) -> int:
+        if self.session_id is None:
+            return 0
+        resp = self.client.get(f"/v1/sessions/{self.session_id}", name="/v1/sessions/[id]")
+        return resp.json()["tokens"] if resp.status_code == 200 else 0
+
+
+class RolloutUser(StreamingSessionUser):
+    """rl-rollout: a recorded session with routed experts; n sampled rollouts per
+    prompt, a rollback every third turn, and the trajectory fetched every turn."""
+
+    samples = 2
+
+    def setup(self) -> None:
+        body = {"record": True, "routed_experts": True}
+        resp = self.client.post("/v1/sessions", json=body, name="/v1/sessions")
+        self.session_id = resp.json()["id"] if resp.status_code == 200 else None
+
+    def turn(self, t: int) -> None:
+        if self.session_id is None:
+            return
+        first = [self.system] if t == 0 else []
+        self.chat(
+            [*first, {"role": "user", "content": sentence(self.rng)}],
+            name="rollout turn",
+            max_tokens=16,
+            session_id=self.session_id,
+        )
+        if t % 3 == 2:  # the policy backs off a step and tries again
+            self.client.post(
+                f"/v1/sessions/{self.session_id}/rollback",
+                json={"steps": 1},
+                name="/v1/sessions/[id]/rollback",
+            )
+            self.chat(
+                [{"role": "user", "content": sentence(self.rng)}],
+                name="rollout turn",
+                max_tokens=16,
+                session_id=self.session_id,
+            )
+        prompt = [self.system, {"role": "user", "content": sentence(self.rng)}]
+        seeds = [self.rng.randrange(2**31) for _ in range(self.samples)]
+        parallel(
+            *(lambda s=s: self.chat(prompt, name="sample", temperature=1.0, seed=s) for s in seeds)
+        )
+        self.client.get(
+            f"/v1/sessions/{self.session_id}/trajectory", name="/v1/sessions/[id]/trajectory"
+        )
+
+
+class AbortStormUser(TurnUser):
+    """abort-storm: a chat goes on while long prompts are cut mid-prefill, a stream
+    is cut mid-decode, and a reader stalls."""
+
+    def setup(self) -> None:
+        self.chats = [Chat([self.system])]
+
+    def turn(self, t: int) -> None:
+        def cut_in_prefill() -> None:
+            long = sentence(self.rng, 70, 110)
+            wait = self.rng.uniform(0.03, 0.25)
+            prompt = [self.system, self.schema, {"role": "user", "content": long}]
+            self.chat(prompt, name="cut in prefill", max_tokens=16, timeout=wait)
+
+        def cut_in_decode() -> None:
+            prompt = [self.system, {"role": "user", "content": sentence(self.rng)}]
+            self.stream_chat(
+                prompt, name="cut in decode", max_tokens=32, cut_after=self.rng.randint(2, 8)
+            )
+
+        def stalled_reader() -> None:
+            prompt = [self.system, {"role": "user", "content": sentence(self.rng)}]
+            self.stream_chat(prompt, name="stalled reader", max_tokens=16, stall=0.3)
+
+        def step() -> None:
+            data = self.chats[0].step(self, sentence(self.rng), name="agent turn")
+            self.keep_for_replay(data, 8)
+
+        parallel(step, cut_in_prefill, cut_in_prefill, cut_in_decode, stalled_reader)
+
+    def conversations(self) -> int:
+        return 1
+
+    def context_tokens(self) -> int:
+        return self.chats[0].tokens
+
+
+class SlotCacheUser(TurnUser):
+    """slot-cache: seed 004's sequence on the snapshot-slot backend. Follow-ups
+    shorten and lengthen; tiny chats have a boundary too short to snapshot."""
+
+    def setup(self) -> None:
+        self.chats = [Chat([self.system])]
+
+    def turn(self, t: int) -> None:
+        if self.rng.random() < 0.3:
+            self.chat([{"role": "user", "content": sentence(self.rng, 1, 2)}], name="tiny chat")
+            return
+        lo, hi = (1, 3) if self.rng.random() < 0.5 else (12, 28)
+        data = self.chats[0].step(self, sentence(self.rng, lo, hi), name="follow-up")
+        self.keep_for_replay(data, 8)
+
+    def conversations(self) -> int:
+        return 1
+
+    def context_tokens(self) -> int:
+        return self.chats[0].tokens

@@ -1,0 +1,234 @@
+"""``kvwatch gate``: load profiles at each concurrency, recorded in turns, judged.
+
+    for each profile:
+        kvwatch serve --enable-probe --config <profile's engine>   (unless --target)
+        for each c:  Locust headless (its own processes) with a run plan
+                     -> OUT/runs/<profile>-c<c>/{record.json, locust*.csv, locust.html}
+                     -> RunRecord -> detectors -> RunResult
+    OUT/summary.json, OUT/report.html, OUT/spans/<profile>/spans.jsonl, --junit FILE
+
+The barrier, the probes and the replays happen inside the Locust run (see
+``recorder.py``); this module only starts processes, follows their progress
+and judges what they recorded. With ``--target`` the engine is someone
+else's: nothing is injected or probed, and only black-box detectors run.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kvwatch.engine.faults import parse_faults
+from kvwatch.instrumentation import gate as verdicts
+from kvwatch.instrumentation.detectors import IDS, MIN_JUDGED_TURNS, RunRecord
+from kvwatch.loadtests import profiles as catalog
+from kvwatch.loadtests.plan import RunPlan, preset
+from kvwatch.loadtests.servers import EngineServer, ServerError, locust_commands, stop
+
+BLACK_BOX_DETECTORS = ("gauge-trend",)
+LATENCY_TYPES = ("TTFT", "ITL")  # derived samples, not requests
+
+
+@dataclass(frozen=True)
+class GateOptions:
+    profiles: tuple[str, ...] = ()  # () = every profile the target can run
+    concurrency: tuple[int, ...] = (1, 2, 4, 8)
+    turns: int = 6
+    warmup: int = 2
+    faults: tuple[str, ...] = ()
+    out: Path = Path("kvwatch-out")
+    junit: Path | None = None
+    target: str | None = None
+    metrics_url: str | None = None
+    gauges: str = "kvwatch"
+    extra_gauges: tuple[str, ...] = ()
+    locust_workers: int = 0
+    seed: int = 0
+    model: str = "kvwatch-tiny-hybrid"
+    run_timeout: float = 600.0
+    report: bool = True
+    progress: Callable[[str], None] = field(default=lambda line: print(line, file=sys.stderr))
+
+    def validate(self) -> None:
+        """Usage errors (the CLI's exit 2) as ValueError."""
+        for name in self.profiles:
+            catalog.get(name)
+        if not self.concurrency or any(not 1 <= c <= 64 for c in self.concurrency):
+            raise ValueError("-c takes concurrencies in 1..64, e.g. 1,2,4,8")
+        if self.turns < self.warmup + MIN_JUDGED_TURNS:
+            raise ValueError(
+                f"--turns must be at least {self.warmup + MIN_JUDGED_TURNS} "
+                f"({self.warmup} warm-up turns and {MIN_JUDGED_TURNS} judged ones)"
+            )
+        parse_faults(self.faults)
+        preset(self.gauges, self.extra_gauges)
+        if (self.target is None) != (self.metrics_url is None):
+            raise ValueError("--target and --metrics-url go together")
+        if self.target is not None and self.faults:
+            raise ValueError("--inject needs the embedded engine; it cannot reach a --target")
+        if self.locust_workers < 0:
+            raise ValueError("--locust-workers must be >= 0")
+
+    @property
+    def selected(self) -> tuple[catalog.Profile, ...]:
+        if self.profiles:
+            return tuple(catalog.get(p) for p in self.profiles)
+        black_box = self.target is not None
+        return tuple(p for p in catalog.PROFILES.values() if not (black_box and p.kvwatch_api))
+
+
+def run_gate(opts: GateOptions) -> tuple[dict, int]:
+    """Run everything; returns the summary and the exit code (0, 1 or 3)."""
+    opts.validate()
+    opts.out.mkdir(parents=True, exist_ok=True)
+    results, started = [], time.monotonic()
+    plan_list = [(p, c) for p in opts.selected for c in opts.concurrency]
+    done = 0
+    for profile in opts.selected:
+        try:
+            server = None if opts.target else _start_server(opts, profile)
+        except ServerError as exc:
+            for c in opts.concurrency:
+                results.append(_broken(profile.name, c, opts.turns, str(exc)))
+            done += len(opts.concurrency)
+            continue
+        try:
+            for c in opts.concurrency:
+                done += 1
+                opts.progress(f"[{done}/{len(plan_list)}] {profile.name} c={c}")
+                results.append(_run_one(opts, profile, c, server))
+                opts.progress(f"    {_line(results[-1])}")
+        finally:
+            if server is not None:
+                server.stop()
+    summary = verdicts.summarize(results, opts.faults)
+    summary["elapsed_s"] = round(time.monotonic() - started, 1)
+    verdicts.write(summary, opts.out, opts.junit)
+    if opts.report:
+        from kvwatch.loadtests.report import write_report
+
+        write_report(summary, opts.out)
+    code = verdicts.exit_code(summary)
+    opts.progress(f"verdict: {summary['verdict']} ({summary['elapsed_s']} s) -> {opts.out}")
+    return summary, code
+
+
+def _start_server(opts: GateOptions, profile: catalog.Profile) -> EngineServer:
+    where = opts.out / "servers" / profile.name
+    where.mkdir(parents=True, exist_ok=True)
+    config = where / "engine.json"
+    config.write_text(json.dumps(profile.engine_config(), indent=2))
+    spans = opts.out / "spans" / profile.name
+    return EngineServer(config, opts.faults, where / "server.log", spans)
+
+
+def _run_one(opts: GateOptions, profile: catalog.Profile, c: int, server) -> verdicts.RunResult:
+    where = opts.out / "runs" / f"{profile.name}-c{c}"
+    where.mkdir(parents=True, exist_ok=True)
+    record = where / "record.json"
+    for stale in (record, Path(f"{record}.progress")):
+        stale.unlink(missing_ok=True)
+    target = server.url if server else opts.target
+    plan = RunPlan(
+        profile=profile.name,
+        concurrency=c,
+        target=target,
+        record=str(record),
+        turns=opts.turns,
+        warmup=opts.warmup,
+        seed=opts.seed,
+        metrics_url=f"{server.url}/metrics" if server else opts.metrics_url,
+        probe=server is not None,
+        probe_token=server.token if server else None,
+        heap=profile.heap and server is not None,
+        flush_every_turn=profile.flush_every_turn,
+        model=opts.model,
+        gauges=preset(opts.gauges, opts.extra_gauges),
+    )
+    (where / "plan.json").write_text(plan.to_json())
+    error = _locust(opts, profile, c, target, where, record)
+    if error is None and not record.exists():
+        error = "the load run ended without a record (see locust.log)"
+    if error is not None:
+        return _broken(profile.name, c, opts.turns, error)
+    run = RunRecord.from_json(json.loads(record.read_text()))
+    requests, errors = _locust_counts(where / "locust_stats.csv")
+    if requests == 0 and run.error is None:
+        run = run._replace(error="no request reached the server")
+    detectors = IDS if server is not None else BLACK_BOX_DETECTORS
+    return verdicts.judge(
+        profile.name, c, run, requests=requests, errors=errors, detectors=detectors
+    )
+
+
+def _locust(opts, profile, c, target, where: Path, record: Path) -> str | None:
+    """Run Locust to the end of the plan; an error message if it broke."""
+    cmds = locust_commands(
+        profile.user, c, target, where / "plan.json", where, opts.locust_workers, opts.run_timeout
+    )
+    log = (where / "locust.log").open("w")
+    procs = [subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT) for cmd in cmds]
+    progress = Path(f"{record}.progress")
+    seen, deadline = 0, time.monotonic() + opts.run_timeout + 60
+    try:
+        while procs[0].poll() is None:
+            if time.monotonic() > deadline:
+                return f"the load run did not finish in {opts.run_timeout:.0f} s"
+            seen = _follow(opts, progress, seen)
+            time.sleep(0.2)
+        _follow(opts, progress, seen)
+        for worker in procs[1:]:
+            worker.wait(30)
+        if procs[0].returncode != 0:
+            return f"locust exited with {procs[0].returncode} (see {where / 'locust.log'})"
+        return None
+    finally:
+        for proc in procs:
+            stop(proc, grace=5)
+        log.close()
+
+
+def _follow(opts: GateOptions, progress: Path, seen: int) -> int:
+    if not progress.exists():
+        return seen
+    lines = progress.read_text().splitlines()
+    for line in lines[seen:]:
+        p = json.loads(line)
+        if p["turn"] == "end":
+            opts.progress(f"    drained and replayed ({p['elapsed']} s)")
+        else:
+            opts.progress(
+                f"    turn {p['turn'] + 1}/{opts.turns}: {p['conversations']} conversations, "
+                f"{p['findings']} probe findings ({p['elapsed']} s)"
+            )
+    return len(lines)
+
+
+def _locust_counts(stats: Path) -> tuple[int, int]:
+    """Requests and failures from Locust's stats, derived latency samples left out."""
+    if not stats.exists():
+        return 0, 0
+    rows = [
+        r
+        for r in csv.DictReader(stats.open())
+        if r["Name"] != "Aggregated" and r["Type"] not in LATENCY_TYPES
+    ]
+    return sum(int(r["Request Count"]) for r in rows), sum(int(r["Failure Count"]) for r in rows)
+
+
+def _broken(profile: str, c: int, turns: int, error: str) -> verdicts.RunResult:
+    return verdicts.RunResult(profile, c, turns, 0, 0, {}, error)
+
+
+def _line(result: verdicts.RunResult) -> str:
+    if result.error:
+        return f"ERROR: {result.error}"
+    failed = [f"{n} (turn {v.first_turn})" for n, v in result.verdicts.items() if v.failed]
+    head = f"{result.requests} requests, {result.errors} failed"
+    return f"{head}; FAIL: {', '.join(failed)}" if failed else f"{head}; every detector passed"

@@ -1,0 +1,54 @@
+"""Reading named series out of a Prometheus text page.
+
+A series spec is ``name`` or ``name{label="value",...}``. Every sample with
+that name whose labels include the given ones is a series of its own, keyed
+by the spec plus its other labels (OTel's ``otel_scope_*`` bookkeeping
+labels are dropped), so ``kvwatch_tree_interior_snapshots`` gives one
+series per group. Parsing is prometheus_client's.
+"""
+
+from __future__ import annotations
+
+import re
+
+from prometheus_client.parser import text_string_to_metric_families
+
+SPEC = re.compile(r"^(?P<name>[A-Za-z_:][A-Za-z0-9_:]*)(?:\{(?P<labels>.*)\})?$")
+LABEL = re.compile(r'\s*([A-Za-z_][A-Za-z0-9_]*)\s*=\s*"([^"]*)"\s*,?')
+IGNORED = ("otel_scope_",)
+
+
+def parse_spec(spec: str) -> tuple[str, dict[str, str]]:
+    m = SPEC.match(spec.strip())
+    if m is None:
+        raise ValueError(f'bad series {spec!r}: want name or name{{label="value",...}}')
+    labels, rest = {}, m.group("labels") or ""
+    while rest.strip():
+        lm = LABEL.match(rest)
+        if lm is None:
+            raise ValueError(f"bad label selector in {spec!r}")
+        labels[lm.group(1)] = lm.group(2)
+        rest = rest[lm.end() :]
+    return m.group("name"), labels
+
+
+def read_series(page: str, specs: tuple[str, ...]) -> dict[str, float]:
+    wanted = [(spec, *parse_spec(spec)) for spec in specs]
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(page):
+        for sample in family.samples:
+            for spec, name, labels in wanted:
+                if sample.name != name or any(sample.labels.get(k) != v for k, v in labels.items()):
+                    continue
+                other = {
+                    k: v
+                    for k, v in sorted(sample.labels.items())
+                    if k not in labels and not k.startswith(IGNORED)
+                }
+                key = (
+                    spec
+                    if not other
+                    else f"{spec}[{','.join(f'{k}={v}' for k, v in other.items())}]"
+                )
+                out[key] = out.get(key, 0.0) + sample.value
+    return out

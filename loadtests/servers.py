@@ -1,0 +1,119 @@
+"""Child processes of a gate run: ``kvwatch serve`` and Locust (master, workers).
+
+Each runs as its own process (the engine never shares one with gevent),
+bound to loopback on a free port, with its output in a log file under OUT.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+import kvwatch.loadtests
+
+LOCUSTFILE = Path(kvwatch.loadtests.__file__).parent / "locustfile.py"
+START_TIMEOUT = 90.0
+
+
+class ServerError(RuntimeError):
+    pass
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class EngineServer:
+    """``kvwatch serve --enable-probe`` with an engine config file, until ``stop``."""
+
+    def __init__(self, config: Path, faults: tuple[str, ...], log: Path, run_dir: Path) -> None:
+        self.port = free_port()
+        self.token = secrets.token_urlsafe(16)
+        self.url = f"http://127.0.0.1:{self.port}"
+        cmd = [
+            *(sys.executable, "-m", "kvwatch", "serve", "--port", str(self.port)),
+            *("--config", str(config), "--enable-probe", "--probe-token", self.token),
+            *("--run-dir", str(run_dir)),
+            *(a for f in faults for a in ("--inject", f)),
+        ]
+        log.parent.mkdir(parents=True, exist_ok=True)
+        self.log = log
+        self._log = log.open("w")
+        env = {**os.environ, "KVWATCH_FAULTS": ""}  # exactly the faults asked for
+        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env)
+        self._wait_ready()
+
+    def _wait_ready(self) -> None:
+        deadline = time.monotonic() + START_TIMEOUT
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                self._log.close()
+                tail = self.log.read_text()[-1500:]
+                raise ServerError(f"kvwatch serve exited with {self.proc.returncode}: {tail}")
+            try:
+                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        self.stop()
+        raise ServerError(f"kvwatch serve did not come up in {START_TIMEOUT:.0f} s")
+
+    def stop(self) -> None:
+        stop(self.proc)
+        self._log.close()
+
+    def __enter__(self) -> EngineServer:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def stop(proc: subprocess.Popen, grace: float = 10.0) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(grace)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def locust_commands(
+    user: str, concurrency: int, host: str, plan: Path, out: Path, workers: int, timeout: float
+) -> list[list[str]]:
+    """The Locust command lines of one run: the runner (or master) first, then workers."""
+    base = [sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--kvwatch-plan", str(plan)]
+    main = [
+        *base,
+        *("--headless", "-u", str(concurrency), "-r", str(concurrency), "--host", host),
+        *("--csv", str(out / "locust"), "--html", str(out / "locust.html")),
+        *("--exit-code-on-error", "0", "--only-summary", "--loglevel", "WARNING"),
+        *("-t", f"{int(timeout)}s", "--stop-timeout", "5"),
+    ]
+    if not workers:
+        return [[*main, user]]
+    port = free_port()
+    master = [
+        *main,
+        *("--master", "--expect-workers", str(workers)),
+        *("--master-bind-host", "127.0.0.1", "--master-bind-port", str(port)),
+        user,
+    ]
+    worker = [
+        *base,
+        *("--worker", "--master-host", "127.0.0.1", "--master-port", str(port)),
+        *("--loglevel", "WARNING", user),
+    ]
+    return [master, *[worker] * workers]
