@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: test lint bench matrix clean
+.PHONY: run test lint bench matrix clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -12,6 +12,11 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet torch==2.13.0
 	$(PY) -m pip install --quiet -e '.[dev]'
 	touch $(STAMP)
+
+# The main job: the leak gate on the embedded engine, every profile at c = 1, 2, 4, 8.
+# Writes kvwatch-out/{summary.json,report.html,...}; exits 0 pass, 1 leak, 3 broken run.
+run: $(STAMP)
+	$(VENV)/bin/kvwatch gate --out kvwatch-out --junit kvwatch-out/junit.xml
 
 # pytest exits 5 when it collects nothing; that is not a failure of the suite.
 test: $(STAMP)
@@ -30,4 +35,4 @@ matrix: $(STAMP)
 	$(PY) -m kvwatch.instrumentation.matrix --out docs/mutation-matrix.md
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache .hypothesis .benchmarks
+	rm -rf $(VENV) kvwatch-out build *.egg-info .pytest_cache .ruff_cache .hypothesis .benchmarks

@@ -35,6 +35,8 @@ def apply_overrides(config: T, data: Mapping[str, Any], where: str = "") -> T:
         if isinstance(value, Mapping) and nested is not None:
             base = current if dataclasses.is_dataclass(current) else nested()
             changes[key] = apply_overrides(base, value, path)
+        elif dataclasses.is_dataclass(current):
+            raise ValueError(f"config {path!r} must be an object, got {value!r}")
         else:
             changes[key] = _scalar(path, current, value)
     try:

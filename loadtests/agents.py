@@ -157,13 +157,17 @@ class AgentTrieUser(TurnUser):
             if chat is self.chats[0]:
                 self.keep_for_replay(data, 8)
 
-        def tool_call() -> None:
-            words = sentence(self.rng, 2, 5)
+        def tool_call(lo: int = 2, hi: int = 5) -> None:
+            words = sentence(self.rng, lo, hi)
             self.chat(
                 [self.system, self.schema, {"role": "user", "content": words}], name="tool call"
             )
 
-        parallel(*(lambda c=c: step(c) for c in self.chats), tool_call, tool_call)
+        def tool_result() -> None:  # a long one: still in prefill while the others commit
+            tool_call(60, 90)
+
+        chats = (lambda c=c: step(c) for c in self.chats)
+        parallel(*chats, tool_call, tool_call, tool_result)
 
     def conversations(self) -> int:
         return len(self.chats)

@@ -80,7 +80,7 @@ class RunPlan:
     probe_token: str | None = None
     heap: bool = False  # tracemalloc samples at barriers (probe only)
     flush_every_turn: bool = False  # flush the cache at every barrier (probe only)
-    sample_every: float = 0.25  # seconds between probes while a turn runs (0: barriers only)
+    sample_every: float = 0.1  # seconds between probes while a turn runs (0: barriers only)
     replays: int = 3  # greedy requests replayed on a cold cache at the end (probe only)
     drain_timeout: float = 120.0
     metrics_settle: float = 0.1  # seconds to wait before a scrape, past the gauges' caching

@@ -79,7 +79,9 @@ PROFILES: dict[str, Profile] = {
                 "history-only-anchor",
                 "root-ref-leak-on-miss",
             ),
-            engine={"scheduler": {"retract_every": 6}},
+            # a retracted request waits 16 steps on the host tier: long enough for a
+            # probe between two barriers to see what its host ref should protect
+            engine={"scheduler": {"retract_every": 6, "retract_backoff": 16}},
         ),
         Profile(
             "streaming-session",

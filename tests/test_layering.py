@@ -73,3 +73,13 @@ def test_instrumentation_only_listens_to_the_engine():
             assert engine <= allowed, f"{path} reaches into {sorted(engine - allowed)}"
         else:
             assert engine <= ENGINE_API, f"{path} reaches into {sorted(engine - ENGINE_API)}"
+
+
+def test_the_gate_process_never_loads_gevent_or_locust():
+    """``kvwatch gate`` starts Locust as its own process; monkey-patching stays there."""
+    code = (
+        "import sys, kvwatch.loadtests.gate, kvwatch.loadtests.report, kvwatch.cli\n"
+        "print(','.join(sorted(m for m in sys.modules if m.split('.')[0] in ('gevent', 'locust'))))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "", f"the gate imported {out.stdout.strip()}"

@@ -1,0 +1,158 @@
+"""The gate's parts without a load run: profiles, run plans, engine overrides,
+series scraping, forced retraction and the CLI's usage errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from kvwatch.engine import EngineConfig, SamplingParams
+from kvwatch.engine.config import PrefixCacheMode
+from kvwatch.engine.overrides import apply_overrides
+from kvwatch.loadtests.plan import PRESETS, RunPlan, preset
+from kvwatch.loadtests.profiles import PROFILES
+from kvwatch.loadtests.scrape import parse_spec, read_series
+
+DESIGN_PROFILES = (
+    "agentic-trie",
+    "streaming-session",
+    "abort-storm",
+    "rl-rollout",
+    "slot-cache",
+    "bad-input",
+)
+
+
+def kvwatch(*args: str) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "kvwatch", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+
+
+def test_profiles_json_lists_the_six_profiles_with_valid_engine_configs():
+    out = kvwatch("profiles", "--json")
+    assert out.returncode == 0, out.stderr
+    entries = json.loads(out.stdout)
+    assert tuple(e["name"] for e in entries) == DESIGN_PROFILES
+    for entry in entries:
+        config = apply_overrides(EngineConfig(), entry["engine"])  # raises if invalid
+        assert config.cache.full_kv.capacity == 1024
+        assert entry["faults"], entry["name"]
+    slot = apply_overrides(EngineConfig(), PROFILES["slot-cache"].engine_config())
+    assert slot.cache.mode is PrefixCacheMode.SLOTS
+
+
+def test_every_fault_has_a_profile_that_exposes_it():
+    out = json.loads(kvwatch("faults", "--json").stdout)
+    exposed = {f for p in PROFILES.values() for f in p.faults}
+    assert {e["name"] for e in out} == exposed
+
+
+def test_overrides_reject_unknown_fields_and_bad_values():
+    c = apply_overrides(EngineConfig(), {"scheduler": {"spec": {"num_drafts": 3}}})
+    assert c.scheduler.spec.num_drafts == 3  # a None field typed as a dataclass is built
+    for bad, message in [
+        ({"cache": {"pages": 1}}, "unknown config field 'cache.pages'"),
+        ({"scheduler": {"chunk_size": "big"}}, "must be an integer"),
+        ({"scheduler": {"chunk_size": 0}}, "chunk_size must be >= 1"),
+        ({"cache": {"full_kv": {"capacity": True}}}, "must be int"),
+        ({"cache": 3}, "config 'cache' must be an object"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            apply_overrides(EngineConfig(), bad)
+
+
+def test_serve_rejects_a_bad_config_file_with_exit_2(tmp_path):
+    bad = tmp_path / "engine.json"
+    bad.write_text('{"cache": {"full_kv": {"capacity": -4}}}')
+    out = kvwatch("serve", "--config", str(bad))
+    assert out.returncode == 2 and "capacity" in out.stderr
+    bad.write_text("{not json")
+    out = kvwatch("serve", "--config", str(bad))
+    assert out.returncode == 2 and "not valid JSON" in out.stderr
+
+
+def test_retract_every_pushes_requests_out_and_outputs_stay_exact():
+    from kvwatch.engine import Engine
+    from kvwatch.engine.events import RequestRetracted
+
+    base = {"scheduler": {"chunk_size": 16, "max_batch_tokens": 32}}
+    forced = apply_overrides(
+        EngineConfig(), {**base, "scheduler": {**base["scheduler"], "retract_every": 3}}
+    )
+    off = apply_overrides(EngineConfig(), {**base, "cache": {"mode": "off"}})
+    prompts = [[256, *range(40 + i, 120 + i)] for i in range(4)]
+    params = SamplingParams(max_tokens=12)
+    engine = Engine(forced)
+    retracted = []
+    engine.events.subscribe(RequestRetracted, retracted.append)
+    got = [o.token_ids for o in engine.generate(prompts, params)]
+    want = [o.token_ids for o in Engine(off).generate(prompts, params)]
+    assert retracted, "retract_every never retracted"
+    assert got == want
+    with pytest.raises(ValueError, match="retract_every"):
+        apply_overrides(EngineConfig(), {"scheduler": {"retract_every": -1}})
+
+
+def test_run_plan_round_trips_through_json(tmp_path):
+    plan = RunPlan("slot-cache", 4, "http://x", str(tmp_path / "r.json"), gauges=preset("sglang"))
+    path = tmp_path / "plan.json"
+    path.write_text(plan.to_json())
+    assert RunPlan.load(path) == plan
+
+
+PAGE = """# HELP kvwatch_pool_pages x
+# TYPE kvwatch_pool_pages gauge
+kvwatch_pool_pages{family="state",group="linear.state",otel_scope_name="kvwatch",state="used"} 7.0
+kvwatch_pool_pages{family="state",group="linear.state",otel_scope_name="kvwatch",state="free"} 9.0
+kvwatch_pool_pages{family="history",group="full.kv",otel_scope_name="kvwatch",state="used"} 40.0
+# HELP vllm:kv_cache_usage_perc x
+# TYPE vllm:kv_cache_usage_perc gauge
+vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.25
+"""
+
+
+def test_read_series_selects_by_labels_and_keeps_the_rest_apart():
+    got = read_series(PAGE, ('kvwatch_pool_pages{state="used"}', "vllm:kv_cache_usage_perc"))
+    assert got == {
+        'kvwatch_pool_pages{state="used"}[family=state,group=linear.state]': 7.0,
+        'kvwatch_pool_pages{state="used"}[family=history,group=full.kv]': 40.0,
+        "vllm:kv_cache_usage_perc[engine=0,model_name=m]": 0.25,
+    }
+    assert read_series(PAGE, ("sglang:token_usage",)) == {}
+    with pytest.raises(ValueError, match="bad series"):
+        parse_spec("no spaces allowed{")
+    assert set(PRESETS) == {"kvwatch", "vllm", "sglang"}
+    assert "sglang:mamba_usage" in PRESETS["sglang"].usage
+    with pytest.raises(ValueError, match="unknown gauge preset"):
+        preset("tgi")
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--profile", "nope"], "unknown profile"),
+        (["--turns", "3"], "--turns must be at least 6"),
+        (["--inject", "no-such-fault"], "unknown fault"),
+        (["--target", "http://127.0.0.1:9"], "--target and --metrics-url go together"),
+        (
+            [
+                "--target",
+                "http://x",
+                "--metrics-url",
+                "http://x/m",
+                "--inject",
+                "root-in-evict-set",
+            ],
+            "cannot reach a --target",
+        ),
+        (["-c", "0"], "concurrencies in 1..64"),
+        (["--gauges", "tgi"], "unknown gauge preset"),
+    ],
+)
+def test_gate_usage_errors_exit_2(args, message, tmp_path):
+    out = kvwatch("gate", "--out", str(tmp_path), *args)
+    assert out.returncode == 2, out.stderr
+    assert message in out.stderr

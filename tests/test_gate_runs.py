@@ -1,0 +1,118 @@
+"""``kvwatch gate`` end to end: the engine and Locust each in their own processes.
+
+CI-sized: one profile per run, 6 turns (2 warm-up, 4 judged). The full
+default run (every profile at c = 1, 2, 4, 8) is ``make run``.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from serverproc import kvwatch_server
+
+from kvwatch.instrumentation.detectors import IDS
+from kvwatch.loadtests.profiles import PROFILES
+
+
+def gate(out: Path, *args: str, timeout: float = 600) -> tuple[int, dict, str]:
+    cmd = [sys.executable, "-m", "kvwatch", "gate", "--out", str(out), *args]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    summary_path = out / "summary.json"
+    summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
+    return proc.returncode, summary, proc.stderr
+
+
+def failing(summary: dict) -> set[str]:
+    return {name for name, verdict in summary["detectors"].items() if verdict == "fail"}
+
+
+def test_a_clean_gate_passes_at_every_concurrency_and_writes_its_outputs(tmp_path):
+    junit = tmp_path / "junit.xml"
+    code, summary, err = gate(
+        tmp_path, "--profile", "agentic-trie", "-c", "1,2,4,8", "--junit", str(junit)
+    )
+    assert code == 0, err[-3000:]
+    assert summary["verdict"] == "pass" and summary["faults"] == []
+    assert set(summary["detectors"]) == set(IDS)
+    assert summary["detectors"]["equivalence"] == "pass"  # replays really ran
+    runs = summary["runs"]
+    assert [(r["profile"], r["concurrency"]) for r in runs] == [
+        ("agentic-trie", c) for c in (1, 2, 4, 8)
+    ]
+    for run in runs:
+        assert run["turns"] == 6 and run["requests"] >= 4 * run["concurrency"] * 6
+        assert run["errors"] == 0
+        assert {d["verdict"] for d in run["detectors"].values()} <= {"pass", "skipped"}
+        where = tmp_path / "runs" / f"agentic-trie-c{run['concurrency']}"
+        stats = {r["Name"]: r for r in csv.DictReader((where / "locust_stats.csv").open())}
+        assert int(stats["agent turn"]["Request Count"]) > 0
+        assert (where / "locust.html").stat().st_size > 0
+    report = (tmp_path / "report.html").read_text()
+    assert report.count("data:image/png;base64,") >= 2  # usage by owner, latency
+    assert "<h2>agentic-trie</h2>" in report and "allocator" in report  # the detector table
+    assert "<testsuite" in junit.read_text()
+    spans = (tmp_path / "spans" / "agentic-trie" / "spans.jsonl").read_text().splitlines()
+    assert any(json.loads(line)["name"] for line in spans)
+    assert "turn 6/6" in err  # the progress display
+
+
+@pytest.mark.parametrize(
+    "fault, profile, detector",
+    [
+        ("interior-snapshot-leak", "agentic-trie", "allocator"),
+        ("stale-slot-entry", "slot-cache", "slot-table"),
+        ("session-blob-retention", "rl-rollout", "heap"),
+    ],
+)
+def test_a_fault_fails_the_gate_and_names_its_detector(tmp_path, fault, profile, detector):
+    assert fault in PROFILES[profile].faults
+    code, summary, err = gate(tmp_path, "--profile", profile, "-c", "2", "--inject", fault)
+    assert code == 1, err[-3000:]
+    assert summary["verdict"] == "fail" and summary["faults"] == [fault]
+    assert detector in failing(summary)
+    run = summary["runs"][0]["detectors"][detector]
+    assert run["first_turn"] is not None and run["evidence"]
+
+
+def engine_config(tmp_path: Path, profile: str) -> str:
+    path = tmp_path / "engine.json"
+    path.write_text(json.dumps(PROFILES[profile].engine_config()))
+    return str(path)
+
+
+@pytest.mark.parametrize("fault", [None, "interior-snapshot-leak"])
+def test_black_box_mode_judges_from_gauges_alone(tmp_path, fault):
+    """No probe endpoints: only /metrics. The leak shows in the gauges; clean, they stay flat."""
+    flags = ["--config", engine_config(tmp_path, "agentic-trie")]
+    flags += ["--inject", fault] if fault else []
+    with kvwatch_server(*flags) as url:
+        code, summary, err = gate(
+            tmp_path / "out",
+            *("--target", url, "--metrics-url", f"{url}/metrics"),
+            *("--profile", "agentic-trie", "-c", "2", "--gauges", "kvwatch"),
+        )
+    assert set(summary["detectors"]) == {"gauge-trend"}, err[-3000:]
+    if fault is None:
+        assert code == 0, err[-3000:]
+    else:
+        assert code == 1, err[-3000:]
+        evidence = summary["runs"][0]["detectors"]["gauge-trend"]["evidence"]
+        assert "kvwatch_tree_interior_snapshots" in evidence
+
+
+def test_a_distributed_gate_spans_the_barrier_over_two_workers(tmp_path):
+    code, summary, err = gate(
+        tmp_path, "--profile", "agentic-trie", "-c", "4", "--locust-workers", "2"
+    )
+    assert code == 0, err[-3000:]
+    record = json.loads((tmp_path / "runs" / "agentic-trie-c4" / "record.json").read_text())
+    # every barrier saw all four users (two per worker) report in
+    assert [t["conversations"] for t in record["turns"]][0] == 4
+    assert all(t["conversations"] >= 4 for t in record["turns"])
+    log = (tmp_path / "runs" / "agentic-trie-c4" / "locust.log").read_text()
+    assert "Traceback" not in log
