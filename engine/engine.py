@@ -98,9 +98,6 @@ class Engine:
                 self._apply_aborts()  # disconnects that arrived while the batch ran
             outputs = self.scheduler.update(works, results)
             self.step_count += 1
-            every = self.config.scheduler.retract_every
-            if every and self.step_count % every == 0:
-                self.scheduler.retract_one()
             return outputs
         finally:
             self._in_step = False

@@ -19,6 +19,7 @@ pushed it out can clear instead of pushing it out again at once.
 from __future__ import annotations
 
 import bisect
+import contextlib
 from collections import deque
 
 import numpy as np
@@ -107,14 +108,17 @@ class Scheduler:
         if req.status is Status.RUNNING:
             self._retract(req)
 
-    def retract_one(self) -> None:
-        """``retract_every``: push out the newest request still in prefill (the
-        newest running one if none is), as pressure would; one request runs on."""
-        running = [r for r in self.running if r.status is Status.RUNNING]
-        if len(running) < 2:
+    def _forced_retract(self, works: dict[str, Work]) -> None:
+        """``retract_every``: after placing this step's work, push one request out
+        the way pool pressure does in ``_place`` (its pages for this step already
+        allocated): the newest still in prefill, else the newest. One runs on."""
+        placed = [r for r in self.running if r.id in works]
+        if len(placed) < 2:
             return
-        prefilling = [r for r in running if r.holder.computed_len < r.prompt_len - 1]
-        self._retract((prefilling or running)[-1])
+        prefilling = [r for r in placed if r.holder.computed_len < r.prompt_len - 1]
+        victim = (prefilling or placed)[-1]
+        works.pop(victim.id)
+        self._retract(victim)
 
     # -- one step ----------------------------------------------------------------------
     def schedule(self, step: int) -> list[Work]:
@@ -131,7 +135,12 @@ class Scheduler:
             req = next((r for r in self.waiting if r.not_before <= step), None)
             if req is None:  # only requests still backing off after a retraction
                 break
-            if not self._admit(req):
+            try:
+                admitted = self._admit(req)
+            except Exception as exc:  # a cache broken past repair (an injected fault, say)
+                self._fail_hard(req, f"internal error while admitting the request: {exc!r}")
+                continue
+            if not admitted:
                 if req.done:  # it can never fit: failed, try the next one
                     continue
                 break
@@ -140,6 +149,9 @@ class Scheduler:
                 break
             works[req.id] = work
             budget -= work.n + len(work.drafts)
+        every = self.cfg.retract_every
+        if every and step % every == every - 1:
+            self._forced_retract(works)
         self.in_flight = works
         return list(works.values())
 
@@ -299,6 +311,25 @@ class Scheduler:
         req.status, req.error, req.finish_reason = Status.FAILED, error, "error"
         if req.session is not None:
             self._end_turn(req, record=False)
+        self.events.emit(RequestFailed(req.id, error))
+        self.outputs.append(RequestOutput(req.id, (), True, "error", error))
+
+    def _fail_hard(self, req: Request, error: str) -> None:
+        """``fail`` for a request whose cache state cannot be trusted: if giving its
+        holder back raises too, the holder is left where it is (the audit then
+        reports what it still holds) and only the request and its turn end."""
+        try:
+            self.fail(req, error)
+            return
+        except Exception:
+            pass
+        for queue in (self.waiting, self.running):
+            if req in queue:
+                queue.remove(req)
+        req.status, req.error, req.finish_reason = Status.FAILED, error, "error"
+        if req.session is not None:
+            with contextlib.suppress(Exception):
+                self._end_turn(req, record=False)
         self.events.emit(RequestFailed(req.id, error))
         self.outputs.append(RequestOutput(req.id, (), True, "error", error))
 

@@ -176,61 +176,69 @@ class AgentTrieUser(TurnUser):
         return sum(c.tokens for c in self.chats)
 
 
-class StreamingSessionUser(TurnUser):
-    """streaming-session: one kept session slot, streamed turns with speculative
-    decoding, and a disconnect mid-stream in the first turn."""
+class SessionUser(TurnUser):
+    """A user whose conversations are kvwatch streaming sessions (kept cache slots)."""
+
+    abstract = True
 
     def setup(self) -> None:
-        resp = self.client.post("/v1/sessions", json={}, name="/v1/sessions")
-        self.session_id = resp.json()["id"] if resp.status_code == 200 else None
+        self.sessions: list[str] = []
 
-    def turn(self, t: int) -> None:
-        if self.session_id is None:
-            return
-        first = [self.system] if t == 0 else []
-        messages = [*first, {"role": "user", "content": sentence(self.rng)}]
-        cut = self.rng.randint(2, 6) if t == 0 else None
-
-        def session_turn() -> None:
-            self.stream_chat(
-                messages,
-                name="session turn",
-                session_id=self.session_id,
-                max_tokens=48 if t == 0 else 16,
-                cut_after=cut,
-            )
-
-        def side_chat() -> None:  # a stateless neighbour, so retraction has a choice
-            self.stream_chat(
-                [self.system, {"role": "user", "content": sentence(self.rng)}], name="chat"
-            )
-
-        parallel(session_turn, side_chat)
+    def open_session(self, **body) -> str | None:
+        resp = self.client.post("/v1/sessions", json=body, name="/v1/sessions")
+        if resp.status_code != 200:
+            return None
+        self.sessions.append(resp.json()["id"])
+        return self.sessions[-1]
 
     def finish(self) -> None:
-        if self.session_id is not None:
-            self.client.delete(f"/v1/sessions/{self.session_id}", name="/v1/sessions/[id]")
+        for sid in self.sessions:
+            self.client.delete(f"/v1/sessions/{sid}", name="/v1/sessions/[id]")
 
     def conversations(self) -> int:
-        return 1 if self.session_id else 0
+        return len(self.sessions)
 
     def context_tokens(self) -> int:
-        if self.session_id is None:
-            return 0
-        resp = self.client.get(f"/v1/sessions/{self.session_id}", name="/v1/sessions/[id]")
-        return resp.json()["tokens"] if resp.status_code == 200 else 0
+        total = 0
+        for sid in self.sessions:
+            resp = self.client.get(f"/v1/sessions/{sid}", name="/v1/sessions/[id]")
+            total += resp.json()["tokens"] if resp.status_code == 200 else 0
+        return total
 
 
-class RolloutUser(StreamingSessionUser):
+class StreamingSessionUser(SessionUser):
+    """streaming-session: an agent with two kept session slots (planner and worker)
+    streaming turns side by side with speculative decoding; the first turn of one
+    is cut mid-stream."""
+
+    def setup(self) -> None:
+        super().setup()
+        self.open_session()
+        self.open_session()
+
+    def turn(self, t: int) -> None:
+        def session_turn(i: int, sid: str) -> None:
+            first = [self.system] if t == 0 else []
+            self.stream_chat(
+                [*first, {"role": "user", "content": sentence(self.rng)}],
+                name="session turn",
+                session_id=sid,
+                max_tokens=48 if t == 0 else 16,
+                cut_after=self.rng.randint(2, 6) if t == 0 and i == 0 else None,
+            )
+
+        parallel(*(lambda i=i, s=s: session_turn(i, s) for i, s in enumerate(self.sessions)))
+
+
+class RolloutUser(SessionUser):
     """rl-rollout: a recorded session with routed experts; n sampled rollouts per
     prompt, a rollback every third turn, and the trajectory fetched every turn."""
 
     samples = 2
 
     def setup(self) -> None:
-        body = {"record": True, "routed_experts": True}
-        resp = self.client.post("/v1/sessions", json=body, name="/v1/sessions")
-        self.session_id = resp.json()["id"] if resp.status_code == 200 else None
+        super().setup()
+        self.session_id = self.open_session(record=True, routed_experts=True)
 
     def turn(self, t: int) -> None:
         if self.session_id is None:

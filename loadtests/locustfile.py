@@ -81,4 +81,10 @@ def _wire(environment, **kwargs) -> None:
         if turn == END:
             gevent.spawn(environment.runner.quit)
 
-    environment.kvwatch_barrier = TurnBarrier(environment, action)
+    def stalled(reason: str) -> None:
+        record.stalled(reason)
+        gevent.spawn(environment.runner.quit)
+
+    environment.kvwatch_barrier = TurnBarrier(
+        environment, action, timeout=plan.turn_timeout, on_stall=stalled
+    )

@@ -86,9 +86,9 @@ PROFILES: dict[str, Profile] = {
         Profile(
             "streaming-session",
             "StreamingSessionUser",
-            "streamed turns in a kept session slot with speculative decoding, retract-retry "
-            "under pressure and a disconnect mid-stream in the first turn",
-            ("spec-overalloc-leak", "session-tail-leak"),
+            "two kept session slots per agent, streamed side by side with speculative "
+            "decoding and retract-retry mid-verify; one first turn is cut mid-stream",
+            ("spec-overalloc-leak", "session-tail-leak", "session-tail-unaligned-free"),
             engine={"scheduler": {"retract_every": 5}},
             kvwatch_api=True,
         ),

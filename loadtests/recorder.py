@@ -104,6 +104,12 @@ class Recorder:
             self.record["replays"] = self._replays()
         self._progress(turn="end", elapsed=round(time.monotonic() - self.started, 1))
 
+    def stalled(self, reason: str) -> None:
+        """The run cannot go on: write what there is, with the reason."""
+        self._stop_sampling()
+        self.record["error"] = self.record["error"] or reason
+        self.path.write_text(json.dumps(self.record))
+
     # -- pieces ---------------------------------------------------------------------------
     def _url(self, path: str) -> str:
         return self.plan.target.rstrip("/") + path

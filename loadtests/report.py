@@ -113,7 +113,9 @@ def _usage_figure(profile: str, records: dict[int, dict | None]):
                 if any(y):
                     ax.bar(x, y, bottom=bottom, label=owner)
                     bottom = [b + v for b, v in zip(bottom, y, strict=True)]
-            ax.set_title(f"{group}, c={c}", fontsize=9)
+            capacity = turns[0]["probes"][-1]["groups"][group]["capacity"]
+            empty = "" if any(bottom) else ", none held"
+            ax.set_title(f"{group} (of {capacity}), c={c}{empty}", fontsize=9)
             ax.tick_params(labelsize=7)
             if i == len(groups) - 1:
                 ax.set_xlabel("turn", fontsize=8)
