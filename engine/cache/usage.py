@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
-from kvwatch.engine.cache.holder import HolderStatus, PendingKind
+from kvwatch.engine.cache.holder import Holder, HolderStatus, PendingKind
 from kvwatch.engine.cache.node import Node, Tier
 from kvwatch.engine.cache.owner import OWNER_LABEL, OwnerKind
 from kvwatch.engine.config import FULL_KV, MAX_ROLLBACK, STATE_GROUPS, SWA_KV
@@ -112,8 +112,16 @@ def usage_bounds(cache: HybridPrefixCache, slack_tokens: int = 0) -> dict[str, B
     usage = group_usage(cache)
     out = {}
 
+    def ahead(h: Holder) -> int:
+        """Tokens a holder may hold pages for beyond what it computed: the step's
+        slack; a parked slot also keeps what was placed for a step it never ran
+        (pushed out mid-step), until it resumes and frees that tail."""
+        if h.status is HolderStatus.PARKED:
+            return max(slack_tokens, h.allocated_len - h.computed_len)
+        return slack_tokens
+
     full = usage[FULL_KV]
-    full_limit = sum(math.ceil((h.computed_len + slack_tokens) / p) for h in active)
+    full_limit = sum(math.ceil((h.computed_len + ahead(h)) / p) for h in active)
     full_limit += sum(h.anchor.depth // p for h in retracted if h.anchor is not None)
     slots = [s for s in cache.slots.slots if not s.empty] if cache.slots is not None else []
     full_limit += sum(math.ceil(s.length / p) for s in slots)
@@ -128,7 +136,7 @@ def usage_bounds(cache: HybridPrefixCache, slack_tokens: int = 0) -> dict[str, B
     )
 
     swa = usage[SWA_KV]
-    swa_limit = sum(math.ceil((cfg.window + slack_tokens) / ps) + 1 for h in active)
+    swa_limit = sum(math.ceil((cfg.window + ahead(h)) / ps) + 1 for h in active)
     out[SWA_KV] = Bound(SWA_KV, swa.capacity - swa.free, swa_limit, 0, holders)
 
     for group in STATE_GROUPS:
