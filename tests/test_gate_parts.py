@@ -156,3 +156,39 @@ def test_gate_usage_errors_exit_2(args, message, tmp_path):
     out = kvwatch("gate", "--out", str(tmp_path), *args)
     assert out.returncode == 2, out.stderr
     assert message in out.stderr
+
+
+def test_sessions_pushed_out_mid_step_keep_within_the_audit_bounds():
+    """A session retracted after its step's pages were placed parks with that
+    tail (freed when it resumes): legitimate, so no bound may flag it."""
+    from kvwatch.engine import Engine
+
+    cfg = apply_overrides(
+        EngineConfig(),
+        {
+            "scheduler": {
+                "chunk_size": 48,
+                "max_batch_tokens": 128,
+                "retract_every": 2,
+                "spec": {"num_drafts": 4},
+            }
+        },
+    )
+    engine = Engine(cfg)
+    sessions = [engine.open_session() for _ in range(2)]
+    parked_with_tail = 0
+    for turn in range(4):
+        for i, sid in enumerate(sessions):
+            history = engine.sessions.get(sid).tokens
+            new = [257, *(range(40, 200) if turn == 0 else range(60 + i, 90 + i)), 262, 260]
+            engine.add_request([*history, *new], SamplingParams(max_tokens=10), session_id=sid)
+        while engine.has_unfinished():
+            engine.step()
+            report = engine.probe()
+            assert report.clean, report.findings
+            assert not [b for b in report.bounds.values() if b.exceeded], report.bounds
+            parked_with_tail += sum(
+                h.status.name == "PARKED" and h.allocated_len > h.computed_len
+                for h in engine.cache.holders.values()
+            )
+    assert parked_with_tail, "no session was ever pushed out mid-step"
