@@ -17,14 +17,18 @@ from pathlib import Path
 from kvwatch import __version__
 
 
+def _print_json(entries: list[dict]) -> int:
+    json.dump(entries, sys.stdout, indent=2)
+    sys.stdout.write("\n")
+    return 0
+
+
 def _faults(args: argparse.Namespace) -> int:
     from kvwatch.engine.faults import REGISTRY
 
     entries = [info.as_dict() for info in REGISTRY.values()]
     if args.json:
-        json.dump(entries, sys.stdout, indent=2)
-        sys.stdout.write("\n")
-        return 0
+        return _print_json(entries)
     width = max(len(e["name"]) for e in entries)
     print(f"{'fault':<{width}}  seed  summary")
     for e in entries:
@@ -70,9 +74,7 @@ def _profiles(args: argparse.Namespace) -> int:
 
     entries = [p.as_dict() for p in PROFILES.values()]
     if args.json:
-        json.dump(entries, sys.stdout, indent=2)
-        sys.stdout.write("\n")
-        return 0
+        return _print_json(entries)
     width = max(len(e["name"]) for e in entries)
     print(f"{'profile':<{width}}  black-box  summary")
     for e in entries:

@@ -68,7 +68,6 @@ class Recorder:
             self.record["baseline"] = self._probe()
             if self.plan.heap:
                 self._post(f"/debug/tracemalloc/start?frames={HEAP_FRAMES}")
-                self._heap()  # the first snapshot: later ones diff against it
         self.record["gauges_baseline"] = self._gauges(self.plan.gauges.drain, 1)
 
     def _barrier(self, turn: int, reports: list[dict]) -> None:

@@ -54,20 +54,11 @@ class EngineServer:
         self._wait_ready()
 
     def _wait_ready(self) -> None:
-        deadline = time.monotonic() + START_TIMEOUT
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                self._log.close()
-                tail = self.log.read_text()[-1500:]
-                raise ServerError(f"kvwatch serve exited with {self.proc.returncode}: {tail}")
-            try:
-                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        self.stop()
-        raise ServerError(f"kvwatch serve did not come up in {START_TIMEOUT:.0f} s")
+        try:
+            wait_healthy(self.url, self.proc, START_TIMEOUT)
+        except ServerError as exc:
+            self.stop()
+            raise ServerError(f"{exc}: {self.log.read_text()[-1500:]}") from None
 
     def stop(self) -> None:
         stop(self.proc)
@@ -78,6 +69,21 @@ class EngineServer:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def wait_healthy(url: str, proc: subprocess.Popen, timeout: float) -> None:
+    """Until ``url/health`` answers 200; ServerError if the process exits or time runs out."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise ServerError(f"kvwatch serve exited with {proc.returncode}")
+        try:
+            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    raise ServerError(f"kvwatch serve did not come up in {timeout:.0f} s")
 
 
 def stop(proc: subprocess.Popen, grace: float = 10.0) -> None:

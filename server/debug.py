@@ -76,18 +76,19 @@ class HeapTracker:
             tracemalloc.stop()
         if not tracemalloc.is_tracing():
             tracemalloc.start(frames)
-        self.last = {}
+        snap = _snapshot()  # the baseline both scopes diff against next
+        self.last = {"process": snap, "engine": _engine_only(snap)}
         return {"tracing": True, "frames": tracemalloc.get_traceback_limit()}
 
     def diff(self, top: int, scope: str = "process", sites: int = 0) -> dict:
-        """Growth since this scope's previous snapshot (none yet: no growth listed)."""
+        """Growth since this scope's previous snapshot (or since tracking started)."""
         if not tracemalloc.is_tracing():
             raise ApiError(
                 409, "heap tracking is off; POST /debug/tracemalloc/start first", code="not_tracing"
             )
         snap = _snapshot()
         if scope == "engine":
-            snap = snap.filter_traces([tracemalloc.Filter(True, ENGINE_FILES)])
+            snap = _engine_only(snap)
         last = self.last.get(scope)
         stats = snap.compare_to(last, "traceback") if last else []
         self.last[scope] = snap
@@ -111,6 +112,10 @@ class HeapTracker:
                 for s in stats[:top]
             ],
         }
+
+
+def _engine_only(snap: tracemalloc.Snapshot) -> tracemalloc.Snapshot:
+    return snap.filter_traces([tracemalloc.Filter(True, ENGINE_FILES)])
 
 
 def _snapshot() -> tracemalloc.Snapshot:

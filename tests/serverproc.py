@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -12,13 +11,9 @@ from collections.abc import Iterator
 
 import httpx
 
+from kvwatch.loadtests.servers import ServerError, free_port, wait_healthy
+
 TOKEN = "test-probe-token"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @contextlib.contextmanager
@@ -34,18 +29,11 @@ def kvwatch_server(*flags: str, env: dict[str, str] | None = None) -> Iterator[s
     )
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"kvwatch serve exited: {proc.stdout.read()}")
-            try:
-                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError("kvwatch serve did not come up in 60 s")
-            time.sleep(0.1)
+        try:
+            wait_healthy(url, proc, 60)
+        except ServerError as exc:
+            output = proc.stdout.read() if proc.poll() is not None else ""
+            raise RuntimeError(f"{exc}: {output}") from None
         yield url
     finally:
         proc.terminate()
