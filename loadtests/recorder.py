@@ -68,7 +68,7 @@ class Recorder:
             self.record["baseline"] = self._probe()
             if self.plan.heap:
                 self._post(f"/debug/tracemalloc/start?frames={HEAP_FRAMES}")
-        self.record["gauges_baseline"] = self._gauges(self.plan.gauges.drain, 1)
+        self.record["gauges_baseline"] = self._gauges(self.plan.gauges.drain)
 
     def _barrier(self, turn: int, reports: list[dict]) -> None:
         self._drain()
@@ -98,7 +98,7 @@ class Recorder:
         if self.plan.probe:
             self._post("/debug/flush_cache")
             self.record["drained"] = self._probe()
-        self.record["gauges_drained"] = self._gauges(self.plan.gauges.drain, 1)
+        self.record["gauges_drained"] = self._gauges(self.plan.gauges.drain)
         if self.plan.probe:
             self.record["replays"] = self._replays()
         self._progress(turn="end", elapsed=round(time.monotonic() - self.started, 1))
@@ -136,7 +136,7 @@ class Recorder:
             elif not self.plan.gauges.busy:
                 gevent.sleep(0.5)  # nothing says when it is idle: give it a moment
                 return
-            elif sum(self._gauges(self.plan.gauges.busy, 1).values()) == 0:
+            elif sum(self._gauges(self.plan.gauges.busy).values()) == 0:
                 return
             gevent.sleep(0.05)
         raise TimeoutError(f"the engine did not drain in {self.plan.drain_timeout:.0f} s")
@@ -146,15 +146,19 @@ class Recorder:
         top = [[g["size_diff"], g["traceback"]] for g in snap["top_growth"]]
         return {"traced_bytes": snap["traced_bytes"], "top": top, "by_site": snap["by_site"]}
 
-    def _gauges(self, series: tuple[str, ...], per: int) -> dict[str, float]:
+    def _gauges(
+        self, series: tuple[str, ...], conversations: int | None = None
+    ) -> dict[str, float]:
+        """The series' values now; with ``conversations``, per live conversation."""
         if not series or not self.plan.metrics_url:
             return {}
         gevent.sleep(self.plan.metrics_settle)
         resp = self.http.get(self.plan.metrics_url, timeout=TIMEOUT)
         resp.raise_for_status()
         values = read_series(resp.text, series)
-        suffix = "/conversation" if per != 1 else ""
-        return {f"{k}{suffix}": v / max(per, 1) for k, v in values.items()}
+        if conversations is None:
+            return values
+        return {f"{k}/conversation": v / max(conversations, 1) for k, v in values.items()}
 
     def _replays(self) -> list:
         """Greedy requests from judged turns again, each alone on a flushed cache:

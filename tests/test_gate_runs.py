@@ -94,7 +94,7 @@ def test_black_box_mode_judges_from_gauges_alone(tmp_path, fault):
         code, summary, err = gate(
             tmp_path / "out",
             *("--target", url, "--metrics-url", f"{url}/metrics"),
-            *("--profile", "agentic-trie", "-c", "2", "--gauges", "kvwatch"),
+            *("--profile", "agentic-trie", "-c", "1", "--gauges", "kvwatch"),
         )
     assert set(summary["detectors"]) == {"gauge-trend"}, err[-3000:]
     if fault is None:
