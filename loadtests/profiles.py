@@ -105,7 +105,7 @@ PROFILES: dict[str, Profile] = {
             "RolloutUser",
             "recorded sessions with routed experts, n sampled rollouts per prompt, rollback "
             "and a trajectory fetch every turn",
-            ("session-blob-retention", "session-tail-leak", "session-tail-unaligned-free"),
+            ("session-blob-retention", "session-tail-leak"),
             kvwatch_api=True,
             heap=True,
         ),
