@@ -106,7 +106,7 @@ def locust_commands(
         *("--headless", "-u", str(concurrency), "-r", str(concurrency), "--host", host),
         *("--csv", str(out / "locust"), "--html", str(out / "locust.html")),
         *("--exit-code-on-error", "0", "--only-summary", "--loglevel", "WARNING"),
-        *("-t", f"{int(timeout)}s", "--stop-timeout", "5"),
+        *("-t", f"{int(timeout)}s"),
     ]
     if not workers:
         return [[*main, user]]
