@@ -38,11 +38,11 @@ class EngineServer:
 
     def __init__(self, config: Path, faults: tuple[str, ...], log: Path, run_dir: Path) -> None:
         self.port = free_port()
-        self.token = secrets.token_urlsafe(16)
+        self.token = secrets.token_hex(16)
         self.url = f"http://127.0.0.1:{self.port}"
         cmd = [
             *(sys.executable, "-m", "kvwatch", "serve", "--port", str(self.port)),
-            *("--config", str(config), "--enable-probe", "--probe-token", self.token),
+            *("--config", str(config), "--enable-probe", f"--probe-token={self.token}"),
             *("--run-dir", str(run_dir)),
             *(a for f in faults for a in ("--inject", f)),
         ]
