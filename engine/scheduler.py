@@ -19,7 +19,6 @@ pushed it out can clear instead of pushing it out again at once.
 from __future__ import annotations
 
 import bisect
-import contextlib
 from collections import deque
 
 import numpy as np
@@ -308,6 +307,9 @@ class Scheduler:
     def fail(self, req: Request, error: str) -> None:
         """End a request with an error; the loop and every other request go on."""
         self._let_go(req, commit=False)
+        self._failed(req, error)
+
+    def _failed(self, req: Request, error: str) -> None:
         req.status, req.error, req.finish_reason = Status.FAILED, error, "error"
         if req.session is not None:
             self._end_turn(req, record=False)
@@ -319,19 +321,12 @@ class Scheduler:
         holder back raises too, the holder is left where it is (the audit then
         reports what it still holds) and only the request and its turn end."""
         try:
-            self.fail(req, error)
-            return
+            self._let_go(req, commit=False)
         except Exception:
-            pass
-        for queue in (self.waiting, self.running):
-            if req in queue:
-                queue.remove(req)
-        req.status, req.error, req.finish_reason = Status.FAILED, error, "error"
-        if req.session is not None:
-            with contextlib.suppress(Exception):
-                self._end_turn(req, record=False)
-        self.events.emit(RequestFailed(req.id, error))
-        self.outputs.append(RequestOutput(req.id, (), True, "error", error))
+            for queue in (self.waiting, self.running):
+                if req in queue:
+                    queue.remove(req)
+        self._failed(req, error)
 
     def _retract(self, req: Request) -> None:
         computed = req.holder.computed_len

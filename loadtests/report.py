@@ -27,11 +27,13 @@ PERCENTILES = ("50%", "90%", "99%")
 
 def write_report(summary: dict, out: Path) -> Path:
     runs = summary["runs"]
+    loaded = {
+        (r["profile"], r["concurrency"]): _load(out, r["profile"], r["concurrency"]) for r in runs
+    }
     profiles = list(dict.fromkeys(r["profile"] for r in runs))
     parts = [_head(summary), _table(summary)]
     for profile in profiles:
-        mine = [r for r in runs if r["profile"] == profile]
-        records = {r["concurrency"]: _load(out, profile, r["concurrency"]) for r in mine}
+        records = {c: rec for (p, c), rec in loaded.items() if p == profile}
         parts.append(f"<h2>{html.escape(profile)}</h2>")
         if any(rec and rec["turns"] and rec["turns"][0]["probes"] for rec in records.values()):
             parts.append(_img(_usage_figure(profile, records), "pool usage by owner per turn"))
@@ -40,7 +42,7 @@ def write_report(summary: dict, out: Path) -> Path:
         latency = {c: _latency(out, profile, c) for c in records}
         if any(latency.values()):
             parts.append(_img(_latency_figure(profile, latency), "latency percentiles"))
-    heap = _heap_series(out, runs)
+    heap = _heap_series(loaded)
     if heap:
         parts.append("<h2>heap</h2>" + _img(_heap_figure(heap), "heap bytes per context token"))
     page = "\n".join(
@@ -183,17 +185,16 @@ def _latency_figure(profile: str, latency: dict[int, dict[str, list[float]]]):
     return fig
 
 
-def _heap_series(out: Path, runs: list[dict]) -> dict[str, list[tuple[int, float]]]:
+def _heap_series(loaded: dict[tuple[str, int], dict | None]) -> dict[str, list[tuple[int, float]]]:
     series = {}
-    for run in runs:
-        rec = _load(out, run["profile"], run["concurrency"])
+    for (profile, c), rec in loaded.items():
         points = [
             (t["turn"], t["heap"]["traced_bytes"] / t["context_tokens"])
             for t in (rec or {}).get("turns", ())
             if t.get("heap") and t["context_tokens"]
         ]
         if points:
-            series[f"{run['profile']} c={run['concurrency']}"] = points
+            series[f"{profile} c={c}"] = points
     return series
 
 

@@ -192,3 +192,28 @@ def test_sessions_pushed_out_mid_step_keep_within_the_audit_bounds():
                 for h in engine.cache.holders.values()
             )
     assert parked_with_tail, "no session was ever pushed out mid-step"
+
+
+def test_a_request_whose_admission_raises_fails_alone(monkeypatch):
+    """A cache broken past repair (as an injected fault can leave it) fails the one
+    request it breaks; the loop does not retry the same broken step forever."""
+    from kvwatch.engine import Engine
+
+    engine = Engine(EngineConfig())
+    real_match = engine.cache.match
+    broken = engine.add_request([256, *range(40, 90)], SamplingParams(max_tokens=4))
+
+    def match(holder):
+        if engine.requests[broken].holder is holder:
+            raise ValueError("holder state is corrupt")
+        return real_match(holder)
+
+    monkeypatch.setattr(engine.cache, "match", match)
+    fine = engine.add_request([256, *range(50, 100)], SamplingParams(max_tokens=4))
+    for _ in range(50):
+        if not engine.has_unfinished():
+            break
+        engine.step()
+    assert not engine.has_unfinished()
+    assert "internal error while admitting" in engine.take(broken).error
+    assert engine.take(fine).error is None
