@@ -5,7 +5,11 @@ The shapes follow DESIGN.md's contract, which CI scripts read::
     {"verdict": "pass|fail|error", "faults": [...],
      "detectors": {"allocator": "pass|fail|skipped", ...},
      "runs": [{"profile", "concurrency", "turns", "requests", "errors",
-               "detectors": {"allocator": {"verdict", "first_turn", "evidence"}, ...}}]}
+               "detectors": {"allocator": {"verdict", "first_turn", "evidence"}, ...},
+               "timeline": [{"turn", "at"}], "heap_bytes_per_context_token": [{"turn", "value"}]}]}
+
+``timeline`` (when each barrier was reached, epoch seconds) places findings on
+a dashboard; the heap series is there for runs that tracked the heap.
 
 Exit codes: 0 every detector passed, 1 a detector failed, 3 the run broke
 and no detector failed (2, a usage error, is the CLI's to give).
@@ -40,6 +44,8 @@ class RunResult(NamedTuple):
     errors: int  # requests that ended in an error
     verdicts: Mapping[str, Verdict]
     error: str | None = None  # the run itself broke
+    timeline: tuple[tuple[int, float], ...] = ()  # (turn, epoch seconds at its barrier)
+    heap_per_token: tuple[tuple[int, float], ...] = ()  # (turn, traced bytes / context token)
 
     def as_dict(self) -> dict:
         out = {
@@ -49,7 +55,12 @@ class RunResult(NamedTuple):
             "requests": self.requests,
             "errors": self.errors,
             "detectors": {name: v.as_dict() for name, v in self.verdicts.items()},
+            "timeline": [{"turn": t, "at": at} for t, at in self.timeline],
         }
+        if self.heap_per_token:
+            out["heap_bytes_per_context_token"] = [
+                {"turn": t, "value": round(v, 3)} for t, v in self.heap_per_token
+            ]
         if self.error:
             out["error"] = self.error
         return out
@@ -66,8 +77,22 @@ def judge(
 ) -> RunResult:
     """Run the detectors over one recorded run."""
     verdicts = run_detectors(record, tuple(detectors))
+    timeline = tuple((t.turn, t.at) for t in record.turns if t.at is not None)
+    heap = tuple(
+        (t.turn, t.heap.traced_bytes / t.context_tokens)
+        for t in record.turns
+        if t.heap is not None and t.context_tokens > 0
+    )
     return RunResult(
-        profile, concurrency, len(record.turns), requests, errors, verdicts, record.error
+        profile,
+        concurrency,
+        len(record.turns),
+        requests,
+        errors,
+        verdicts,
+        record.error,
+        timeline,
+        heap,
     )
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import random
+import time
 import tracemalloc
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -74,7 +75,15 @@ def run(cfg: HarnessConfig) -> RunRecord:
             heap, heap_prev = _heap(heap_prev) if cfg.heap else (None, None)
             gauges = _gauges(reader, load.conversations)
             turns.append(
-                Turn(t, probes, load.conversations, load.context_tokens(engine), heap, gauges)
+                Turn(
+                    t,
+                    probes,
+                    load.conversations,
+                    load.context_tokens(engine),
+                    heap,
+                    gauges,
+                    time.time(),
+                )
             )
         try:
             load.stop(engine)

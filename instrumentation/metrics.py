@@ -18,6 +18,7 @@ from opentelemetry.metrics import CallbackOptions, Meter, Observation
 from kvwatch.engine.events import (
     EventBus,
     NodeEvicted,
+    PrefillChunk,
     RequestAborted,
     RequestAdded,
     RequestFailed,
@@ -88,19 +89,28 @@ class EngineMetrics:
         self.aborts = meter.create_counter(n.ABORTS, unit="{request}")
         self.evictions = meter.create_counter(n.EVICTIONS, unit="{eviction}")
         self.finished = meter.create_counter(n.REQUESTS_FINISHED, unit="{request}")
+        self.generated = meter.create_counter(n.TOKENS_GENERATED, unit="{token}")
+        self.computed = meter.create_counter(n.PREFILL_COMPUTED, unit="{token}")
         self.ttft = meter.create_histogram(n.TTFT, unit="s")
         self.tpot = meter.create_histogram(n.TPOT, unit="s")
         self.duration = meter.create_histogram(n.REQUEST_DURATION, unit="s")
+        # Series start at 0 so a rate reads 0, not "no data", before the first event.
+        self.retractions.add(0)
+        for stage in n.ABORT_STAGES:
+            self.aborts.add(0, {n.STAGE: stage})
+        for kind in n.EVICTION_KINDS:
+            self.evictions.add(0, {n.KIND: kind})
         self._unsubscribe = [
             events.subscribe(RequestAdded, self._added),
             events.subscribe(RequestScheduled, self._scheduled),
             events.subscribe(TokensGenerated, self._tokens),
+            events.subscribe(PrefillChunk, lambda e: self.computed.add(e.tokens)),
             events.subscribe(RequestFinished, self._finished),
             events.subscribe(RequestAborted, self._aborted),
             events.subscribe(RequestFailed, self._failed),
             events.subscribe(RequestRetracted, lambda e: self.retractions.add(1)),
-            events.subscribe(NodeEvicted, lambda e: self.evictions.add(1, {"kind": "node"})),
-            events.subscribe(SlotEvicted, lambda e: self.evictions.add(1, {"kind": "slot"})),
+            events.subscribe(NodeEvicted, lambda e: self.evictions.add(1, {n.KIND: "node"})),
+            events.subscribe(SlotEvicted, lambda e: self.evictions.add(1, {n.KIND: "slot"})),
             events.subscribe(SnapshotReleased, self._snapshot_released),
         ]
 
@@ -172,6 +182,7 @@ class EngineMetrics:
 
     def _tokens(self, e: TokensGenerated) -> None:
         req = self._requests.get(e.request_id)
+        self.generated.add(e.count, self._attrs(e.request_id))
         if req is not None and e.first and req.first is None:
             req.first = time.monotonic()
             self.ttft.record(req.first - req.added, self._attrs(e.request_id))
@@ -179,7 +190,7 @@ class EngineMetrics:
     def _finished(self, e: RequestFinished) -> None:
         attrs = self._attrs(e.request_id)
         req = self._requests.pop(e.request_id, None)
-        self.finished.add(1, {**attrs, "reason": e.reason})
+        self.finished.add(1, {**attrs, n.REASON: e.reason})
         if req is None:
             return
         now = time.monotonic()
@@ -189,14 +200,14 @@ class EngineMetrics:
 
     def _aborted(self, e: RequestAborted) -> None:
         self._requests.pop(e.request_id, None)
-        self.aborts.add(1, {"stage": e.stage})
-        self.finished.add(1, {"reason": "abort"})
+        self.aborts.add(1, {n.STAGE: e.stage})
+        self.finished.add(1, {n.REASON: "abort"})
 
     def _failed(self, e: RequestFailed) -> None:
         attrs = self._attrs(e.request_id)
         self._requests.pop(e.request_id, None)
-        self.finished.add(1, {**attrs, "reason": "error"})
+        self.finished.add(1, {**attrs, n.REASON: "error"})
 
     def _snapshot_released(self, e: SnapshotReleased) -> None:
         if e.reason in ("pruned", "evicted"):
-            self.evictions.add(1, {"kind": "snapshot"})
+            self.evictions.add(1, {n.KIND: "snapshot"})

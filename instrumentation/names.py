@@ -31,13 +31,28 @@ PREFIX_QUERIED = "kvwatch.prefix_cache.queried_tokens"
 PREFIX_HIT = "kvwatch.prefix_cache.hit_tokens"
 RETRACTIONS = "kvwatch.retractions"
 ABORTS = "kvwatch.aborts"  # {stage}
-EVICTIONS = "kvwatch.evictions"  # {kind}: node, snapshot, slot
+ABORT_STAGES = ("queued", "prefill", "decode", "verify", "retracted", "paused")
+EVICTIONS = "kvwatch.evictions"  # {kind}
+EVICTION_KINDS = ("node", "snapshot", "slot")
 REQUESTS_FINISHED = "kvwatch.requests.finished"  # {reason}
+TOKENS_GENERATED = "kvwatch.tokens.generated"  # output tokens, speculative ones once accepted
+PREFILL_COMPUTED = "kvwatch.prefill.computed_tokens"  # prompt tokens run through the model
 
 # -- GenAI latency histograms (seconds) ------------------------------------------------------
 TTFT = "gen_ai.server.time_to_first_token"
 TPOT = "gen_ai.server.time_per_output_token"
 REQUEST_DURATION = "gen_ai.server.request.duration"
+
+# -- the gate's verdict (a batch job: pushed or written as a text file, not scraped) --------
+GATE_JOB = "kvwatch-gate"
+GATE_VERDICT = "kvwatch.gate.verdict"  # {verdict}: 1 on the gate's verdict, 0 on the others
+GATE_DETECTOR_FAILED = "kvwatch.gate.detector.failed"  # {profile, concurrency, detector}
+GATE_FIRST_FAIL_TURN = "kvwatch.gate.detector.first_fail_turn"  # {profile, concurrency, detector}
+GATE_RUN_REQUESTS = "kvwatch.gate.run.requests"  # {profile, concurrency}
+GATE_RUN_ERRORS = "kvwatch.gate.run.errors"  # {profile, concurrency}: failed requests
+GATE_RUN_BROKEN = "kvwatch.gate.run.broken"  # {profile, concurrency}: 1 when the run broke
+GATE_HEAP_PER_TOKEN = "kvwatch.gate.heap_bytes_per_context_token"  # {profile, concurrency, turn}
+GATE_VERDICTS = ("pass", "fail", "error")
 
 # -- attributes -----------------------------------------------------------------------------
 GROUP = "group"
@@ -54,6 +69,14 @@ RESPONSE_ID = "gen_ai.response.id"
 PROMPT_TEXT = "gen_ai.prompt"  # only with content capture switched on
 HIT_TOKENS = "kvwatch.cache.hit_tokens"
 ERROR_TYPE = "error.type"
+PROFILE = "profile"
+CONCURRENCY = "concurrency"
+DETECTOR = "detector"
+TURN = "turn"
+VERDICT = "verdict"
+REASON = "reason"
+STAGE = "stage"
+KIND = "kind"
 
 # -- spans and span events ------------------------------------------------------------------
 SPAN_QUEUE = "queue"
@@ -65,3 +88,49 @@ EVENT_PAUSED = "kvwatch.paused"
 EVENT_SPEC = "kvwatch.spec_verify"
 EVENT_SLOT = "kvwatch.slot"  # attributes: action, slot, ...
 EVENT_SNAPSHOT_SKIPPED = "kvwatch.snapshot_skipped"
+
+
+# every instrument the engine's metrics create (the slot gauges only with the slots backend)
+ENGINE_GAUGES = (
+    POOL_PAGES,
+    POOL_CAPACITY,
+    ROOT_REFS,
+    ROOT_REFS_EXPECTED,
+    TREE_NODES,
+    TREE_SNAPSHOTS,
+    TREE_INTERIOR_SNAPSHOTS,
+    SESSION_PAGES,
+    SESSIONS_LIVE,
+    RECORD_BYTES,
+    REQUESTS_LIVE,
+    SLOTS_FILLED,
+    SLOT_ENTRIES,
+)
+
+# -- Prometheus series names ---------------------------------------------------------------
+COUNTERS = (
+    PREFIX_QUERIED,
+    PREFIX_HIT,
+    RETRACTIONS,
+    ABORTS,
+    EVICTIONS,
+    REQUESTS_FINISHED,
+    TOKENS_GENERATED,
+    PREFILL_COMPUTED,
+)
+SECONDS = (TTFT, TPOT, REQUEST_DURATION)
+
+
+def prom(name: str) -> str:
+    """The series name the OTel Prometheus exporter gives instrument ``name``.
+
+    Dots become underscores, histograms in seconds gain ``_seconds`` and
+    counters ``_total``; annotation units such as ``{page}`` add nothing. A
+    test scrapes a live engine to keep this in step with the exporter.
+    """
+    base = name.replace(".", "_")
+    if name in SECONDS:
+        base += "_seconds"
+    if name in COUNTERS:
+        base += "_total"
+    return base

@@ -16,6 +16,8 @@ from pathlib import Path
 
 from kvwatch import __version__
 
+GRAFANA_TOKEN_ENV = "GRAFANA_TOKEN"  # read when --token / --grafana-token is not given
+
 
 def _print_json(entries: list[dict]) -> int:
     json.dump(entries, sys.stdout, indent=2)
@@ -112,6 +114,9 @@ def _gate(args: argparse.Namespace) -> int:
         seed=args.seed,
         model=args.model,
         report=not args.no_report,
+        pushgateway=args.pushgateway,
+        grafana_url=args.grafana_url,
+        grafana_token=args.grafana_token or os.environ.get(GRAFANA_TOKEN_ENV),
     )
     try:
         options.validate()
@@ -120,6 +125,39 @@ def _gate(args: argparse.Namespace) -> int:
         return 2
     _, code = run_gate(options)
     return code
+
+
+def _dashboards_build(args: argparse.Namespace) -> int:
+    from kvwatch.dashboards import build
+
+    out = args.out or build.COMMITTED
+    if args.check:
+        stale = build.drift(out)
+        for name in stale:
+            print(
+                f"kvwatch dashboards build: {out / name} differs from its builder", file=sys.stderr
+            )
+        return 1 if stale else 0
+    for path in build.write(out):
+        print(path)
+    return 0
+
+
+def _dashboards_push(args: argparse.Namespace) -> int:
+    from grafana_client.client import GrafanaException
+
+    from kvwatch.dashboards import build, push
+
+    token = args.token or os.environ.get(GRAFANA_TOKEN_ENV)
+    try:
+        api = push.connect(args.grafana_url, token)
+        result = push.push(api, build.models(), args.prometheus_url, args.folder)
+    except (OSError, GrafanaException) as exc:
+        print(f"kvwatch dashboards push: {args.grafana_url}: {exc}", file=sys.stderr)
+        return 1
+    for uid, url in result.dashboards.items():
+        print(f"{uid}\t{url}")
+    return 0
 
 
 def _read_config(path: Path) -> dict:
@@ -199,7 +237,33 @@ def build_parser() -> argparse.ArgumentParser:
     gate.add_argument("--seed", type=int, default=0)
     gate.add_argument("--model", default="kvwatch-tiny-hybrid", help="the model name to ask for")
     gate.add_argument("--no-report", action="store_true", help="skip report.html")
+    gate.add_argument(
+        "--pushgateway", default=None, metavar="URL", help="push the verdict metrics here"
+    )
+    gate.add_argument(
+        "--grafana-url", default=None, metavar="URL", help="annotate findings in this Grafana"
+    )
+    gate.add_argument(
+        "--grafana-token", default=None, metavar="T", help=f"default: ${GRAFANA_TOKEN_ENV}"
+    )
     gate.set_defaults(run=_gate)
+
+    dashboards = sub.add_parser("dashboards", help="the Grafana dashboards: build or push")
+    dash = dashboards.add_subparsers(dest="action", required=True)
+    build = dash.add_parser("build", help="regenerate the dashboard JSON")
+    build.add_argument("--out", type=Path, default=None, help="default: the committed folder")
+    build.add_argument(
+        "--check", action="store_true", help="write nothing; exit 1 if the JSON has drifted"
+    )
+    build.set_defaults(run=_dashboards_build)
+    push = dash.add_parser("push", help="upsert the dashboards (and a datasource) into Grafana")
+    push.add_argument("--grafana-url", required=True, metavar="URL")
+    push.add_argument("--token", default=None, metavar="T", help=f"default: ${GRAFANA_TOKEN_ENV}")
+    push.add_argument(
+        "--prometheus-url", default=None, metavar="URL", help="create or update this datasource"
+    )
+    push.add_argument("--folder", default="kvwatch", metavar="UID", help="the folder's uid")
+    push.set_defaults(run=_dashboards_push)
     return parser
 
 

@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import urlparse
 
 from kvwatch.engine.faults import parse_faults
 from kvwatch.instrumentation import gate as verdicts
@@ -53,6 +54,9 @@ class GateOptions:
     model: str = "kvwatch-tiny-hybrid"
     run_timeout: float = 600.0
     report: bool = True
+    pushgateway: str | None = None  # push the verdict metrics here
+    grafana_url: str | None = None  # annotate the findings here
+    grafana_token: str | None = None
     progress: Callable[[str], None] = field(default=lambda line: print(line, file=sys.stderr))
 
     def validate(self) -> None:
@@ -74,6 +78,9 @@ class GateOptions:
             raise ValueError("--inject needs the embedded engine; it cannot reach a --target")
         if self.locust_workers < 0:
             raise ValueError("--locust-workers must be >= 0")
+        for flag, url in (("--pushgateway", self.pushgateway), ("--grafana-url", self.grafana_url)):
+            if url is not None and not _is_http_url(url):
+                raise ValueError(f"{flag} takes an http(s) URL, not {url!r}")
 
     @property
     def selected(self) -> tuple[catalog.Profile, ...]:
@@ -109,6 +116,7 @@ def run_gate(opts: GateOptions) -> tuple[dict, int]:
                 server.stop()
     summary = verdicts.summarize(results, opts.faults)
     summary["elapsed_s"] = round(time.monotonic() - started, 1)
+    summary["published"] = publish(summary, opts)
     verdicts.write(summary, opts.out, opts.junit)
     if opts.report:
         from kvwatch.loadtests.report import write_report
@@ -117,6 +125,40 @@ def run_gate(opts: GateOptions) -> tuple[dict, int]:
     code = verdicts.exit_code(summary)
     opts.progress(f"verdict: {summary['verdict']} ({summary['elapsed_s']} s) -> {opts.out}")
     return summary, code
+
+
+def publish(summary: dict, opts: GateOptions) -> dict[str, str]:
+    """The verdict as metrics (``OUT/gate.prom``, a Pushgateway) and Grafana annotations.
+
+    A failure here is reported, not fatal: the verdict and the exit code stand.
+    """
+    from kvwatch.instrumentation import gate_metrics
+
+    done = {}
+    try:
+        done["textfile"] = str(gate_metrics.export(summary, opts.out, opts.pushgateway))
+        if opts.pushgateway:
+            done["pushgateway"] = "pushed"
+    except OSError as exc:
+        done["pushgateway"] = f"error: {exc}"
+        opts.progress(f"warning: could not push the verdict to {opts.pushgateway}: {exc}")
+    if opts.grafana_url:
+        from grafana_client.client import GrafanaException
+
+        from kvwatch.dashboards import annotate, push
+
+        try:
+            api = push.connect(opts.grafana_url, opts.grafana_token)
+            done["grafana"] = f"{annotate.post(api, summary)} annotations"
+        except (OSError, GrafanaException) as exc:
+            done["grafana"] = f"error: {exc}"
+            opts.progress(f"warning: could not annotate {opts.grafana_url}: {exc}")
+    return done
+
+
+def _is_http_url(url: str) -> bool:
+    parts = urlparse(url)
+    return parts.scheme in ("http", "https") and bool(parts.netloc)
 
 
 def _start_server(opts: GateOptions, profile: catalog.Profile) -> EngineServer:

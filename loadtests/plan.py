@@ -21,6 +21,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import NamedTuple
 
+from kvwatch.instrumentation import names as n
+
 
 class GaugePreset(NamedTuple):
     name: str
@@ -29,19 +31,21 @@ class GaugePreset(NamedTuple):
     drain: tuple[str, ...] = ()
 
 
+_PAGES = n.prom(n.POOL_PAGES)
+
 PRESETS = {
     "kvwatch": GaugePreset(
         "kvwatch",
         usage=(
-            "kvwatch_tree_interior_snapshots",
-            'kvwatch_pool_pages{family="state",state="pinned_session"}',
-            'kvwatch_pool_pages{state="host"}',
+            n.prom(n.TREE_INTERIOR_SNAPSHOTS),
+            _PAGES + '{family="state",state="pinned_session"}',
+            _PAGES + '{state="host"}',
         ),
-        busy=("kvwatch_requests_live",),
+        busy=(n.prom(n.REQUESTS_LIVE),),
         drain=(
-            'kvwatch_pool_pages{state="pinned_request"}',
-            'kvwatch_pool_pages{state="pinned_session"}',
-            'kvwatch_pool_pages{state="host"}',
+            _PAGES + '{state="pinned_request"}',
+            _PAGES + '{state="pinned_session"}',
+            _PAGES + '{state="host"}',
         ),
     ),
     "vllm": GaugePreset(

@@ -83,6 +83,7 @@ class Recorder:
             "heap": self._heap() if self.plan.probe and self.plan.heap else None,
             "gauges": self._gauges(self.plan.gauges.usage, conversations),
             "candidates": [c for r in reports for c in r.get("replays", ())],
+            "at": time.time(),
         }
         self.record["turns"].append(entry)
         barrier = entry["probes"][-1] if entry["probes"] else {}

@@ -5,13 +5,14 @@ from __future__ import annotations
 import json
 import xml.etree.ElementTree as ET
 
-from kvwatch.instrumentation.detectors import IDS, Evidence, Verdict
+from kvwatch.instrumentation.detectors import IDS, Evidence, HeapSample, RunRecord, Turn, Verdict
 from kvwatch.instrumentation.gate import (
     EXIT_ERROR,
     EXIT_FAIL,
     EXIT_PASS,
     RunResult,
     exit_code,
+    judge,
     junit_xml,
     summarize,
     write,
@@ -32,7 +33,15 @@ def test_a_clean_run_passes_with_exit_0():
     assert summary["verdict"] == "pass" and exit_code(summary) == EXIT_PASS
     assert summary["detectors"]["allocator"] == "pass" and summary["detectors"]["heap"] == "skipped"
     run = summary["runs"][0]
-    assert set(run) == {"profile", "concurrency", "turns", "requests", "errors", "detectors"}
+    assert set(run) == {
+        "profile",
+        "concurrency",
+        "turns",
+        "requests",
+        "errors",
+        "detectors",
+        "timeline",
+    }
     assert run["detectors"]["allocator"] == {
         "verdict": "pass",
         "first_turn": None,
@@ -82,9 +91,6 @@ def test_a_failed_detector_outranks_a_broken_run():
 
 
 def test_judge_runs_the_detectors_over_a_recorded_run():
-    from kvwatch.instrumentation.detectors import RunRecord, Turn
-    from kvwatch.instrumentation.gate import judge
-
     leak = {"kind": "orphan", "group": "linear.state", "pages": [9], "detail": "held by no one"}
     probe = {
         "findings": [leak],
@@ -97,3 +103,19 @@ def test_judge_runs_the_detectors_over_a_recorded_run():
         result.verdicts["allocator"].failed and result.verdicts["equivalence"].verdict == "skipped"
     )
     assert summarize([result])["verdict"] == "fail"
+
+
+def test_judge_keeps_when_each_barrier_was_reached_and_the_heap_per_token():
+    probe = {"findings": [], "groups": {}, "bounds": {}, "root_refs": {"actual": 0, "expected": 0}}
+    turns = (
+        Turn(0, (probe,), 2, 400, HeapSample(8000, ()), at=1700000000.5),
+        Turn(1, (probe,), 2, 0, HeapSample(9000, ()), at=1700000002.0),
+        Turn(2, (probe,), 2, 500, None, at=None),
+    )
+    run = judge("rl-rollout", 1, RunRecord(turns, warmup=0)).as_dict()
+    assert run["timeline"] == [
+        {"turn": 0, "at": 1700000000.5},
+        {"turn": 1, "at": 1700000002.0},
+    ]
+    # a turn with no context tokens or no heap sample has no ratio
+    assert run["heap_bytes_per_context_token"] == [{"turn": 0, "value": 20.0}]

@@ -79,6 +79,7 @@ class Turn(NamedTuple):
     context_tokens: int = 0  # tokens those conversations hold
     heap: HeapSample | None = None
     gauges: dict[str, float] | None = None  # black-box readings at the barrier
+    at: float | None = None  # wall clock (epoch seconds) when the barrier probe was taken
 
     @property
     def barrier(self) -> dict | None:
@@ -107,6 +108,7 @@ class RunRecord(NamedTuple):
                 t.get("context_tokens", 0),
                 _heap(t.get("heap")),
                 t.get("gauges") or None,
+                t.get("at"),
             )
             for t in data.get("turns", ())
         )

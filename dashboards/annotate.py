@@ -1,0 +1,63 @@
+"""The gate's findings as Grafana annotations, placed at the turn they happened.
+
+    run region    [first barrier .............. last barrier]   "agentic-trie c=4: pass"
+    finding                    ^ turn 3 barrier                  "allocator failed at turn 3 ..."
+
+Annotations are organisation-wide and tagged ``kvwatch-gate`` (plus the
+detector, profile and concurrency), so every kvwatch dashboard, whose
+annotation query asks for that tag, shows them over its own panels.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import NamedTuple
+
+from grafana_client import GrafanaApi
+
+from kvwatch.dashboards.panels import GATE_ANNOTATION_TAG
+
+
+class Annotation(NamedTuple):
+    time_ms: int
+    time_end_ms: int | None
+    tags: tuple[str, ...]
+    text: str
+
+
+def _ms(seconds: float) -> int:
+    return round(seconds * 1000)
+
+
+def annotations(summary: Mapping) -> Iterator[Annotation]:
+    """A region per run with its verdicts, and a point per failing detector at its turn."""
+    for run in summary["runs"]:
+        at = {point["turn"]: point["at"] for point in run.get("timeline", ())}
+        if not at:
+            continue
+        name = f"{run['profile']} c={run['concurrency']}"
+        tags = (GATE_ANNOTATION_TAG, run["profile"], f"c={run['concurrency']}")
+        failed = {d: v for d, v in run["detectors"].items() if v["verdict"] == "fail"}
+        verdict = "error" if run.get("error") else ("fail" if failed else "pass")
+        text = f"{name}: {verdict}" + (f" ({', '.join(failed)})" if failed else "")
+        yield Annotation(_ms(min(at.values())), _ms(max(at.values())), (*tags, verdict), text)
+        for detector, v in failed.items():
+            turn = v.get("first_turn")
+            when = at.get(turn, max(at.values()))
+            yield Annotation(
+                _ms(when),
+                None,
+                (*tags, detector, "leak"),
+                f"{detector} failed at turn {turn} ({name}): {v.get('evidence', '')}",
+            )
+
+
+def post(api: GrafanaApi, summary: Mapping) -> int:
+    """Add the annotations; returns how many were added."""
+    count = 0
+    for a in annotations(summary):
+        api.annotations.add_annotation(
+            time_from=a.time_ms, time_to=a.time_end_ms, tags=list(a.tags), text=a.text
+        )
+        count += 1
+    return count

@@ -1,0 +1,106 @@
+""" "kvwatch / Prefix-cache pools": pages per group by owner, State pools, root
+refs, snapshots and session-held pages.
+
+    capacity ──────────────────────────────  (line)
+    host │ pinned_session │ pinned_request │ evictable   (stacked, per group)
+"""
+
+from __future__ import annotations
+
+from grafana_foundation_sdk.builders.dashboard import Dashboard, Row
+
+from kvwatch.dashboards import panels as p
+from kvwatch.instrumentation import names as n
+
+UID = "kvwatch-pools"
+TITLE = "kvwatch / Prefix-cache pools"
+OWNERS = 'state=~"evictable|pinned_request|pinned_session|host"'
+USED = 'state="used"'
+STATE_FAMILY = 'family="state"'
+
+
+def _pages(*matchers: str) -> str:
+    return p.series(n.POOL_PAGES, p.INSTANCE, *matchers)
+
+
+def _capacity(*matchers: str) -> str:
+    return p.series(n.POOL_CAPACITY, p.INSTANCE, *matchers)
+
+
+def build() -> Dashboard:
+    group = 'group=~"$group"'
+    by_owner = p.graph(
+        "Pages by owner: $group",
+        "none",
+        (f"sum by (state) ({_pages(group, OWNERS)})", "{{state}}"),
+        stacked=True,
+    ).repeat("group")
+    against_capacity = p.graph(
+        "Used against capacity: $group",
+        "none",
+        (f"sum({_pages(group, USED)})", "used"),
+        (f"sum({_capacity(group)})", "capacity"),
+    ).repeat("group")
+    usage = p.bars(
+        "Usage by group",
+        "percentunit",
+        f"sum by (group) ({_pages(USED)}) / sum by (group) ({_capacity()})",
+        "{{group}}",
+    )
+    state_pools = p.graph(
+        "State pools by owner",
+        "none",
+        (
+            f"sum by (group, state) ({_pages(STATE_FAMILY, OWNERS)})",
+            "{{group}} {{state}}",
+        ),
+        (f"sum by (group) ({_capacity(STATE_FAMILY)})", "{{group}} capacity"),
+    )
+    root_refs = p.graph(
+        "Root refs against expected",
+        "none",
+        (f"sum({p.series(n.ROOT_REFS, p.INSTANCE)})", "actual"),
+        (f"sum({p.series(n.ROOT_REFS_EXPECTED, p.INSTANCE)})", "expected"),
+    )
+    snapshots = p.graph(
+        "Snapshots per group",
+        "none",
+        (f"sum by (group) ({p.series(n.TREE_SNAPSHOTS, p.INSTANCE)})", "{{group}}"),
+        (
+            f"sum by (group) ({p.series(n.TREE_INTERIOR_SNAPSHOTS, p.INSTANCE)})",
+            "{{group}} on interior nodes",
+        ),
+    )
+    sessions = p.graph(
+        "Session-held pages",
+        "none",
+        (f"sum by (group) ({p.series(n.SESSION_PAGES, p.INSTANCE)})", "{{group}}"),
+        (f"sum({p.series(n.SESSIONS_LIVE, p.INSTANCE)})", "live sessions"),
+    )
+    tree = p.graph(
+        "Tree nodes and retained records",
+        "none",
+        (f"sum({p.series(n.TREE_NODES, p.INSTANCE)})", "tree nodes"),
+        (f"sum({p.series(n.RECORD_BYTES, p.INSTANCE)}) / 1024", "record KiB"),
+    )
+    return (
+        Dashboard(TITLE)
+        .uid(UID)
+        .tags(["kvwatch"])
+        .refresh("10s")
+        .time("now-30m", "now")
+        .with_variable(p.datasource_variable())
+        .with_variable(p.instance_variable())
+        .with_variable(p.label_variable("group", n.POOL_CAPACITY, "group", p.INSTANCE))
+        .annotation(p.gate_annotations())
+        .with_row(Row("Pools by group"))
+        .with_panel(by_owner)
+        .with_panel(against_capacity)
+        .with_panel(usage)
+        .with_panel(state_pools)
+        .with_row(Row("Tree, snapshots and sessions"))
+        .with_panel(root_refs)
+        .with_panel(snapshots)
+        .with_panel(sessions)
+        .with_panel(tree)
+    )
