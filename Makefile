@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test lint bench matrix clean
+.PHONY: run test lint bench matrix clean prometheus
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -18,8 +18,19 @@ $(STAMP): pyproject.toml
 run: $(STAMP)
 	$(VENV)/bin/kvwatch gate --out kvwatch-out --junit kvwatch-out/junit.xml
 
+# Prometheus and its Pushgateway (Debian packages) for the dashboard tests, installed
+# where this runs as root with apt-get; elsewhere those tests skip and say why.
+PROM_PKGS := prometheus prometheus-pushgateway
+prometheus:
+	@if command -v prometheus >/dev/null && command -v prometheus-pushgateway >/dev/null; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		export DEBIAN_FRONTEND=noninteractive; \
+		apt-get install -y -q $(PROM_PKGS) >/dev/null 2>&1 || \
+		{ apt-get update -q >/dev/null && apt-get install -y -q $(PROM_PKGS) >/dev/null; }; \
+	else echo "prometheus: not installed and cannot install here; its tests will skip"; fi
+
 # pytest exits 5 when it collects nothing; that is not a failure of the suite.
-test: $(STAMP)
+test: $(STAMP) prometheus
 	$(PY) -m pytest -q; rc=$$?; if [ $$rc -eq 5 ]; then rc=0; fi; exit $$rc
 
 lint: $(STAMP)

@@ -110,14 +110,24 @@ def _callback(read: Reader, summary: Mapping):
     return callback
 
 
-def export(summary: Mapping, out: Path, pushgateway: str | None = None) -> Path:
-    """Write ``OUT/gate.prom`` and push to ``pushgateway`` when given; returns the file."""
+def export(summary: Mapping, out: Path, pushgateway: str | None = None) -> dict[str, str]:
+    """Write ``OUT/gate.prom``, and push to ``pushgateway`` when given.
+
+    Returns what happened to each (``textfile``: the path; ``pushgateway``:
+    ``pushed`` or ``error: ...``). An unreachable gateway is reported here,
+    not raised: the verdict stands whether or not it could be published.
+    """
     metrics = GateMetrics(summary)
     try:
         path = out / TEXTFILE
         metrics.write(path)
+        done = {"textfile": str(path)}
         if pushgateway:
-            metrics.push(pushgateway)
-        return path
+            try:
+                metrics.push(pushgateway)
+                done["pushgateway"] = "pushed"
+            except OSError as exc:
+                done["pushgateway"] = f"error: {exc}"
+        return done
     finally:
         metrics.close()

@@ -134,14 +134,9 @@ def publish(summary: dict, opts: GateOptions) -> dict[str, str]:
     """
     from kvwatch.instrumentation import gate_metrics
 
-    done = {}
-    try:
-        done["textfile"] = str(gate_metrics.export(summary, opts.out, opts.pushgateway))
-        if opts.pushgateway:
-            done["pushgateway"] = "pushed"
-    except OSError as exc:
-        done["pushgateway"] = f"error: {exc}"
-        opts.progress(f"warning: could not push the verdict to {opts.pushgateway}: {exc}")
+    done = gate_metrics.export(summary, opts.out, opts.pushgateway)
+    if done.get("pushgateway", "").startswith("error"):
+        opts.progress(f"warning: could not push the verdict: {done['pushgateway']}")
     if opts.grafana_url:
         from grafana_client.client import GrafanaException
 

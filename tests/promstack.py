@@ -1,0 +1,139 @@
+"""A real Prometheus and Pushgateway (Debian packages) on loopback, for tests.
+
+``prometheus_stack(targets)`` writes a temporary config that scrapes each
+target every second, plus the Pushgateway with ``honor_labels`` (so the
+gate's ``job`` label survives), starts both binaries on free ports with a
+temporary data directory, and waits until Prometheus is ready.
+
+Where the binaries are missing the tests skip with the reason, unless
+``KVWATCH_REQUIRE_PROMETHEUS=1`` (CI sets it): then they fail.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import NamedTuple
+
+import httpx
+import pytest
+
+from kvwatch.loadtests.servers import free_port
+
+REQUIRE_ENV = "KVWATCH_REQUIRE_PROMETHEUS"
+SCRAPE_INTERVAL_S = 1
+
+
+class PromStack(NamedTuple):
+    prometheus: str  # base URL
+    pushgateway: str
+
+
+def binaries() -> tuple[str, str]:
+    found = [shutil.which(b) for b in ("prometheus", "prometheus-pushgateway")]
+    if all(found):
+        return found[0], found[1]
+    reason = (
+        "prometheus and prometheus-pushgateway are not installed "
+        "(Debian packages; `make test` installs them where it runs as root with apt-get)"
+    )
+    if os.environ.get(REQUIRE_ENV) == "1":
+        pytest.fail(f"{REQUIRE_ENV}=1 but {reason}")
+    pytest.skip(reason)
+
+
+def _config(targets: list[str], pushgateway: str) -> str:
+    lines = [
+        "global:",
+        f"  scrape_interval: {SCRAPE_INTERVAL_S}s",
+        f"  evaluation_interval: {SCRAPE_INTERVAL_S}s",
+        "scrape_configs:",
+        "  - job_name: kvwatch",
+        "    static_configs:",
+        f"      - targets: [{', '.join(repr(t) for t in targets)}]",
+        "  - job_name: pushgateway",
+        "    honor_labels: true",
+        "    static_configs:",
+        f"      - targets: ['{pushgateway}']",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _wait(url: str, proc: subprocess.Popen, log: Path, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{proc.args[0]} exited: {log.read_text()[-2000:]}")
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(url, timeout=2).status_code == 200:
+                return
+        time.sleep(0.1)
+    raise RuntimeError(f"{url} was not ready in {timeout:.0f} s")
+
+
+@contextlib.contextmanager
+def prometheus_stack(targets: list[str], workdir: Path) -> Iterator[PromStack]:
+    """Prometheus scraping ``targets`` (host:port) and a Pushgateway, for the block."""
+    prometheus, gateway = binaries()
+    prom_port, gateway_port = free_port(), free_port()
+    gateway_addr = f"127.0.0.1:{gateway_port}"
+    config = workdir / "prometheus.yml"
+    config.write_text(_config(targets, gateway_addr))
+    procs = []
+    try:
+        gateway_log = workdir / "pushgateway.log"
+        procs.append(
+            subprocess.Popen(
+                [gateway, f"--web.listen-address={gateway_addr}"],
+                stdout=gateway_log.open("w"),
+                stderr=subprocess.STDOUT,
+            )
+        )
+        prom_log = workdir / "prometheus.log"
+        procs.append(
+            subprocess.Popen(
+                [
+                    prometheus,
+                    f"--config.file={config}",
+                    f"--storage.tsdb.path={workdir / 'data'}",
+                    f"--web.listen-address=127.0.0.1:{prom_port}",
+                ],
+                stdout=prom_log.open("w"),
+                stderr=subprocess.STDOUT,
+            )
+        )
+        _wait(f"http://{gateway_addr}/-/ready", procs[0], gateway_log)
+        _wait(f"http://127.0.0.1:{prom_port}/-/ready", procs[1], prom_log)
+        yield PromStack(f"http://127.0.0.1:{prom_port}", f"http://{gateway_addr}")
+    finally:
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+def api(stack: PromStack, path: str, **params) -> object:
+    """``GET /api/v1/<path>``; the ``data`` of a successful answer."""
+    r = httpx.get(f"{stack.prometheus}/api/v1/{path}", params=params, timeout=30)
+    body = r.json()
+    if r.status_code != 200 or body.get("status") != "success":
+        raise AssertionError(f"{path} {params}: {r.status_code} {body}")
+    return body["data"]
+
+
+def finite_values(data: dict) -> list[float]:
+    """Every finite value in a query answer (matrix or vector)."""
+    out = []
+    for series in data["result"]:
+        points = series.get("values") or [series["value"]]
+        out += [float(v) for _, v in points if math.isfinite(float(v))]
+    return out
