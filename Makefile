@@ -37,9 +37,13 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
+# Full sizes (a smoke of each runs in `make test`); writes benchmarks.json and BENCHMARKS.md.
+BENCH_ENV := KVWATCH_BENCH_PAGES=10000,100000,1000000 KVWATCH_BENCH_TREE_PAGES=100000 \
+	KVWATCH_BENCH_AGENTS=8 KVWATCH_BENCH_ROUNDS=6 KVWATCH_BENCH_REPEATS=3 \
+	KVWATCH_BENCH_GATE_PROFILES=all KVWATCH_BENCH_GATE_C=1,2,4,8
 bench: $(STAMP)
-	KVWATCH_BENCH_PAGES=10000,100000,1000000 $(PY) -m pytest -q -m bench --benchmark-enable \
-		--benchmark-json=benchmarks.json tests
+	$(BENCH_ENV) $(PY) -m pytest -q -m bench --benchmark-enable --benchmark-json=benchmarks.json tests
+	$(PY) tests/benchmarks_md.py benchmarks.json > BENCHMARKS.md
 
 # Regenerate docs/mutation-matrix.md (every fault x c = 1, 2, 4, 8, and clean runs).
 matrix: $(STAMP)

@@ -1,0 +1,56 @@
+"""Benchmark: how close the prefix cache comes to computing each unique token once.
+
+The agentic-trie trace (benchtrace.py) runs round by round through an engine
+whose pools hold the whole workload. Every prefill chunk the engine computes
+is counted (``PrefillChunk`` events); the ratio to the trace's unique prompt
+tokens is 1.0 for an ideal cache. Page alignment (the partial last page is
+recomputed) and state snapshots only at page boundaries put it above 1.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from benchtrace import agentic_trace
+from conversations import small_cache
+
+from kvwatch.engine import Engine, EngineConfig, SamplingParams, SchedulerConfig
+from kvwatch.engine.events import PrefillChunk
+
+AGENTS = int(os.environ.get("KVWATCH_BENCH_AGENTS", "3"))
+ROUNDS = int(os.environ.get("KVWATCH_BENCH_ROUNDS", "3"))
+PARAMS = SamplingParams(max_tokens=1)  # the reply comes from the trace, not the model
+
+
+def computed_tokens(trace) -> int:
+    engine = Engine(
+        EngineConfig(
+            cache=small_cache(full=8192, swa=2048, state=1024, host=0),
+            scheduler=SchedulerConfig(max_running=16, chunk_size=256, max_batch_tokens=512),
+        )
+    )
+    computed = []
+    engine.events.subscribe(PrefillChunk, lambda e: computed.append(e.tokens))
+    for prompts in trace.rounds:
+        ids = [engine.add_request(list(p), PARAMS) for p in prompts]
+        while engine.has_unfinished():
+            engine.step()
+        for rid in ids:
+            assert engine.take(rid).error is None
+    assert not engine.probe().findings
+    return sum(computed)
+
+
+@pytest.mark.bench
+def test_prefill_computed_against_unique_tokens(benchmark):
+    trace = agentic_trace(AGENTS, ROUNDS)
+    computed = benchmark.pedantic(computed_tokens, args=(trace,), rounds=1)
+    unique, total = trace.unique_tokens(), trace.total_tokens()
+    benchmark.extra_info.update(
+        prompt_tokens=total,
+        unique_tokens=unique,
+        computed_tokens=computed,
+        ratio=round(computed / unique, 3),
+    )
+    assert unique <= computed <= total
