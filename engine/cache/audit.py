@@ -280,10 +280,7 @@ def _audit_pool(
             )
         )
     if pages.size:
-        kinds = np.fromiter(
-            (int(o.kind) for o, _ in claims.who), dtype=np.int8, count=len(claims.who)
-        )
-        ids = np.fromiter((o.id for o, _ in claims.who), dtype=np.int64, count=len(claims.who))
+        kinds, ids = owners  # by claimant index, built once for every pool
         wrong = (held[pages] == 1) & (
             (snap.owner_kind[pages] != kinds[who]) | (snap.owner_id[pages] != ids[who])
         )
