@@ -89,15 +89,13 @@ def build() -> Dashboard:
         ),
     ).span(8)
     return (
-        Dashboard(TITLE)
-        .uid(UID)
-        .tags(["kvwatch"])
-        .refresh("30s")
-        .time("now-6h", "now")
-        .with_variable(p.datasource_variable())
-        .with_variable(p.instance_variable())
-        .with_variable(p.label_variable("profile", n.GATE_RUN_REQUESTS, "profile"))
-        .annotation(p.gate_annotations())
+        p.dashboard(
+            TITLE,
+            UID,
+            refresh="30s",
+            since="now-6h",
+            variables=[p.label_variable("profile", n.GATE_RUN_REQUESTS, "profile")],
+        )
         .with_row(Row("Verdicts"))
         .with_panel(verdict)
         .with_panel(failing)

@@ -14,6 +14,7 @@ from grafana_foundation_sdk.builders.common import StackingConfig, VizLegendOpti
 from grafana_foundation_sdk.builders.dashboard import (
     AnnotationQuery,
     AnnotationTarget,
+    Dashboard,
     DatasourceVariable,
     QueryVariable,
 )
@@ -156,3 +157,14 @@ def gate_annotations() -> AnnotationQuery:
         .icon_color("red")
         .target(AnnotationTarget().type("tags").tags([GATE_ANNOTATION_TAG]).limit(200))
     )
+
+
+def dashboard(
+    title: str, uid: str, *, refresh: str = "10s", since: str = "now-30m", variables=()
+) -> Dashboard:
+    """A kvwatch dashboard: tagged, ``$datasource`` and ``$instance`` first (later
+    variables may filter on them), then ``variables``, and the gate's annotations."""
+    out = Dashboard(title).uid(uid).tags(["kvwatch"]).refresh(refresh).time(since, "now")
+    for variable in (datasource_variable(), instance_variable(), *variables):
+        out = out.with_variable(variable)
+    return out.annotation(gate_annotations())

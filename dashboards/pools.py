@@ -84,15 +84,11 @@ def build() -> Dashboard:
         (f"sum({p.series(n.RECORD_BYTES, p.INSTANCE)}) / 1024", "record KiB"),
     )
     return (
-        Dashboard(TITLE)
-        .uid(UID)
-        .tags(["kvwatch"])
-        .refresh("10s")
-        .time("now-30m", "now")
-        .with_variable(p.datasource_variable())
-        .with_variable(p.instance_variable())
-        .with_variable(p.label_variable("group", n.POOL_CAPACITY, "group", p.INSTANCE))
-        .annotation(p.gate_annotations())
+        p.dashboard(
+            TITLE,
+            UID,
+            variables=[p.label_variable("group", n.POOL_CAPACITY, "group", p.INSTANCE)],
+        )
         .with_row(Row("Pools by group"))
         .with_panel(by_owner)
         .with_panel(against_capacity)

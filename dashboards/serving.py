@@ -65,14 +65,7 @@ def build() -> Dashboard:
         (_sum_rate(n.EVICTIONS, n.KIND), "{{kind}}"),
     ).span(8)
     return (
-        Dashboard(TITLE)
-        .uid(UID)
-        .tags(["kvwatch"])
-        .refresh("10s")
-        .time("now-30m", "now")
-        .with_variable(p.datasource_variable())
-        .with_variable(p.instance_variable())
-        .annotation(p.gate_annotations())
+        p.dashboard(TITLE, UID)
         .with_row(Row("Latency"))
         .with_panel(_latency("Time to first token", n.TTFT))
         .with_panel(_latency("Time per output token", n.TPOT))
