@@ -11,6 +11,12 @@ The barrier, the probes and the replays happen inside the Locust run (see
 ``recorder.py``); this module only starts processes, follows their progress
 and judges what they recorded. With ``--target`` the engine is someone
 else's: nothing is injected or probed, and only black-box detectors run.
+
+A run is judged only when it ran against a live engine: if the embedded
+server exits during a run, or every request of a run failed, the run is an
+error (exit 3) and its partial record is not judged, so an engine that dies
+can never pass. Every path is built under ``--out`` from checked names
+(``outputs.py``).
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from urllib.parse import urlparse
 from kvwatch.engine.faults import parse_faults
 from kvwatch.instrumentation import gate as verdicts
 from kvwatch.instrumentation.detectors import IDS, MIN_JUDGED_TURNS, RunRecord
+from kvwatch.loadtests import outputs
 from kvwatch.loadtests import profiles as catalog
 from kvwatch.loadtests.plan import RunPlan, preset
 from kvwatch.loadtests.servers import EngineServer, ServerError, locust_commands, stop
@@ -81,6 +88,9 @@ class GateOptions:
         for flag, url in (("--pushgateway", self.pushgateway), ("--grafana-url", self.grafana_url)):
             if url is not None and not _is_http_url(url):
                 raise ValueError(f"{flag} takes an http(s) URL, not {url!r}")
+        outputs.out_dir(self.out)
+        if self.junit is not None:
+            outputs.report_file("--junit", self.junit, self.out)
 
     @property
     def selected(self) -> tuple[catalog.Profile, ...]:
@@ -93,7 +103,7 @@ class GateOptions:
 def run_gate(opts: GateOptions) -> tuple[dict, int]:
     """Run everything; returns the summary and the exit code (0, 1 or 3)."""
     opts.validate()
-    opts.out.mkdir(parents=True, exist_ok=True)
+    outputs.mark(opts.out)
     results, started = [], time.monotonic()
     plan_list = [(p, c) for p in opts.selected for c in opts.concurrency]
     done = 0
@@ -157,16 +167,18 @@ def _is_http_url(url: str) -> bool:
 
 
 def _start_server(opts: GateOptions, profile: catalog.Profile) -> EngineServer:
-    where = opts.out / "servers" / profile.name
+    where = outputs.child(opts.out, "servers", profile.name)
     where.mkdir(parents=True, exist_ok=True)
     config = where / "engine.json"
     config.write_text(json.dumps(profile.engine_config(), indent=2))
-    spans = opts.out / "spans" / profile.name
+    spans = outputs.child(opts.out, "spans", profile.name)
     return EngineServer(config, opts.faults, where / "server.log", spans)
 
 
 def _run_one(opts: GateOptions, profile: catalog.Profile, c: int, server) -> verdicts.RunResult:
-    where = opts.out / "runs" / f"{profile.name}-c{c}"
+    if server is not None and (gone := server.exited()):
+        return _broken(profile.name, c, opts.turns, f"not run: {gone}")
+    where = outputs.child(opts.out, "runs", f"{profile.name}-c{c}")
     where.mkdir(parents=True, exist_ok=True)
     record = where / "record.json"
     for stale in (record, Path(f"{record}.progress")):
@@ -190,14 +202,16 @@ def _run_one(opts: GateOptions, profile: catalog.Profile, c: int, server) -> ver
     )
     (where / "plan.json").write_text(plan.to_json())
     error = _locust(opts, profile, c, target, where, record)
+    if server is not None and (gone := server.exited()):
+        return _broken(profile.name, c, opts.turns, gone)  # a partial record is not judged
     if error is None and not record.exists():
         error = "the load run ended without a record (see locust.log)"
     if error is not None:
         return _broken(profile.name, c, opts.turns, error)
     run = RunRecord.from_json(json.loads(record.read_text()))
     requests, errors = _locust_counts(where / "locust_stats.csv")
-    if requests == 0 and run.error is None:
-        run = run._replace(error="no request reached the server")
+    if run.error is None and (dead := no_service(requests, errors)):
+        run = run._replace(error=dead)
     detectors = IDS if server is not None else BLACK_BOX_DETECTORS
     return verdicts.judge(
         profile.name, c, run, requests=requests, errors=errors, detectors=detectors
@@ -245,6 +259,15 @@ def _follow(opts: GateOptions, progress: Path, seen: int) -> int:
                 f"{p['findings']} probe findings ({p['elapsed']} s)"
             )
     return len(lines)
+
+
+def no_service(requests: int, errors: int) -> str | None:
+    """Why a run's load says the engine never served it, or None."""
+    if requests == 0:
+        return "no request reached the server"
+    if errors >= requests:
+        return f"every one of the {requests} requests failed (see locust.log)"
+    return None
 
 
 def _locust_counts(stats: Path) -> tuple[int, int]:

@@ -11,7 +11,10 @@ local runner) and talks to the server over HTTP only::
 
 The record is JSON in the shape of ``kvwatch.instrumentation.detectors``'
 ``RunRecord``; the gate loads it and runs the detectors. Without the probe
-(black-box), only gauges are recorded.
+(black-box), only gauges are recorded, and every barrier first checks that the
+target still answers: its gauges may come from elsewhere (an exporter, a
+Prometheus) and stay flat after the engine is gone. An engine that stops
+answering ends the record with an error, never with a clean run.
 """
 
 from __future__ import annotations
@@ -56,6 +59,9 @@ class Recorder:
                 self._finish(reports)
             else:
                 self._barrier(turn, reports)
+        except requests.ConnectionError as exc:
+            gone = f"turn {turn}: the engine at {self.plan.target} stopped answering: {exc!r}"
+            self.record["error"] = self.record["error"] or gone
         except Exception as exc:  # the run goes on; the gate reports it broke
             self.record["error"] = self.record["error"] or f"turn {turn}: {exc!r}"
         if turn == END:
@@ -71,6 +77,7 @@ class Recorder:
         self.record["gauges_baseline"] = self._gauges(self.plan.gauges.drain)
 
     def _barrier(self, turn: int, reports: list[dict]) -> None:
+        self._answering()
         self._drain()
         if self.plan.probe and self.plan.flush_every_turn:
             self._post("/debug/flush_cache")
@@ -95,6 +102,7 @@ class Recorder:
         )
 
     def _finish(self, reports: list[dict]) -> None:
+        self._answering()
         self._drain()
         if self.plan.probe:
             self._post("/debug/flush_cache")
@@ -126,6 +134,12 @@ class Recorder:
 
     def _probe(self) -> dict:
         return self._get("/debug/probe")
+
+    def _answering(self) -> None:
+        """Black-box: the target still takes connections (any HTTP answer will do);
+        requests.ConnectionError if it does not. The probe checks this itself."""
+        if not self.plan.probe:
+            self.http.get(self._url("/v1/models"), timeout=TIMEOUT)
 
     def _drain(self) -> None:
         """Wait until the engine runs nothing (clients have left; aborts may still land)."""

@@ -60,6 +60,16 @@ class EngineServer:
             self.stop()
             raise ServerError(f"{exc}: {self.log.read_text()[-1500:]}") from None
 
+    def exited(self) -> str | None:
+        """None while the server runs; once it has exited, why (its code and last log lines)."""
+        code = self.proc.poll()
+        if code is None:
+            return None
+        how = f"killed by signal {-code}" if code < 0 else f"exited with {code}"
+        tail = self.log.read_text(errors="replace").strip().splitlines()[-3:]
+        last = f"; {self.log} ends: {' | '.join(tail)}" if tail else ""
+        return f"kvwatch serve {how} during the run{last}"
+
     def stop(self) -> None:
         stop(self.proc)
         self._log.close()
