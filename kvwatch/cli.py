@@ -96,21 +96,74 @@ def _concurrency(text: str) -> tuple[int, ...]:
     return values
 
 
+def _duration(text: str) -> float:
+    from kvwatch.loadtests.soak import parse_duration
+
+    try:
+        return parse_duration(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+# gate flags a soak has no use for, by the argparse dest that holds them
+NOT_FOR_SOAK = {
+    "turns": "--turns",
+    "target": "--target",
+    "metrics_url": "--metrics-url",
+    "gauges": "--gauges",
+    "gauge": "--gauge",
+    "locust_workers": "--locust-workers",
+    "pushgateway": "--pushgateway",
+    "grafana_url": "--grafana-url",
+}
+
+
+def _soak(args: argparse.Namespace) -> int:
+    from kvwatch.loadtests.soak import SOAK_PROFILES, SoakOptions, run_soak
+
+    given = [flag for dest, flag in NOT_FOR_SOAK.items() if getattr(args, dest) not in (None, [])]
+    if given:
+        print(f"kvwatch gate: --soak does not take {', '.join(given)}", file=sys.stderr)
+        return 2
+    if args.c is not None and len(args.c) != 1:
+        print("kvwatch gate: --soak runs at one concurrency, e.g. -c 4", file=sys.stderr)
+        return 2
+    options = SoakOptions(
+        duration=args.soak,
+        profiles=tuple(args.profile) or SOAK_PROFILES,
+        concurrency=args.c[0] if args.c else 4,
+        faults=tuple(args.inject),
+        out=args.out,
+        junit=args.junit,
+        seed=args.seed,
+        model=args.model,
+    )
+    try:
+        options.validate()
+    except ValueError as exc:
+        print(f"kvwatch gate: {exc}", file=sys.stderr)
+        return 2
+    _, code = run_soak(options)
+    return code
+
+
 def _gate(args: argparse.Namespace) -> int:
     from kvwatch.loadtests.gate import GateOptions, run_gate
 
+    if args.soak is not None:
+        return _soak(args)
     options = GateOptions(
         profiles=tuple(args.profile),
-        concurrency=args.c,
-        turns=args.turns,
+        concurrency=args.c or (1, 2, 4, 8),
+        turns=6 if args.turns is None else args.turns,
         faults=tuple(args.inject),
         out=args.out,
         junit=args.junit,
         target=args.target,
         metrics_url=args.metrics_url,
-        gauges=args.gauges,
+        gauges=args.gauges or "kvwatch",
         extra_gauges=tuple(args.gauge),
-        locust_workers=args.locust_workers,
+        locust_workers=args.locust_workers or 0,
         seed=args.seed,
         model=args.model,
         report=not args.no_report,
@@ -203,6 +256,19 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--probe-token", default=None, help="require this bearer token on /debug/*")
     serve.add_argument("--capture-content", action="store_true", help="record prompt text on spans")
     serve.add_argument("--max-body-bytes", type=int, default=4 * 1024 * 1024)
+    serve.add_argument(
+        "--max-header-bytes",
+        type=int,
+        default=16 * 1024,
+        help="all request headers together; more gets a 431 (default: 16384)",
+    )
+    serve.add_argument(
+        "--session-idle-timeout",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="close sessions no request has used for this long (default: never)",
+    )
     serve.add_argument("--run-dir", type=Path, default=None, help="write spans.jsonl here")
     serve.add_argument("--log-level", default="warning")
     serve.set_defaults(run=_serve)
@@ -218,14 +284,25 @@ def build_parser() -> argparse.ArgumentParser:
         "2 usage or config error, 3 the run itself broke.",
     )
     gate.add_argument("--profile", action="append", default=[], metavar="NAME", help="default: all")
-    gate.add_argument("-c", type=_concurrency, default=(1, 2, 4, 8), metavar="1,2,4,8")
-    gate.add_argument("--turns", type=int, default=6)
+    gate.add_argument(
+        "-c", type=_concurrency, default=None, metavar="1,2,4,8", help="default: 1,2,4,8; soak: 4"
+    )
+    gate.add_argument("--turns", type=int, default=None, help="default: 6")
+    gate.add_argument(
+        "--soak",
+        type=_duration,
+        default=None,
+        metavar="DURATION",
+        help="instead of turns: agentic load for DURATION (600, 90s, 10m), probed while it runs",
+    )
     gate.add_argument("--inject", action="append", default=[], metavar="FAULT")
     gate.add_argument("--out", type=Path, default=Path("kvwatch-out"))
     gate.add_argument("--junit", type=Path, default=None, metavar="FILE")
     gate.add_argument("--target", default=None, metavar="URL", help="an external engine")
     gate.add_argument("--metrics-url", default=None, metavar="URL", help="its /metrics page")
-    gate.add_argument("--gauges", default="kvwatch", help="gauge preset: kvwatch, vllm or sglang")
+    gate.add_argument(
+        "--gauges", default=None, help="gauge preset: kvwatch (default), vllm or sglang"
+    )
     gate.add_argument(
         "--gauge",
         action="append",
@@ -233,7 +310,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SERIES",
         help='another usage series to trend, e.g. my_pool_used{pool="state"}',
     )
-    gate.add_argument("--locust-workers", type=int, default=0, metavar="N")
+    gate.add_argument("--locust-workers", type=int, default=None, metavar="N", help="default: 0")
     gate.add_argument("--seed", type=int, default=0)
     gate.add_argument("--model", default="kvwatch-tiny-hybrid", help="the model name to ask for")
     gate.add_argument("--no-report", action="store_true", help="skip report.html")

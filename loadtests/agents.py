@@ -10,7 +10,12 @@
 
 At each barrier a user reports its live conversations, the context tokens
 they hold, and one greedy request (prompt and output token ids) the recorder
-may replay on a cold cache. Every text is drawn from seeded RNGs: the shared
+may replay on a cold cache.
+
+Under a soak plan (``kvwatch gate --soak``) the same users run free: one turn
+per Locust task, so Locust's graceful stop lands between turns, and every
+``turns`` turns the episode ends (``finish``, then a fresh ``setup``) so
+contexts stay bounded and sessions open and close all along the run. Every text is drawn from seeded RNGs: the shared
 system prompt and tool schema from the run's seed, the rest from the seed and
 the user's index, so a run is the same run again.
 """
@@ -25,6 +30,8 @@ from locust import constant, task
 
 from kvwatch.loadtests.barrier import END, START
 from kvwatch.loadtests.users import StreamingChatUser, sentence
+
+CLOSE_TRIES = 50  # x 0.1 s: a cut turn of a session may still be aborting
 
 
 class TurnUser(StreamingChatUser):
@@ -48,10 +55,14 @@ class TurnUser(StreamingChatUser):
         self.schema = {"role": "tool", "content": sentence(shared, 16, 18)}
         self.candidates: list[list] = []
         self.finished = False
+        self.episode_turn = 0
         self.setup()
 
     @task
     def run_turns(self) -> None:
+        if self.plan.soak:
+            self._soak_turn()
+            return
         barrier = self.environment.kvwatch_barrier
         barrier.wait(START, {})
         for t in range(self.plan.turns):
@@ -60,6 +71,14 @@ class TurnUser(StreamingChatUser):
         self._safely(self._finish)
         barrier.wait(END, {})
         gevent.sleep(3600)  # the coordinator quits the run
+
+    def _soak_turn(self) -> None:
+        if self.episode_turn == self.plan.turns:  # the episode is over: start afresh
+            self._finish()
+            self.finished, self.episode_turn, self.candidates = False, 0, []
+            self._safely(self.setup)
+        self._safely(self.turn, self.episode_turn)
+        self.episode_turn += 1
 
     def on_stop(self) -> None:
         self._finish()
@@ -193,7 +212,20 @@ class SessionUser(TurnUser):
 
     def finish(self) -> None:
         for sid in self.sessions:
-            self.client.delete(f"/v1/sessions/{sid}", name="/v1/sessions/[id]")
+            self._close(sid)
+
+    def _close(self, sid: str) -> None:
+        """Close a session; while a turn of it that the client cut is still being
+        aborted the server answers 409 session_busy, so ask again."""
+        for attempt in range(CLOSE_TRIES):
+            with self.client.delete(
+                f"/v1/sessions/{sid}", name="/v1/sessions/[id]", catch_response=True
+            ) as resp:
+                busy = resp.status_code == 409 and "session_busy" in resp.text
+                if not busy or attempt == CLOSE_TRIES - 1:
+                    return  # Locust judges the answer (a 2xx passes)
+                resp.success()  # not an error yet: try again
+            gevent.sleep(0.1)
 
     def conversations(self) -> int:
         return len(self.sessions)

@@ -8,6 +8,8 @@ The profiles' turn-based users run under ``kvwatch gate``, which writes a run
 plan and starts ``locust -f ... --kvwatch-plan FILE <UserClass>``. With a
 plan, this file wires the turn barrier on every runner, and the recorder
 (the barrier action) on the coordinator: the master, or the local runner.
+A soak plan (``kvwatch gate --soak``) wires no barrier: the users run free,
+and the HTTP answers are counted by status class (``statuses.py``).
 """
 
 from __future__ import annotations
@@ -74,6 +76,11 @@ def _wire(environment, **kwargs) -> None:
 
     plan = RunPlan.load(options.kvwatch_plan)
     environment.kvwatch_plan = plan
+    if plan.soak:
+        from kvwatch.loadtests.statuses import StatusCounts
+
+        StatusCounts(plan.record).listen(environment.events)
+        return
     record = None if isinstance(environment.runner, WorkerRunner) else Recorder(plan)
 
     def action(turn: int, reports: list[dict]) -> None:

@@ -4,6 +4,10 @@ The gate writes a ``RunPlan`` as JSON and starts Locust with
 ``--kvwatch-plan FILE``; the master (or the local runner) and every worker
 read the same file, so a distributed run needs nothing else passed around.
 
+With ``soak`` set (``kvwatch gate --soak``) there is no barrier and no
+recorder: users run episodes of ``turns`` turns back to back until Locust's
+run time is up, and ``record`` receives the HTTP status counts instead.
+
 ``GaugePreset`` names the Prometheus series a black-box run reads:
 
 * ``usage``: trended at turn barriers, per live conversation (gauge-trend);
@@ -90,6 +94,7 @@ class RunPlan:
     turn_timeout: float = 180.0  # no barrier completes for this long: the run broke
     metrics_settle: float = 0.1  # seconds to wait before a scrape, past the gauges' caching
     model: str = "kvwatch-tiny-hybrid"
+    soak: bool = False  # free-running episodes, no barrier (see above)
     gauges: GaugePreset = field(default_factory=lambda: PRESETS["kvwatch"])
 
     def to_json(self) -> str:

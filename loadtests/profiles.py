@@ -132,3 +132,11 @@ def get(name: str) -> Profile:
     if name not in PROFILES:
         raise ValueError(f"unknown profile {name!r}; profiles are {', '.join(PROFILES)}")
     return PROFILES[name]
+
+
+def engine_for(names: tuple[str, ...]) -> dict:
+    """One engine config for profiles run side by side: each one's overrides in turn."""
+    config = dict(BASE_ENGINE)
+    for name in names:
+        config = _merge(config, get(name).engine)
+    return config

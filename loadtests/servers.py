@@ -107,9 +107,22 @@ def stop(proc: subprocess.Popen, grace: float = 10.0) -> None:
 
 
 def locust_commands(
-    user: str, concurrency: int, host: str, plan: Path, out: Path, workers: int, timeout: float
+    user: str | tuple[str, ...],
+    concurrency: int,
+    host: str,
+    plan: Path,
+    out: Path,
+    workers: int,
+    timeout: float,
+    *,
+    stop_timeout: float = 0.0,
 ) -> list[list[str]]:
-    """The Locust command lines of one run: the runner (or master) first, then workers."""
+    """The Locust command lines of one run: the runner (or master) first, then workers.
+
+    ``timeout`` is Locust's run time; ``stop_timeout`` lets each user finish the
+    task it is in (and its ``on_stop``) when that time is up.
+    """
+    users = (user,) if isinstance(user, str) else tuple(user)
     base = [sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--kvwatch-plan", str(plan)]
     main = [
         *base,
@@ -117,19 +130,20 @@ def locust_commands(
         *("--csv", str(out / "locust"), "--html", str(out / "locust.html")),
         *("--exit-code-on-error", "0", "--only-summary", "--loglevel", "WARNING"),
         *("-t", f"{int(timeout)}s"),
+        *(("--stop-timeout", f"{int(stop_timeout)}s") if stop_timeout else ()),
     ]
     if not workers:
-        return [[*main, user]]
+        return [[*main, *users]]
     port = free_port()
     master = [
         *main,
         *("--master", "--expect-workers", str(workers)),
         *("--master-bind-host", "127.0.0.1", "--master-bind-port", str(port)),
-        user,
+        *users,
     ]
     worker = [
         *base,
         *("--worker", "--master-host", "127.0.0.1", "--master-port", str(port)),
-        *("--loglevel", "WARNING", user),
+        *("--loglevel", "WARNING", *users),
     ]
     return [master, *[worker] * workers]

@@ -1,0 +1,136 @@
+"""``kvwatch gate --soak``: continuous agentic load, probed while requests are in
+flight, judged on 5xx, findings, bounded usage and drain-to-baseline.
+
+A short clean soak must pass; the same soak with a leaking fault must fail.
+The usage check is shown on the clean soak's own series: it passes as
+recorded and fails once a steady leak is added to it.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from kvwatch.cli import main
+from kvwatch.loadtests import soak_judge as judge
+from kvwatch.loadtests.soak import parse_duration
+
+CLEAN_SOAK_S = 15
+
+
+def soak(out: Path, *args: str) -> tuple[int, dict, str]:
+    cmd = [sys.executable, "-m", "kvwatch", "gate", "--out", str(out), *args]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    path = out / "summary.json"
+    return (
+        proc.returncode,
+        json.loads(path.read_text()) if path.exists() else {},
+        proc.stdout + proc.stderr,
+    )
+
+
+@pytest.fixture(scope="module")
+def clean(tmp_path_factory) -> tuple[Path, int, dict, str]:
+    out = tmp_path_factory.mktemp("soak")
+    junit = out / "junit.xml"
+    return (out, *soak(out, "--soak", f"{CLEAN_SOAK_S}s", "--junit", str(junit)))
+
+
+def test_a_clean_soak_passes_with_requests_probes_and_no_5xx(clean):
+    out, code, summary, log = clean
+    assert code == 0, log[-3000:]
+    assert summary["verdict"] == "pass" and summary["faults"] == []
+    assert summary["runs"] == [] and summary["detectors"] == {}  # the gate's keys stay
+    s = summary["soak"]
+    assert s["requests"] > 50 and s["errors"] == 0 and s["http_5xx"] == 0
+    assert s["probes"] >= 10 and s["busy_probes"] >= 5, "the probe ran mid-flight"
+    assert s["findings"] == 0 and s["probe_errors"] == 0 and s["error"] is None
+    assert {name: c["verdict"] for name, c in s["checks"].items()} == dict.fromkeys(
+        judge.CHECKS, "pass"
+    )
+    for group, u in s["usage"].items():
+        assert u["drained_used"] == u["baseline_used"], group
+        assert 0 < u["pinned_max"] < u["capacity"], group
+    rows = list(csv.DictReader((out / "soak" / "usage.csv").open()))
+    assert len(rows) == s["probes"]
+    assert "soak: pass" in log and "drain-to-baseline  pass" in log  # the printed table
+    cases = ET.parse(out / "junit.xml").getroot()
+    assert cases.get("tests") == "4" and cases.get("failures") == "0"
+
+
+def test_the_usage_check_passes_the_clean_series_and_catches_a_steady_leak(clean):
+    """The clean soak's pinned pages per group, as recorded, and with a leak that
+    adds four times the check's tolerance over the run, probe by probe."""
+    out, _, summary, _ = clean
+    rows = list(csv.DictReader((out / "soak" / "usage.csv").open()))
+    times = np.array([float(r["t_s"]) for r in rows])
+    loaded = times <= CLEAN_SOAK_S
+    warmup = 0.2 * CLEAN_SOAK_S
+    for group, u in summary["soak"]["usage"].items():
+        pinned = np.array([int(r[f"{group}.pinned"]) for r in rows])[loaded]
+        t = times[loaded]
+        assert judge.usage_trend(group, u["capacity"], t, pinned, warmup).bounded, group
+        leak = np.floor(4 * u["tolerance"] * t / CLEAN_SOAK_S).astype(int)
+        leaking = judge.usage_trend(group, u["capacity"], t, pinned + leak, warmup)
+        assert not leaking.bounded and "grow" in leaking.why, (group, leaking)
+        full = judge.usage_trend(group, u["capacity"], t, np.maximum(pinned, u["capacity"]), 0)
+        assert not full.bounded and "reached the capacity" in full.why
+
+
+def test_a_soak_with_a_leaking_fault_fails(tmp_path):
+    """session-tail-leak: a resumed session keeps its old tail pages, which the
+    streaming-session agents orphan once they close their sessions."""
+    code, summary, log = soak(tmp_path, "--soak", "10s", "--inject", "session-tail-leak")
+    assert code == 1, log[-3000:]
+    s = summary["soak"]
+    assert summary["verdict"] == "fail" and summary["faults"] == ["session-tail-leak"]
+    assert s["checks"]["probe-findings"]["verdict"] == "fail"
+    assert "orphan in full.kv" in s["checks"]["probe-findings"]["evidence"]
+    assert s["checks"]["drain-to-baseline"]["verdict"] == "fail"
+    assert s["checks"]["no-5xx"]["verdict"] == "pass" and s["requests"] > 0
+
+
+@pytest.mark.parametrize(
+    "text, seconds", [("600", 600), ("90s", 90), ("10m", 600), ("1.5h", 5400), (" 2M ", 120)]
+)
+def test_durations_parse(text, seconds):
+    assert parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--soak", "ten"], "takes a duration like 600, 90s or 10m"),
+        (["--soak", "10d"], "takes a duration like 600, 90s or 10m"),
+        (["--soak", "-5"], "takes a duration like 600, 90s or 10m"),
+        (["--soak", "2s"], "must last 5 s to 7 days"),
+        (["--soak", "10m", "-c", "1,2"], "one concurrency"),
+        (["--soak", "10m", "-c", "99"], "one concurrency in 1..64"),
+        (["--soak", "10m", "--turns", "8"], "does not take --turns"),
+        (["--soak", "10m", "--target", "http://x", "--metrics-url", "http://x/m"], "--target"),
+        (["--soak", "10m", "--profile", "slot-cache"], "not 'slot-cache'"),
+        (["--soak", "10m", "--inject", "no-such-fault"], "unknown fault"),
+    ],
+)
+def test_soak_usage_errors_exit_2(args, message, tmp_path, capsys):
+    try:
+        code = main(["gate", "--out", str(tmp_path / "out"), *args])
+    except SystemExit as exc:  # argparse's own usage errors
+        code = exc.code
+    assert code == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_soak_that_broke_is_an_error_even_where_a_check_failed():
+    failed = judge.Check("no-5xx", judge.FAIL, "3 5xx answers")
+    assert judge.verdict([failed], "kvwatch serve killed by signal 9 during the run") == "error"
+    assert judge.verdict([failed], None) == "fail"
+    assert judge.verdict([judge.Check("no-5xx", judge.PASS, "")], None) == "pass"
