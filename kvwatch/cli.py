@@ -48,8 +48,14 @@ def _serve(args: argparse.Namespace) -> int:
             probe_token=args.probe_token,
             capture_content=args.capture_content,
             max_body_bytes=args.max_body_bytes,
+            max_header_bytes=args.max_header_bytes,
+            session_idle_timeout_s=args.session_idle_timeout,
         )
         overrides = _read_config(args.config) if args.config else {}
+        if args.run_dir is not None:
+            from kvwatch.loadtests.outputs import directory
+
+            directory("--run-dir", args.run_dir)  # spans.jsonl goes in it, nowhere else
         options = ServeOptions(
             overrides=overrides,
             host=args.host,
