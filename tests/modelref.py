@@ -39,14 +39,15 @@ def dense_forward(model: HybridModel, tokens: list[int]) -> Dense:
         if layer.kind != "L":
             q, k = rope(q, pos, cfg.rope_theta), rope(k, pos, cfg.rope_theta)
         if layer.kind == "F":
-            out = attend(q, k, v, pos, pos, None)
+            out = attend(q[None], k[None], v[None], pos[None], pos[None], None)[0]
         elif layer.kind == "S":
-            out = attend(q, k, v, pos, pos, model.window)
+            out = attend(q[None], k[None], v[None], pos[None], pos[None], model.window)[0]
             window.append(torch.stack([k, v], dim=1)[-model.window :])
         else:
-            zero = torch.zeros(cfg.n_heads, cfg.head_dim, cfg.head_dim, dtype=x.dtype)
-            out, kept = linear_scan(q, k, v, layer.decay, zero, {n})
-            states.append(kept[n])
+            zero = torch.zeros(1, cfg.n_heads, cfg.head_dim, cfg.head_dim, dtype=x.dtype)
+            out, kept = linear_scan(q[None], k[None], v[None], layer.decay, zero, [{n}])
+            out = out[0]
+            states.append(kept[0][n])
         x = x + out.reshape(n, -1) @ layer.wo.T
         y, _ = moe(
             rms_norm(x, layer.ffn_norm),

@@ -69,7 +69,7 @@ def test_attention_matches_a_per_query_loop():
     gen = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(5, 2, 4, generator=gen, dtype=torch.float64) for _ in range(3))
     pos = torch.arange(5)
-    got = attend(q, k, v, pos, pos, window=3)
+    got = attend(q[None], k[None], v[None], pos[None], pos[None], window=3)[0]
     for p in range(5):
         keys = [t for t in range(5) if p - 3 < t <= p]
         scores = torch.einsum("hd,thd->ht", q[p], k[keys]) / 2
@@ -80,7 +80,9 @@ def test_linear_scan_matches_the_closed_form():
     gen = torch.Generator().manual_seed(1)
     q, k, v = (torch.randn(6, 2, 3, generator=gen, dtype=torch.float64) for _ in range(3))
     decay = torch.tensor([0.5, 0.9], dtype=torch.float64)
-    out, kept = linear_scan(q, k, v, decay, torch.zeros(2, 3, 3, dtype=torch.float64), {4, 6})
+    zero = torch.zeros(1, 2, 3, 3, dtype=torch.float64)
+    out, kept = linear_scan(q[None], k[None], v[None], decay, zero, [{4, 6}])
+    out, kept = out[0], kept[0]
     fk, fq = torch.nn.functional.elu(k) + 1, torch.nn.functional.elu(q) + 1
     for t in (4, 6):
         state = sum(
@@ -89,6 +91,33 @@ def test_linear_scan_matches_the_closed_form():
         )
         assert torch.allclose(kept[t], state)
         assert torch.allclose(out[t - 1], torch.einsum("hd,hde->he", fq[t - 1], state))
+
+
+def test_padded_batch_attention_equals_each_sequence_alone():
+    """Padding keys get weight 0: a sequence's output does not depend on its batch."""
+    gen = torch.Generator().manual_seed(2)
+    lengths = (7, 3, 5)
+    keys = [torch.randn(t, 2, 4, generator=gen, dtype=torch.float64) for t in lengths]
+    values = [torch.randn(t, 2, 4, generator=gen, dtype=torch.float64) for t in lengths]
+    q = torch.randn(3, 1, 2, 4, generator=gen, dtype=torch.float64)
+    width = max(lengths)
+    k_pad = torch.stack([torch.cat([k, k[:1].expand(width - len(k), -1, -1)]) for k in keys])
+    v_pad = torch.stack([torch.cat([v, v[:1].expand(width - len(v), -1, -1)]) for v in values])
+    k_pos = torch.arange(width).expand(3, -1)
+    valid = k_pos < torch.tensor(lengths)[:, None]
+    q_pos = torch.tensor(lengths)[:, None] - 1
+    for window in (None, 2):
+        got = attend(q, k_pad, v_pad, q_pos, k_pos, window, valid)
+        for b, t in enumerate(lengths):
+            alone = attend(
+                q[b : b + 1],
+                keys[b][None],
+                values[b][None],
+                q_pos[b : b + 1],
+                torch.arange(t)[None],
+                window,
+            )
+            assert torch.allclose(got[b], alone[0], rtol=0, atol=1e-12)
 
 
 def test_model_config_rejects_a_pattern_without_every_layer_kind():

@@ -165,6 +165,18 @@ class PagePool:
                 f"{self.group}: {owner} tried to {verb} pages {bad} held by {held}"
             )
 
+    def view(self) -> PoolSnapshot:
+        """The bookkeeping without copies: valid until the pool next changes
+        (the audit reads it synchronously)."""
+        return PoolSnapshot(
+            self.group,
+            self.tier,
+            self.capacity,
+            self._free[: self._top],
+            self.owner_kind,
+            self.owner_id,
+        )
+
     def snapshot(self) -> PoolSnapshot:
         return PoolSnapshot(
             self.group,
@@ -176,15 +188,18 @@ class PagePool:
         )
 
     # -- data -----------------------------------------------------------------
-    def token_index(self, pages: PageIds | Sequence[int], start: int, n: int) -> torch.Tensor:
+    def token_slots(self, pages: PageIds | Sequence[int], start: int, n: int) -> np.ndarray:
         """Flat slot indices of tokens [start, start + n) laid out over ``pages``.
 
         ``pages[k]`` holds tokens [k * page_size, (k + 1) * page_size) of the
         sequence the caller has in mind; ``start`` is in that coordinate.
         """
         pos = np.arange(start, start + n, dtype=np.int64)
-        flat = as_index(pages)[pos // self.page_size] * self.page_size + pos % self.page_size
-        return torch.from_numpy(flat).to(self.data.device)
+        return as_index(pages)[pos // self.page_size] * self.page_size + pos % self.page_size
+
+    def token_index(self, pages: PageIds | Sequence[int], start: int, n: int) -> torch.Tensor:
+        """``token_slots`` as a tensor on the pool's device."""
+        return torch.from_numpy(self.token_slots(pages, start, n)).to(self.data.device)
 
     @property
     def tokens(self) -> torch.Tensor:

@@ -1,8 +1,8 @@
-"""Layer math on plain tensors. Shapes: n tokens, H heads, D head dim, d model dim."""
+"""Layer math on plain tensors. Shapes: B sequences, n tokens, H heads, D head dim, d model dim."""
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -29,18 +29,23 @@ def attend(
     q_pos: torch.Tensor,
     k_pos: torch.Tensor,
     window: int | None,
+    k_valid: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Causal softmax attention of queries (n, H, D) over keys (T, H, D).
+    """Causal softmax attention of queries (B, n, H, D) over keys (B, T, H, D).
 
     A query at position p sees keys at positions <= p, and with a window W only
-    those > p - W (W keys, itself included).
+    those > p - W (W keys, itself included). Positions are (B, n) and (B, T).
+    ``k_valid`` (B, T) marks real keys; padding keys get weight exactly 0, so a
+    sequence's output does not depend on what it was batched with.
     """
-    scores = torch.einsum("nhd,thd->hnt", q, k) * q.shape[-1] ** -0.5
-    visible = k_pos[None, :] <= q_pos[:, None]
+    scores = torch.einsum("bnhd,bthd->bhnt", q, k) * q.shape[-1] ** -0.5
+    visible = k_pos[:, None, :] <= q_pos[:, :, None]  # (B, n, T)
     if window is not None:
-        visible &= k_pos[None, :] > q_pos[:, None] - window
-    scores = scores.masked_fill(~visible[None], float("-inf"))
-    return torch.einsum("hnt,thd->nhd", scores.softmax(-1), v)
+        visible &= k_pos[:, None, :] > q_pos[:, :, None] - window
+    if k_valid is not None:
+        visible &= k_valid[:, None, :]
+    scores = scores.masked_fill(~visible[:, None], float("-inf"))
+    return torch.einsum("bhnt,bthd->bnhd", scores.softmax(-1), v)
 
 
 def linear_scan(
@@ -49,25 +54,26 @@ def linear_scan(
     v: torch.Tensor,
     decay: torch.Tensor,
     state: torch.Tensor,
-    keep: Collection[int],
-) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
-    """Decayed linear attention, one token at a time from ``state`` (H, D, D).
+    keep: Sequence[Collection[int]],
+) -> tuple[torch.Tensor, list[dict[int, torch.Tensor]]]:
+    """Decayed linear attention over (B, n, H, D), one token at a time from ``state`` (B, H, D, D).
 
     S_t = decay * S_{t-1} + k_t^T v_t and o_t = q_t S_t, with elu + 1 feature
-    maps on q and k. Returns the outputs (n, H, D) and the states after the
-    first ``i`` tokens for every ``i`` in ``keep`` (1 <= i <= n). Stepping token
-    by token makes a state depend only on the tokens before it, never on how
-    they were chunked.
+    maps on q and k. Returns the outputs (B, n, H, D) and, per sequence b, the
+    states after its first ``i`` tokens for every ``i`` in ``keep[b]``
+    (1 <= i <= n). Stepping token by token makes a state depend only on the
+    tokens before it, never on how they were chunked or batched.
     """
     q, k = F.elu(q) + 1, F.elu(k) + 1
     g = decay[:, None, None]
     out = torch.empty_like(v)
-    kept = {}
-    for t in range(q.shape[0]):
-        state = g * state + k[t, :, :, None] * v[t, :, None, :]
-        out[t] = (q[t, :, None, :] @ state).squeeze(1)
-        if t + 1 in keep:
-            kept[t + 1] = state
+    kept: list[dict[int, torch.Tensor]] = [{} for _ in keep]
+    for t in range(q.shape[1]):
+        state = g * state + k[:, t, :, :, None] * v[:, t, :, None, :]
+        out[:, t] = (q[:, t, :, None, :] @ state).squeeze(-2)
+        for b, wanted in enumerate(keep):
+            if t + 1 in wanted:
+                kept[b][t + 1] = state[b]
     return out, kept
 
 

@@ -1,8 +1,9 @@
 """HybridModel: the forward pass of a batch of sequence chunks over paged pools.
 
 Each item computes tokens [start, start + n) of one sequence. Dense work
-(projections, experts, logits) runs on all items' tokens at once; attention
-and the linear scan run per item against that item's pages::
+(projections, experts, logits) runs on all items' tokens at once. Token
+mixing runs once per group of items with the same n (every decode step is
+one group) against their pages, through a ``PagedBatch``::
 
     F layer   write K/V of the chunk to full.kv, attend over positions [0, end)
     S layer   write K/V to swa.kv, attend over positions (p - W, p]
@@ -20,7 +21,7 @@ import torch
 
 from kvwatch.engine.config import ModelConfig
 from kvwatch.engine.model.layers import attend, linear_scan, moe, rms_norm, rope
-from kvwatch.engine.model.paged import PagedKV
+from kvwatch.engine.model.paged import PagedBatch, PagedKV
 from kvwatch.engine.model.tokenizer import VOCAB_SIZE
 from kvwatch.engine.model.weights import init_weights
 
@@ -31,6 +32,17 @@ class ForwardItem(NamedTuple):
     kv: PagedKV
     state_points: frozenset[int]  # boundaries b in (start, end]: return L states after b tokens
     logit_positions: tuple[int, ...]  # positions whose next-token logits are wanted
+
+
+class Group(NamedTuple):
+    """Items with the same chunk length n, mixed as one batch."""
+
+    members: list[int]  # item indices
+    starts: list[int]
+    rows: torch.Tensor  # (B, n) rows of the items' tokens in the flat batch
+    q_pos: torch.Tensor  # (B, n) their positions
+    batch: PagedBatch
+    keep: list[set[int]]  # per item: state boundaries relative to its start
 
 
 class ForwardResult(NamedTuple):
@@ -60,6 +72,7 @@ class HybridModel:
             [torch.arange(it.start, it.start + n) for it, n in zip(items, lengths, strict=True)]
         )
         pos = pos.to(self.device)
+        groups = self._groups(items, bounds, pos)
         x = w.embed[ids]
         experts, states = [], [dict() for _ in items]
         for li, layer in enumerate(w.layers):
@@ -73,8 +86,8 @@ class HybridModel:
             if layer.kind != "L":
                 q, k = rope(q, pos, cfg.rope_theta), rope(k, pos, cfg.rope_theta)
             out = torch.empty_like(q)
-            for i, (it, sl) in enumerate(zip(items, spans, strict=True)):
-                out[sl] = self._mix(li, layer, it, q[sl], k[sl], v[sl], pos[sl], states[i])
+            for g in groups:
+                out[g.rows] = self._mix(li, layer, g, q[g.rows], k[g.rows], v[g.rows], states)
             x = x + out.reshape(x.shape[0], -1) @ layer.wo.T
             y, routed = moe(
                 rms_norm(x, layer.ffn_norm),
@@ -99,22 +112,34 @@ class HybridModel:
             at += n_logits
         return results
 
-    def _mix(self, li: int, layer, it: ForwardItem, q, k, v, pos, states: dict) -> torch.Tensor:
-        """Token mixing of one layer for one item, through its pages."""
-        slot, end = self.slot[li], it.start + len(it.tokens)
+    def _groups(self, items: Sequence[ForwardItem], bounds: list[int], pos) -> list[Group]:
+        """Items grouped by chunk length, in order of first appearance."""
+        by_length: dict[int, list[int]] = {}
+        for i, it in enumerate(items):
+            by_length.setdefault(len(it.tokens), []).append(i)
+        groups = []
+        for n, members in by_length.items():
+            rows = torch.tensor([[bounds[i] + t for t in range(n)] for i in members])
+            rows = rows.to(self.device)
+            starts = [items[i].start for i in members]
+            batch = PagedBatch([items[i].kv for i in members], starts, n, self.window)
+            keep = [{b - items[i].start for b in items[i].state_points} for i in members]
+            groups.append(Group(members, starts, rows, pos[rows], batch, keep))
+        return groups
+
+    def _mix(self, li: int, layer, g: Group, q, k, v, states: list[dict]) -> torch.Tensor:
+        """Token mixing of one layer for one group, through its pages: (B, n, H, D)."""
+        slot, batch = self.slot[li], g.batch
         if layer.kind == "F":
-            it.kv.write_full(slot, it.start, k, v)
-            keys, values = it.kv.read_full(slot, end)
-            return attend(q, keys, values, pos, torch.arange(end, device=pos.device), None)
+            batch.write_full(slot, k.flatten(0, 1), v.flatten(0, 1))
+            keys, values = batch.read_full(slot)
+            return attend(q, keys, values, g.q_pos, batch.full_pos, None, batch.full_valid)
         if layer.kind == "S":
-            it.kv.write_swa(slot, it.start, k, v)
-            lo = max(0, it.start - self.window + 1)
-            keys, values = it.kv.read_swa(slot, lo, end)
-            return attend(
-                q, keys, values, pos, torch.arange(lo, end, device=pos.device), self.window
-            )
-        keep = {b - it.start for b in it.state_points}
-        out, kept = linear_scan(q, k, v, layer.decay, it.kv.load_state(slot), keep)
-        for rel, s in kept.items():
-            states.setdefault(it.start + rel, []).append(s)
+            batch.write_swa(slot, k.flatten(0, 1), v.flatten(0, 1))
+            keys, values = batch.read_swa(slot)
+            return attend(q, keys, values, g.q_pos, batch.swa_pos, self.window, batch.swa_valid)
+        out, kept = linear_scan(q, k, v, layer.decay, batch.load_states(slot), g.keep)
+        for i, start, per_item in zip(g.members, g.starts, kept, strict=True):
+            for rel, s in per_item.items():
+                states[i].setdefault(start + rel, []).append(s)
         return out
