@@ -120,7 +120,7 @@ def take_stats(
         on_host += node.snapshot.tier is Tier.HOST
         for group in node.snapshot.pages:
             snapshots[group] += 1
-            interior[group] += bool(node.children)
+            interior[group] += len(node.children) == 1  # a branch point's state is kept
     tree = TreeReport(cache.tree.node_count, snapshots, on_host, interior)
     locked = sum(h.lock_node is not None for h in cache.holders.values())
     live = queue.waiting + queue.running + queue.retracted + queue.paused

@@ -252,6 +252,32 @@ def test_root_has_no_pages():
     assert tree.root.pages is EMPTY_PAGES and tree.root.depth == 0 and tree.root.is_leaf
 
 
+def test_a_prompt_leaving_the_tree_without_state_there_captures_it_for_its_siblings():
+    """Branch capture: the tree has history to 12 but state only at 24 (a deeper
+    terminal); a prompt that leaves at 12 recomputes from 0, captures a BRANCH
+    snapshot at 12 and commits it, and the next sibling resumes there."""
+    cache = HybridPrefixCache(small_config(), INT_LAYOUTS)
+    sim = SimRunner(cache)
+    seeder = cache.open([*range(25)])
+    cache.match(seeder)
+    run_turn(sim, seeder, [], chunk=8, decode=[])
+    cache.release(seeder, commit=True)  # state only at its terminal, 24 (interval 16 superseded)
+    first = cache.open([*range(12), 90, 91, 92, 93, 94])
+    m = cache.match(first)
+    assert (m.hit_len, m.resume_len, first.branch_at) == (12, 0, 12)
+    assert (12, PendingKind.BRANCH) in cache.capture_points(first, 8, 16)
+    run_turn(sim, first, [], chunk=8, decode=[])
+    branch = next(n for n in first.lock_node.path() if n.depth == 12)
+    assert len(branch.children) == 2 and branch.has_complete_snapshot
+    cache.release(first, commit=True)
+    second = cache.open([*range(12), 80, 81, 82, 83, 84])
+    assert cache.match(second).resume_len == 12  # resumes at the branch, recomputes nothing before
+    run_turn(sim, second, [], chunk=8, decode=[])
+    assert branch.has_complete_snapshot  # three children now, still kept
+    cache.release(second, commit=True)
+    assert audit(cache).clean
+
+
 def test_shared_snapshot_lives_while_shared_and_goes_when_the_sharer_leaves():
     cache = HybridPrefixCache(small_config(), INT_LAYOUTS)
     sim = SimRunner(cache)
@@ -267,8 +293,14 @@ def test_shared_snapshot_lives_while_shared_and_goes_when_the_sharer_leaves():
     assert shared.refs == 2 and shared.has_complete_snapshot  # kept for the sharer
     first_terminal = a.lock_node
     cache.release(b, commit=True)
-    # a alone holds it now, and a's own terminal supersedes it: it goes at once,
-    # not at a's next commit, so no probe sees a holder pinning three snapshots
+    # b's turn stays cached as a sibling leaf: the branch point's state is where
+    # a third conversation would resume, so it stays though a alone locks it
+    assert shared.refs == 1 and len(shared.children) == 2 and shared.has_complete_snapshot
+    # once b's leaf is evicted it is no branch point, and a's own terminal supersedes
+    # it: it goes at once, not at a's next commit, so no probe sees a holder pinning
+    # three snapshots
+    assert cache.evict(FULL_KV, 1) >= 1
+    assert len(shared.children) == 1
     assert shared.snapshot.history_only and first_terminal.has_complete_snapshot
     run_turn(sim, a, [7] * 10, chunk=8, decode=[])
     assert first_terminal.snapshot.history_only

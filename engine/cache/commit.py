@@ -159,6 +159,9 @@ def release_superseded(cache: HybridPrefixCache, holder: Holder) -> None:
     Walking up from the deepest node with a complete snapshot D (never touched,
     so a resume anchor always remains), an ancestor's state is freed when
 
+    * it has one child: a branch point's state is where every sibling
+      resumes, so it is not superseded by any one branch (it goes by LRU
+      pruning once unlocked, like a leaf's);
     * ``refs == 1``: the holder is its only device holder. Refs never decrease
       going up a path, so the walk stops at the first shared node; shared
       snapshots stay for the sharers and go on a later commit once they leave.
@@ -177,7 +180,7 @@ def release_superseded(cache: HybridPrefixCache, holder: Holder) -> None:
     for node in deepest.parent.path():
         if node.is_root or node.refs > 1:
             return
-        if node.snapshot is None or node.snapshot.history_only:
+        if node.snapshot is None or node.snapshot.history_only or len(node.children) > 1:
             continue
         if node.host_refs and Fault.SNAPSHOT_RELEASE_IGNORES_HOST_REFS not in cache.faults:
             continue

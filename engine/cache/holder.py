@@ -11,7 +11,9 @@ computed beyond it::
 ``pending`` holds continuation snapshots the holder captured but has not yet
 handed to the tree. A ``TRACK`` snapshot follows the frontier (it is re-keyed
 to each newer page boundary and becomes the terminal snapshot when a turn
-ends); ``INTERVAL`` and ``TERMINAL`` snapshots wait for the next commit. In
+ends); ``INTERVAL``, ``BRANCH`` and ``TERMINAL`` snapshots wait for the next
+commit. ``branch_at`` is the depth where the prompt left the tree when it
+matched, if no snapshot was there to resume from. In
 ``slots`` mode a ``SLOT`` pending is a whole-state copy waiting for confirm.
 """
 
@@ -39,6 +41,7 @@ class PendingKind(StrEnum):
     TRACK = "track"
     INTERVAL = "interval"
     TERMINAL = "terminal"
+    BRANCH = "branch"  # where the prompt leaves the tree: siblings branching here resume from it
     SLOT = "slot"  # a whole-state copy staged for the slot cache (slots mode)
 
 
@@ -65,6 +68,7 @@ class Holder:
     swa_pages: dict[int, int] = field(default_factory=dict)  # page index -> page id
     working: dict[str, np.ndarray] = field(default_factory=dict)
     pending: dict[int, Pending] = field(default_factory=dict)
+    branch_at: int = 0  # capture a BRANCH snapshot here (0: none)
     snapshot_at: int | None = None  # slots mode: the prompt's last turn boundary
     slot_ticket: SlotTicket | None = None  # slots mode: the prepared snapshot
 

@@ -126,6 +126,9 @@ class HybridPrefixCache(WorkingState, CacheStorage):
         if holder.anchor is not None:  # recovered: the host ref has served its purpose
             self.tree.drop_host_ref(holder.anchor)
             holder.anchor = None
+        # The tree has history to walk.hit_len but no state there: the holder
+        # recomputes through that depth, so it captures the state others need.
+        holder.branch_at = walk.hit_len if walk.hit_len > holder.cached_len else 0
         return Match(walk.hit_len, holder.cached_len)
 
     recover = match
@@ -193,7 +196,9 @@ class HybridPrefixCache(WorkingState, CacheStorage):
     def capture_points(self, holder: Holder, start: int, end: int) -> list[tuple[int, PendingKind]]:
         """Boundaries in (start, end] where the runner must capture state.
 
-        Every multiple of ``snapshot_interval``, plus the last page boundary
+        Every multiple of ``snapshot_interval``, the holder's ``branch_at``
+        (the depth where its prompt left the tree with no state to resume
+        from; a branch point, so kept for siblings), plus the last page boundary
         (the TRACK that follows the frontier and ends a turn). A session
         commits nothing until it closes, so it only keeps the TRACK. The
         ``slots`` backend wants one point: its prepared turn boundary.
@@ -208,11 +213,13 @@ class HybridPrefixCache(WorkingState, CacheStorage):
         intervals = (
             [] if session else range(-(-(start + 1) // interval) * interval, end + 1, interval)
         )
-        points = [(b, PendingKind.INTERVAL) for b in intervals]
+        points = dict.fromkeys(intervals, PendingKind.INTERVAL)
+        if not session and start < holder.branch_at <= end:
+            points.setdefault(holder.branch_at, PendingKind.BRANCH)
         last = end - end % p
-        if last > start and (session or last % interval):
-            points.append((last, PendingKind.TRACK))
-        return points
+        if last > start:
+            points.setdefault(last, PendingKind.TRACK)
+        return list(points.items())
 
     def advance(self, holder: Holder, new_len: int, captures: Sequence[Capture] = ()) -> None:
         """Mark tokens up to ``new_len`` computed and take the captured snapshots.
@@ -381,6 +388,23 @@ class HybridPrefixCache(WorkingState, CacheStorage):
         holder.cached_len = holder.computed_len = holder.allocated_len = 0
         if path and Fault.INTERIOR_SNAPSHOT_LEAK not in self.faults:
             self._release_for_sharers(path)
+
+    def evict(self, group: str, wanted: int) -> int:
+        """Evict LRU unreferenced leaves (see ``CacheStorage.evict``).
+
+        A parent left with one child is no longer a branch point: its state is
+        superseded again on its holders' paths, and goes now.
+        """
+        parents: list[Node] = []
+
+        def release(node: Node) -> int:
+            parents.append(node.parent)
+            return self._release_node(node, group)
+
+        got = self.tree.evict(wanted, release)
+        if Fault.INTERIOR_SNAPSHOT_LEAK not in self.faults:
+            self._release_for_sharers([n for n in parents if len(n.children) == 1])
+        return got
 
     def _release_for_sharers(self, path: list[Node]) -> None:
         lone = {n for n in path if n.refs == 1 and n.snapshot is not None}

@@ -14,7 +14,8 @@ with what the live holders justify:
   retracted holder: its recovery snapshot), plus the working state; a session
   also keeps MAX_ROLLBACK earlier turn-end snapshots to roll back to. Only
   snapshots that a single holder pins count here; a snapshot several holders
-  share is kept on purpose while they do, and is reported as ``shared``.
+  share is kept on purpose while they do, and so is one at a branch point
+  (where siblings resume): both are reported as ``shared``.
 * ``slots`` mode: each filled slot its snapshot (ceil(length / P) history
   pages and one snapshot per state group), and each holder its staged copy.
 """
@@ -145,7 +146,9 @@ def usage_bounds(cache: HybridPrefixCache, slack_tokens: int = 0) -> dict[str, B
             if node.snapshot.tier is not Tier.DEVICE:
                 continue
             users = node.refs + node.host_refs
-            if users == 1:
+            if len(node.children) > 1:  # a branch point: kept for every sibling
+                shared += len(node.snapshot.pages.get(group, ()))
+            elif users == 1:
                 own += len(node.snapshot.pages.get(group, ()))
             elif users > 1:
                 shared += len(node.snapshot.pages.get(group, ()))
