@@ -99,15 +99,20 @@ class _Claims:
         lengths = np.fromiter((p.size for p in parts), dtype=np.int64, count=len(parts))
         return np.concatenate(parts), np.repeat(self.claimant[group, tier], lengths)
 
-    def owner_arrays(self) -> tuple[np.ndarray, np.ndarray]:
-        """Owner kind and id of every claimant, by claimant index."""
-        kinds = np.fromiter((int(o.kind) for o, _ in self.who), dtype=np.int8, count=len(self.who))
+    def owner_keys(self) -> np.ndarray:
+        """``owner_key`` of every claimant, by claimant index."""
+        kinds = np.fromiter((int(o.kind) for o, _ in self.who), dtype=np.int64, count=len(self.who))
         ids = np.fromiter((o.id for o, _ in self.who), dtype=np.int64, count=len(self.who))
-        return kinds, ids
+        return owner_key(kinds, ids)
 
     def describe(self, index: int) -> str:
         owner, who = self.who[index]
         return f"node {who.id} (depth {who.depth})" if isinstance(who, Node) else str(owner)
+
+
+def owner_key(kinds: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """One int64 per (owner kind, owner id): ids stay below 2**48."""
+    return (kinds.astype(np.int64) << 48) | ids
 
 
 def audit(cache: HybridPrefixCache) -> AuditReport:
@@ -116,7 +121,7 @@ def audit(cache: HybridPrefixCache) -> AuditReport:
     problems = _scan_tree(cache, nodes, claims)
     _claim_holders(cache, claims)
     _claim_slots(cache, claims)
-    owners = claims.owner_arrays()
+    owners = claims.owner_keys()
     findings: list[Finding] = []
     for group, pool in cache.pools.items():
         findings += _audit_pool(pool, group, Tier.DEVICE, claims, owners)
@@ -142,7 +147,7 @@ def _scan_tree(cache: HybridPrefixCache, nodes: list[Node], claims: _Claims) -> 
     out: list[str] = []
     per_snapshot = {g: cache.config.pages_per_snapshot(g) for g in STATE_GROUPS}
     want_evict, with_state = set(), set()
-    state: Counter[tuple[str, Tier]] = Counter()
+    state_pages: dict[tuple[str, Tier], tuple[list[np.ndarray], list[int]]] = {}
     pages = 0
     for index, n in enumerate(body, first):
         parent, tokens = n.parent, n.tokens
@@ -163,8 +168,9 @@ def _scan_tree(cache: HybridPrefixCache, nodes: list[Node], claims: _Claims) -> 
         if snap is not None and snap.pages:
             with_state.add(n)
             for group, ids in snap.pages.items():
-                claims.add(group, snap.tier, ids, index)
-                state[group, snap.tier] += ids.size
+                held, claimant = state_pages.setdefault((group, snap.tier), ([], []))
+                held.append(ids)
+                claimant.append(index)
                 if ids.size != per_snapshot[group]:
                     out.append(f"node {n.id}: {group} snapshot has {ids.size} pages")
             if not snap.complete:
@@ -174,6 +180,10 @@ def _scan_tree(cache: HybridPrefixCache, nodes: list[Node], claims: _Claims) -> 
                 f"node {n.id} (depth {n.depth}): {n.host_refs} retracted holder(s) recover "
                 "from it, but its state is gone"
             )
+    state: Counter[tuple[str, Tier]] = Counter()
+    for (group, tier), (held, claimant) in state_pages.items():
+        claims.add_many(group, tier, held, claimant)
+        state[group, tier] = sum(ids.size for ids in held)
     for n in tree.evictable - want_evict:
         what = "root" if n.is_root else f"node {n.id}"
         out.append(f"{what} is in the evict set but is not an unlocked non-root leaf")
@@ -219,11 +229,11 @@ def _audit_pool(
     group: str,
     tier: Tier,
     claims: _Claims,
-    owners: tuple[np.ndarray, np.ndarray],
+    owners: np.ndarray,
 ) -> list[Finding]:
     out: list[Finding] = []
     label = group if tier is Tier.DEVICE else f"{group} (host)"
-    snap = pool.snapshot()
+    snap = pool.view()
     pages, who = claims.arrays(group, tier)
     held = np.bincount(pages, minlength=pool.capacity)
     on_stack = np.bincount(snap.free_pages, minlength=pool.capacity)
@@ -280,11 +290,11 @@ def _audit_pool(
             )
         )
     if pages.size:
-        kinds, ids = owners  # by claimant index, built once for every pool
-        wrong = (held[pages] == 1) & (
-            (snap.owner_kind[pages] != kinds[who]) | (snap.owner_id[pages] != ids[who])
-        )
-        bad = pages[wrong].tolist()
+        # Tags against claimants, one int64 compare per claimed page; a page
+        # held twice is reported above, not again here.
+        tags = owner_key(snap.owner_kind, snap.owner_id)
+        bad_at = pages[tags[pages] != owners[who]]
+        bad = bad_at[held[bad_at] == 1].tolist()
         if bad:
             p = bad[0]
             out.append(
@@ -308,8 +318,9 @@ def _audit_refs(cache: HybridPrefixCache, nodes: list[Node]) -> tuple[list[Findi
         if holder.anchor is not None:
             host[holder.anchor.id] += 1
     out = []
+    want_device, want_host = device.get, host.get  # (not Counter's __missing__: hot loop)
     for node in nodes:
-        if node.refs != device[node.id] or node.host_refs != host[node.id]:
+        if node.refs != want_device(node.id, 0) or node.host_refs != want_host(node.id, 0):
             what = "root" if node.is_root else f"node {node.id} (depth {node.depth})"
             out.append(
                 finding(
