@@ -32,7 +32,7 @@ from kvwatch.engine.model.tokenizer import ByteTokenizer, ChatTemplate
 from kvwatch.engine.probe import EngineStats, ProbeReport, QueueReport, take_probe, take_stats
 from kvwatch.engine.records import Session, SessionRegistry, Trajectory
 from kvwatch.engine.request import Request, RequestOutput, SamplingParams, Status
-from kvwatch.engine.runner import ModelRunner
+from kvwatch.engine.runner import ModelRunner, Work, WorkResult
 from kvwatch.engine.scheduler import Scheduler
 
 
@@ -102,15 +102,42 @@ class Engine:
         finally:
             self._in_step = False
 
-    def _run(self, works):
+    @property
+    def in_step(self) -> bool:
+        """True while ``step`` runs: event hooks run inside it, and aborts are deferred."""
+        return self._in_step
+
+    def _run(self, works: list[Work]) -> list[WorkResult | None]:
+        """Run the batch; if it raises, run each piece alone so only the failing ones fail.
+
+        A failed request gets ``None`` and an error; the others get exactly the
+        result the batch would have given them: the model is batch-invariant,
+        re-writing a piece's K/V writes the same values, and every sampler
+        generator is put back to where it stood before the batch.
+        """
+        if not works:
+            return []
+        rngs = [w.request.generator and w.request.generator.get_state() for w in works]
         try:
-            return self.runner.run(works) if works else []
-        except Exception as exc:  # one bad batch must not take the loop down
-            error = f"internal error in the model runner: {exc!r}"
-            traceback.print_exc()
-            for w in works:
-                self.scheduler.fail(w.request, error)
-            return [None] * len(works)
+            return self.runner.run(works)
+        except Exception as exc:  # one bad request must not take the loop down
+            if len(works) == 1:
+                return [self._runner_failed(works[0], exc)]
+        results: list[WorkResult | None] = []
+        for w, rng in zip(works, rngs, strict=True):
+            if rng is None:
+                w.request.generator = None
+            else:
+                w.request.generator.set_state(rng)
+            try:
+                results.append(self.runner.run([w])[0])
+            except Exception as exc:
+                results.append(self._runner_failed(w, exc))
+        return results
+
+    def _runner_failed(self, work: Work, exc: Exception) -> None:
+        traceback.print_exception(exc)
+        self.scheduler.fail(work.request, f"internal error in the model runner: {exc!r}")
 
     def _apply_aborts(self) -> None:
         pending, self._aborts = self._aborts, []
@@ -194,11 +221,20 @@ class Engine:
         return self.sessions.create(session_id, record=record, routed_experts=routed_experts).id
 
     def close_session(self, session_id: str) -> None:
-        """Insert the session's tokens into the tree and give its slot back."""
+        """Insert the session's tokens into the tree and give its slot back.
+
+        The session is closed even when its cache state is broken (an injected
+        fault, say) and giving the slot back raises: the slot is then left as
+        it is, for the probe's audit to report what it still holds.
+        """
         session = self._idle_session(session_id)
-        if session.holder is not None:
-            self.cache.release(session.holder, commit=True)
         self.sessions.forget(session)
+        if session.holder is None:
+            return
+        try:
+            self.cache.release(session.holder, commit=True)
+        except Exception:
+            traceback.print_exc()
 
     def rollback_session(self, session_id: str, steps: int = 1) -> None:
         """Undo the last ``steps`` turns (at most MAX_ROLLBACK); nothing changes on error."""

@@ -9,7 +9,8 @@ Each step, oldest request first:
    token budget and pages allow.
 
 A piece that cannot get pages has already made the cache evict and prune.
-Then drafts are dropped, then the newest running request is retracted, and
+Then drafts are dropped, then the newest running request is retracted, then
+retracted requests give up their recovery points (which pin tree pages), and
 only a request that cannot fit even alone fails, with a clear error. The
 loop itself never stops on a shortage. A retracted request waits
 ``retract_backoff`` steps before it is admitted again, so the pressure that
@@ -127,7 +128,7 @@ class Scheduler:
         for req in list(self.running):
             if budget <= 0:
                 break
-            if req.status is Status.RUNNING and (work := self._place(req, budget, works)):
+            if req.status is Status.RUNNING and (work := self._try_place(req, budget, works)):
                 works[req.id] = work
                 budget -= work.n + len(work.drafts)
         while self.waiting and len(self.running) < self.cfg.max_running and budget > 0:
@@ -143,9 +144,11 @@ class Scheduler:
                 if req.done:  # it can never fit: failed, try the next one
                     continue
                 break
-            work = self._place(req, budget, works)
-            if work is None:  # it stepped back: the cache is full for now
-                break
+            work = self._try_place(req, budget, works)
+            if work is None:
+                if req.done:  # it failed alone: try the next one
+                    continue
+                break  # it stepped back: the cache is full for now
             works[req.id] = work
             budget -= work.n + len(work.drafts)
         every = self.cfg.retract_every
@@ -154,15 +157,20 @@ class Scheduler:
         self.in_flight = works
         return list(works.values())
 
-    def update(self, works: list[Work], results: list[WorkResult]) -> list[RequestOutput]:
-        outputs, self.outputs = self.outputs, []
+    def update(self, works: list[Work], results: list[WorkResult | None]) -> list[RequestOutput]:
+        """Apply each request's result; one whose result cannot be applied fails alone."""
+        applied = []
         for work, res in zip(works, results, strict=True):
             req = work.request
-            if req.status is not Status.RUNNING:  # aborted while the batch ran
+            if req.status is not Status.RUNNING:  # aborted or failed while the batch ran
                 continue
-            outputs.append(self._apply(work, res))
+            try:
+                applied.append(self._apply(work, res))
+            except Exception as exc:  # a cache broken past repair (an injected fault, say)
+                self._fail_hard(req, f"internal error while applying the step: {exc!r}")
         self.in_flight = {}
-        return outputs
+        outputs, self.outputs = self.outputs, []
+        return outputs + applied
 
     def _apply(self, work: Work, res: WorkResult) -> RequestOutput:
         req, h = work.request, work.request.holder
@@ -210,6 +218,14 @@ class Scheduler:
         )
         return 1, propose(req.tokens, k, spec.min_ngram, spec.max_ngram)
 
+    def _try_place(self, req: Request, budget: int, works: dict[str, Work]) -> Work | None:
+        """``_place``, but an unexpected error fails this request alone (``None``, done)."""
+        try:
+            return self._place(req, budget, works)
+        except Exception as exc:  # a cache broken past repair (an injected fault, say)
+            self._fail_hard(req, f"internal error while allocating for the request: {exc!r}")
+            return None
+
     def _place(self, req: Request, budget: int, works: dict[str, Work]) -> Work | None:
         """Allocate the request's next piece, making room as the module docstring says."""
         n, drafts = self._plan(req, budget)
@@ -228,6 +244,8 @@ class Scheduler:
                     continue
                 if len(self.running) > 1:
                     self._retract(req)  # the newest steps back for older requests
+                elif self._unpin_retracted():
+                    continue
                 else:
                     self.fail(req, f"request needs more pages than the cache can free: {exc}")
                 return None
@@ -255,7 +273,7 @@ class Scheduler:
         try:
             match = match or self.cache.match(req.holder)
         except PoolExhausted as exc:
-            if not self.running:  # nothing will free pages for it
+            if not self.running and not self._unpin_retracted():  # nothing will free pages
                 self.fail(req, f"request cannot be admitted even into an idle cache: {exc}")
             return False
         self.waiting.remove(req)
@@ -340,6 +358,22 @@ class Scheduler:
         req.not_before = self.step + 1 + self.cfg.retract_backoff
         self.waiting.appendleft(req)
         self.events.emit(RequestRetracted(req.id, computed))
+
+    def _unpin_retracted(self) -> bool:
+        """Give up the recovery point of the newest retracted request; False if none has one.
+
+        A retracted request's host ref keeps its path in the tree, so a few of
+        them can pin a pool that any one request would fit in alone. Before a
+        request fails for want of pages, they let go one at a time: each is
+        then admitted again like a new request (recomputing what the tree no
+        longer holds). A session turn keeps its slot: it belongs to the session.
+        """
+        for req in reversed(self.waiting):
+            if req.status is Status.RETRACTED and req.session is None and req.holder is not None:
+                self.cache.release(req.holder, commit=False)
+                req.holder = None
+                return True
+        return False
 
     def _let_go(self, req: Request, *, commit: bool) -> None:
         """Take the request out of every queue and give its cache holder back."""
