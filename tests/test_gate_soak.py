@@ -87,7 +87,7 @@ def test_the_usage_check_passes_the_clean_series_and_catches_a_steady_leak(clean
 def test_a_soak_with_a_leaking_fault_fails(tmp_path):
     """session-tail-leak: a resumed session keeps its old tail pages, which the
     streaming-session agents orphan once they close their sessions."""
-    code, summary, log = soak(tmp_path, "--soak", "10s", "--inject", "session-tail-leak")
+    code, summary, log = soak(tmp_path, "--soak", "8s", "--inject", "session-tail-leak")
     assert code == 1, log[-3000:]
     s = summary["soak"]
     assert summary["verdict"] == "fail" and summary["faults"] == ["session-tail-leak"]
