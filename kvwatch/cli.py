@@ -48,6 +48,7 @@ def _serve(args: argparse.Namespace) -> int:
             probe_token=args.probe_token,
             capture_content=args.capture_content,
             max_body_bytes=args.max_body_bytes,
+            max_header_bytes=args.max_header_bytes,
         )
         overrides = _read_config(args.config) if args.config else {}
         if args.run_dir is not None:
@@ -260,6 +261,12 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--probe-token", default=None, help="require this bearer token on /debug/*")
     serve.add_argument("--capture-content", action="store_true", help="record prompt text on spans")
     serve.add_argument("--max-body-bytes", type=int, default=4 * 1024 * 1024)
+    serve.add_argument(
+        "--max-header-bytes",
+        type=int,
+        default=16 * 1024,
+        help="all request headers together; more gets a 431 (default: 16384)",
+    )
     serve.add_argument("--run-dir", type=Path, default=None, help="write spans.jsonl here")
     serve.add_argument("--log-level", default="warning")
     serve.set_defaults(run=_serve)

@@ -20,6 +20,10 @@ from kvwatch.instrumentation import Telemetry, instrument
 from kvwatch.server import EngineWorker, ServerSettings, create_app
 
 STATS_TIMEOUT_S = 10.0
+# uvicorn buffers at most this many times ``max_header_bytes`` of a request's
+# head (request line and headers) and answers a plain 400 beyond it; below it
+# the app's own check answers oversized headers with a JSON 431.
+HEAD_BUFFER_FACTOR = 4
 # One engine read serves every gauge of a scrape; a scrape's callbacks run
 # within milliseconds, and a reader at a turn barrier wants fresh values.
 STATS_MAX_AGE_S = 0.05
@@ -64,6 +68,21 @@ def build(options: ServeOptions, config: EngineConfig | None = None):
     return app, worker, telemetry
 
 
+def uvicorn_options(options: ServeOptions) -> dict[str, Any]:
+    """uvicorn's settings: loopback by default, and a bounded request head.
+
+    The h11 protocol is named explicitly: it is the implementation whose head
+    buffer ``h11_max_incomplete_event_size`` bounds.
+    """
+    return {
+        "host": options.host,
+        "port": options.port,
+        "log_level": options.log_level,
+        "http": "h11",
+        "h11_max_incomplete_event_size": HEAD_BUFFER_FACTOR * options.settings.max_header_bytes,
+    }
+
+
 def serve(options: ServeOptions) -> int:
     """Run until interrupted; 2 when the engine cannot start (no such device, say)."""
     import sys
@@ -76,7 +95,7 @@ def serve(options: ServeOptions) -> int:
         print(f"kvwatch serve: cannot start the engine: {exc}", file=sys.stderr)
         return 2
     try:
-        uvicorn.run(app, host=options.host, port=options.port, log_level=options.log_level)
+        uvicorn.run(app, **uvicorn_options(options))
     finally:
         telemetry.shutdown()
     return 0

@@ -1,7 +1,8 @@
 """OpenAI-style error bodies, and the handlers that turn every failure into one.
 
 Every error a client can cause answers ``{"error": {"message", "type",
-"param", "code"}}`` with a 4xx status; only a bug answers 500.
+"param", "code"}}`` with a 4xx status and a non-empty code; only a bug
+answers 500, and in the same shape (code ``internal_error``).
 """
 
 from __future__ import annotations
@@ -22,7 +23,10 @@ TYPES = {
     413: "invalid_request_error",
     415: "invalid_request_error",
     422: "invalid_request_error",
+    431: "invalid_request_error",
 }
+# Codes for the errors Starlette raises itself (no route, wrong method, ...).
+HTTP_CODES = {404: "not_found", 405: "method_not_allowed"}
 
 
 def error_body(status: int, message: str, *, code: str | None = None, param: str | None = None):
@@ -73,5 +77,21 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(HTTPException)
     async def _http(request: Request, exc: HTTPException) -> JSONResponse:
-        body = error_body(exc.status_code, str(exc.detail))
+        if exc.status_code == 400 and exc.__cause__ is not None:  # FastAPI could not parse the body
+            return error_response(400, _unparsable(exc.__cause__), code="invalid_json")
+        code = HTTP_CODES.get(exc.status_code, "http_error")
+        body = error_body(exc.status_code, str(exc.detail), code=code)
         return JSONResponse(body, status_code=exc.status_code, headers=exc.headers)
+
+    @app.exception_handler(Exception)
+    async def _bug(request: Request, exc: Exception) -> JSONResponse:
+        message = f"internal error ({type(exc).__name__}); see the server log"
+        return error_response(500, message, code="internal_error")
+
+
+def _unparsable(cause: BaseException) -> str:
+    if isinstance(cause, UnicodeDecodeError):
+        return "the request body is not valid UTF-8"
+    if isinstance(cause, RecursionError):
+        return "the request body nests too deeply"
+    return "the request body is not valid JSON"

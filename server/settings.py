@@ -1,0 +1,30 @@
+"""ServerSettings: the HTTP server's own knobs, validated when built.
+
+Every limit here bounds what one client can make the server hold or do
+(body and header bytes), so
+each is checked once, at construction, and a bad value raises ValueError.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+MIN_LIMIT_BYTES = 1024
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    model_name: str = "kvwatch-tiny-hybrid"
+    enable_probe: bool = False
+    probe_token: str | None = None
+    capture_content: bool = False  # put prompt text on spans (off: privacy by default)
+    max_body_bytes: int = 4 * 1024 * 1024
+    # All request header names and values together; more gets a JSON 431.
+    max_header_bytes: int = 16 * 1024
+
+    def __post_init__(self) -> None:
+        for name in ("max_body_bytes", "max_header_bytes"):
+            if getattr(self, name) < MIN_LIMIT_BYTES:
+                raise ValueError(f"{name} must be >= {MIN_LIMIT_BYTES}, got {getattr(self, name)}")
+        if self.probe_token is not None and not self.probe_token:
+            raise ValueError("probe_token must not be empty")

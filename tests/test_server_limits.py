@@ -1,0 +1,85 @@
+"""``kvwatch serve`` binds loopback by default and refuses oversized request heads.
+
+Header blocks up to four times ``--max-header-bytes`` reach the app, which
+answers a JSON 431; uvicorn refuses anything larger with a plain 400 before
+buffering more. Either way the server lives on.
+"""
+
+from __future__ import annotations
+
+import socket
+
+import httpx
+import pytest
+from serverproc import kvwatch_server
+
+from kvwatch.cli import build_parser, main
+from kvwatch.serve import HEAD_BUFFER_FACTOR, ServeOptions, uvicorn_options
+from kvwatch.server import ServerSettings
+
+OK_CHAT = {"model": "t", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+
+
+@pytest.fixture(scope="module")
+def server():
+    with kvwatch_server() as url:  # no --host: the default
+        yield url
+
+
+def outward_address() -> str | None:
+    """This machine's address on its default route, if it has one that is not loopback."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect(("192.0.2.1", 9))  # TEST-NET-1: nothing is sent
+        except OSError:
+            return None
+        address = s.getsockname()[0]
+    return None if address.startswith("127.") or address == "0.0.0.0" else address
+
+
+def test_the_default_bind_is_loopback(server):
+    assert build_parser().parse_args(["serve"]).host == "127.0.0.1"
+    assert uvicorn_options(ServeOptions())["host"] == "127.0.0.1"
+    port = int(server.rsplit(":", 1)[1])
+    address = outward_address()
+    if address is None:
+        pytest.skip("no non-loopback address to try the port on")
+    with pytest.raises(OSError), socket.create_connection((address, port), timeout=2):
+        pass
+
+
+def test_uvicorn_bounds_the_request_head():
+    options = ServeOptions(settings=ServerSettings(max_header_bytes=8192))
+    got = uvicorn_options(options)
+    assert got["http"] == "h11"
+    assert got["h11_max_incomplete_event_size"] == HEAD_BUFFER_FACTOR * 8192
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [{"x-padding": "a" * 20_000}, {f"x-h{i}": "v" * 24 for i in range(1000)}],
+    ids=["one large header", "a thousand small ones"],
+)
+def test_large_headers_get_a_json_431(server, headers):
+    r = httpx.post(f"{server}/v1/chat/completions", json=OK_CHAT, headers=headers, timeout=30)
+    assert r.status_code == 431, r.text
+    assert r.json()["error"]["code"] == "headers_too_large"
+    assert httpx.post(f"{server}/v1/chat/completions", json=OK_CHAT, timeout=60).status_code == 200
+
+
+def test_a_100_kb_header_is_refused_and_the_server_lives_on(server):
+    r = httpx.get(f"{server}/health", headers={"x-padding": "a" * 100_000}, timeout=30)
+    assert r.status_code in (400, 431), r.text
+    assert httpx.get(f"{server}/health", timeout=30).status_code == 200
+    assert httpx.post(f"{server}/v1/chat/completions", json=OK_CHAT, timeout=60).status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--max-header-bytes", "10"], "max_header_bytes must be >= 1024"),
+    ],
+)
+def test_bad_limits_are_usage_errors(flags, message, capsys):
+    assert main(["serve", *flags]) == 2
+    assert message in capsys.readouterr().err
