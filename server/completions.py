@@ -245,8 +245,7 @@ async def _next(request: Request, stream: Stream) -> RequestOutput | Completion 
 
 
 def _abort_soon(request: Request, stream: Stream) -> None:
-    worker = _worker(request)
-    worker.call(worker.abort_now, stream.request_id)
+    _worker(request).abort_soon(stream.request_id)
 
 
 async def _respond(request: Request, stream: Stream, shape: _Shape) -> JSONResponse:

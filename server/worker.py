@@ -10,6 +10,12 @@ their request's deltas from an asyncio queue the worker fills::
 
 Each stream ends with the request's ``Completion``, taken from the engine
 as soon as the request is done, so finished requests never pile up in it.
+
+Aborts (a client went away) take a faster lane than calls: ``abort_soon``
+is safe from any thread, and the worker hands pending aborts to the engine
+both between steps and right after a step's batch ran (``BatchComputed``).
+So a disconnect that arrives while a batch computes lands at the engine's
+own safe point inside that step: mid-prefill, mid-decode or mid-verify.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvwatch.engine.engine import Completion, Engine
+from kvwatch.engine.events import BatchComputed
 from kvwatch.engine.request import RequestOutput, SamplingParams
 
 IDLE_WAIT_S = 0.05
@@ -45,10 +52,12 @@ class EngineWorker:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
         self._calls: queue.SimpleQueue[tuple[Callable[[], Any], Future]] = queue.SimpleQueue()
+        self._aborts: queue.SimpleQueue[str] = queue.SimpleQueue()
         self._streams: dict[str, Stream] = {}
         self._wake = threading.Event()
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name="kvwatch-engine", daemon=True)
+        engine.events.subscribe(BatchComputed, lambda _: self._drain_aborts())
 
     # -- lifecycle ----------------------------------------------------------------------
     def start(self) -> None:
@@ -95,13 +104,23 @@ class EngineWorker:
         await self.run(self.abort_now, request_id)
 
     def abort_now(self, request_id: str) -> None:
-        """On the worker thread: abort, and end the request's stream at once."""
-        if self.engine.abort(request_id):
+        """On the worker thread: abort, and end the request's stream at once.
+
+        Inside a step the engine defers the abort to its safe point; the
+        stream then ends when that step's outputs are dispatched.
+        """
+        if self.engine.abort(request_id) and not self.engine.in_step:
             self._finish(request_id)
+
+    def abort_soon(self, request_id: str) -> None:
+        """From any thread: abort at the worker's next chance, mid-step if a step runs."""
+        self._aborts.put(request_id)
+        self._wake.set()
 
     # -- the thread ---------------------------------------------------------------------
     def _run(self) -> None:
         while not self._stopping:
+            self._drain_aborts()
             self._drain_calls()
             if self.engine.has_unfinished():
                 try:
@@ -114,6 +133,14 @@ class EngineWorker:
                 self._wake.wait(IDLE_WAIT_S)
                 self._wake.clear()
         self._drain_calls()
+
+    def _drain_aborts(self) -> None:
+        while True:
+            try:
+                request_id = self._aborts.get_nowait()
+            except queue.Empty:
+                return
+            self.abort_now(request_id)
 
     def _drain_calls(self) -> None:
         while True:

@@ -1,12 +1,19 @@
-"""A client that goes away aborts its request, mid-prefill or mid-stream, and leaks nothing."""
+"""A client that goes away aborts its request, mid-prefill, mid-stream or mid-verify, and
+leaks nothing."""
 
 from __future__ import annotations
 
+import random
+import threading
 import time
 
 import httpx
 import pytest
+from inprocserver import metric, serving
 from serverproc import TOKEN, kvwatch_server, probe, wait_idle
+
+from kvwatch.engine import EngineConfig, SchedulerConfig, SpecConfig
+from kvwatch.serve import ServeOptions, build
 
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 STAGES = ("queued", "prefill", "decode")
@@ -91,3 +98,92 @@ def test_non_streaming_disconnect_aborts_too(server):
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(f"{server}/v1/completions", json=body, timeout=1.0)
     assert_aborted(server, STAGES, before)
+
+
+# -- speculative decoding on, served in this process so a step can be held --------------
+REPETITIVE = "abcabcabcabcabcabc " * 4  # the n-gram proposer finds drafts in it
+ABORTS = "kvwatch_aborts_total"
+
+
+@pytest.fixture(scope="module")
+def spec_server():
+    config = EngineConfig(scheduler=SchedulerConfig(spec=SpecConfig(num_drafts=4)))
+    app, worker, telemetry = build(ServeOptions(), config)
+    try:
+        with serving(app) as url:
+            yield url, worker
+    finally:
+        telemetry.shutdown()
+
+
+def assert_left_nothing(worker) -> None:
+    """Once idle: a clean probe, no live request, no request pages, nothing untaken."""
+    engine, deadline = worker.engine, time.monotonic() + 30
+    while (report := worker.call(engine.probe).result(30)).live_requests:
+        assert time.monotonic() < deadline, "requests are still live"
+        time.sleep(0.05)
+    assert report.clean, report.findings
+    for name, group in report.groups.items():
+        assert group.by_owner["request"] == 0, f"{name} still holds request pages"
+    assert worker.call(lambda: dict(engine.requests)).result(30) == {}
+
+
+def wait_for(url: str, before: float, moved: int, **labels: str) -> None:
+    deadline = time.monotonic() + 30
+    while metric(url, ABORTS, **labels) < before + moved:
+        assert time.monotonic() < deadline, f"aborts{labels} did not move by {moved}"
+        time.sleep(0.05)
+    assert metric(url, ABORTS, **labels) == before + moved
+
+
+def test_disconnect_mid_verify_aborts_the_request(spec_server, monkeypatch):
+    """The first verify step is held until the server has seen the client leave, so the
+    abort lands at the engine's safe point inside that step."""
+    url, worker = spec_server
+    verifying, abort_seen = threading.Event(), threading.Event()
+    run, abort_soon = worker.engine.runner.run, worker.abort_soon
+
+    def held_run(works):
+        if any(w.drafts for w in works) and not verifying.is_set():
+            verifying.set()
+            abort_seen.wait(10)
+        return run(works)
+
+    def seen_abort_soon(request_id: str) -> None:
+        abort_soon(request_id)
+        abort_seen.set()
+
+    monkeypatch.setattr(worker.engine.runner, "run", held_run)
+    monkeypatch.setattr(worker, "abort_soon", seen_abort_soon)
+    before = metric(url, ABORTS, stage="verify")
+    body = {"model": "t", "prompt": REPETITIVE, "max_tokens": 500, "ignore_eos": True}
+    body["temperature"] = 0  # speculation serves greedy requests only
+    with httpx.stream("POST", f"{url}/v1/completions", json={**body, "stream": True}) as r:
+        assert r.status_code == 200
+        assert verifying.wait(30), "no verify step ran"
+    assert abort_seen.wait(10), "the server did not notice the disconnect"
+    wait_for(url, before, 1, stage="verify")
+    assert_left_nothing(worker)
+
+
+def test_disconnects_at_random_points_abort_every_request_and_leave_nothing(spec_server):
+    url, worker = spec_server
+    rng = random.Random(20240611)
+    long_prompt = [65 + i % 26 for i in range(3500)]  # 55 prefill chunks
+    before = metric(url, ABORTS)
+    for _ in range(8):
+        prompt = rng.choice([REPETITIVE, long_prompt, "count on and on"])
+        body = {"model": "t", "prompt": prompt, "max_tokens": 500, "ignore_eos": True}
+        body["temperature"] = rng.choice([0, 0, 0.7])
+        if rng.random() < 0.25:  # not streaming: the client gives up waiting
+            with pytest.raises(httpx.ReadTimeout):
+                httpx.post(f"{url}/v1/completions", json=body, timeout=rng.uniform(0.05, 0.5))
+            continue
+        lines = rng.randint(0, 5)  # 0: gone as soon as the response starts
+        with httpx.stream("POST", f"{url}/v1/completions", json={**body, "stream": True}) as r:
+            assert r.status_code == 200
+            for n, _line in enumerate(r.iter_lines() if lines else ()):
+                if n >= lines:
+                    break
+    wait_for(url, before, 8)
+    assert_left_nothing(worker)
