@@ -49,6 +49,7 @@ def _serve(args: argparse.Namespace) -> int:
             capture_content=args.capture_content,
             max_body_bytes=args.max_body_bytes,
             max_header_bytes=args.max_header_bytes,
+            session_idle_timeout_s=args.session_idle_timeout,
         )
         overrides = _read_config(args.config) if args.config else {}
         if args.run_dir is not None:
@@ -266,6 +267,13 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=16 * 1024,
         help="all request headers together; more gets a 431 (default: 16384)",
+    )
+    serve.add_argument(
+        "--session-idle-timeout",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="close sessions no request has used for this long (default: never)",
     )
     serve.add_argument("--run-dir", type=Path, default=None, help="write spans.jsonl here")
     serve.add_argument("--log-level", default="warning")

@@ -8,6 +8,7 @@ passes the Prometheus exporter's).
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from contextlib import asynccontextmanager
 
@@ -16,6 +17,7 @@ from fastapi.responses import Response
 
 from kvwatch.server import completions, debug, errors, sessions
 from kvwatch.server.debug import HeapTracker
+from kvwatch.server.idle import SessionClock, close_idle_sessions
 from kvwatch.server.limits import RequestLimits
 from kvwatch.server.settings import ServerSettings
 from kvwatch.server.worker import EngineWorker
@@ -34,15 +36,23 @@ def create_app(
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         worker.start()
+        reaper = None
+        if settings.session_idle_timeout_s is not None:
+            timeout = settings.session_idle_timeout_s
+            reaper = asyncio.create_task(close_idle_sessions(worker, app.state.clock, timeout))
         try:
             yield
         finally:
+            if reaper is not None:
+                reaper.cancel()
             worker.stop()
 
     app = FastAPI(title="kvwatch", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.worker = worker
     app.state.settings = settings
     app.state.heap = HeapTracker()
+    app.state.clock = SessionClock()
+    app.state.clock.follow(worker.engine.events)
     errors.install(app)
     app.include_router(completions.router)
     app.include_router(sessions.router)

@@ -4,6 +4,8 @@ A session's turns go through the completion endpoints with ``session_id``.
 For ``/v1/chat/completions`` a turn carries only its new messages; the
 server appends them to the session's tokens. For ``/v1/completions`` the
 prompt is the whole sequence and must extend the session's tokens.
+Every call that finds its session counts as a use for the idle timeout
+(idle.py; the clock hears of turns from the engine's events).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import re
 from fastapi import APIRouter, Request
 
 from kvwatch.server.errors import ApiError
+from kvwatch.server.idle import SessionClock
 from kvwatch.server.protocol import ID_PATTERN, SessionOpen, SessionRollback
 from kvwatch.server.worker import EngineWorker
 
@@ -21,6 +24,10 @@ router = APIRouter()
 
 def _worker(request: Request) -> EngineWorker:
     return request.app.state.worker
+
+
+def _clock(request: Request) -> SessionClock:
+    return request.app.state.clock
 
 
 def _session_info(engine, session_id: str) -> dict:
@@ -46,19 +53,24 @@ async def open_session(request: Request, body: SessionOpen | None = None):
         )
         return _session_info(worker.engine, sid)
 
-    return await worker.run(open_)
+    info = await worker.run(open_)
+    _clock(request).opened(info["id"])
+    return info
 
 
 @router.get("/v1/sessions/{session_id}")
 async def get_session(request: Request, session_id: str):
     worker = _worker(request)
-    return await worker.run(_session_info, worker.engine, _checked(session_id))
+    info = await worker.run(_session_info, worker.engine, _checked(session_id))
+    _clock(request).touch(session_id)
+    return info
 
 
 @router.delete("/v1/sessions/{session_id}")
 async def close_session(request: Request, session_id: str):
     worker = _worker(request)
     await worker.run(worker.engine.close_session, _checked(session_id))
+    _clock(request).forget(session_id)
     return {"id": session_id, "object": "session", "closed": True}
 
 
@@ -71,13 +83,16 @@ async def rollback(request: Request, session_id: str, body: SessionRollback | No
         worker.engine.rollback_session(_checked(session_id), body.steps)
         return _session_info(worker.engine, session_id)
 
-    return await worker.run(roll)
+    info = await worker.run(roll)
+    _clock(request).touch(session_id)
+    return info
 
 
 @router.get("/v1/sessions/{session_id}/trajectory")
 async def trajectory(request: Request, session_id: str):
     worker = _worker(request)
     traj = await worker.run(worker.engine.trajectory, _checked(session_id))
+    _clock(request).touch(session_id)
     experts = traj.routed_experts
     return {
         "id": session_id,

@@ -1,7 +1,7 @@
 """ServerSettings: the HTTP server's own knobs, validated when built.
 
 Every limit here bounds what one client can make the server hold or do
-(body and header bytes), so
+(body and header bytes, how long an idle session keeps its cache slot), so
 each is checked once, at construction, and a bad value raises ValueError.
 """
 
@@ -21,6 +21,8 @@ class ServerSettings:
     max_body_bytes: int = 4 * 1024 * 1024
     # All request header names and values together; more gets a JSON 431.
     max_header_bytes: int = 16 * 1024
+    # Close a session no request has used for this long; None: sessions live until closed.
+    session_idle_timeout_s: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("max_body_bytes", "max_header_bytes"):
@@ -28,3 +30,6 @@ class ServerSettings:
                 raise ValueError(f"{name} must be >= {MIN_LIMIT_BYTES}, got {getattr(self, name)}")
         if self.probe_token is not None and not self.probe_token:
             raise ValueError("probe_token must not be empty")
+        timeout = self.session_idle_timeout_s
+        if timeout is not None and not timeout > 0:  # also refuses NaN
+            raise ValueError(f"session_idle_timeout_s must be > 0 seconds, got {timeout}")

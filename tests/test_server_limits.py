@@ -78,6 +78,8 @@ def test_a_100_kb_header_is_refused_and_the_server_lives_on(server):
     ("flags", "message"),
     [
         (["--max-header-bytes", "10"], "max_header_bytes must be >= 1024"),
+        (["--session-idle-timeout", "0"], "session_idle_timeout_s must be > 0"),
+        (["--session-idle-timeout", "nan"], "session_idle_timeout_s must be > 0"),
     ],
 )
 def test_bad_limits_are_usage_errors(flags, message, capsys):

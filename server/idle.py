@@ -1,0 +1,116 @@
+"""Idle sessions: when each HTTP session was last used, and the task that closes stale ones.
+
+Invariant: with a timeout of T seconds, a session is closed only once it has
+gone unused for at least T seconds, checked on the engine thread at the
+moment of closing, and none of its turns is in flight. A use is any session
+call (open, get, rollback, trajectory) and the start and the end of each of
+its turns, which the clock hears from the engine's own events. Closing is
+exactly ``DELETE /v1/sessions/{id}``: its tokens go into the tree and its
+cache slot is released. Without a timeout (the default) the task does not
+run and sessions live until a client closes them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+from kvwatch.engine.engine import Engine
+from kvwatch.engine.events import (
+    EventBus,
+    RequestAborted,
+    RequestAdded,
+    RequestFailed,
+    RequestFinished,
+)
+from kvwatch.server.worker import EngineWorker
+
+MAX_CHECK_PERIOD_S = 1.0
+
+log = logging.getLogger(__name__)
+
+
+class SessionClock:
+    """The last use of each open session, in monotonic seconds.
+
+    Thread-safe: handlers touch it on the event loop, the engine thread when
+    a turn starts or ends. Ids that were never opened are not kept.
+    """
+
+    def __init__(self, now: Callable[[], float] = time.monotonic) -> None:
+        self.now = now
+        self._last: dict[str, float] = {}
+        self._turns: dict[str, str] = {}  # request id -> session id, while the turn runs
+        self._lock = threading.Lock()
+
+    def opened(self, session_id: str) -> None:
+        with self._lock:
+            self._last[session_id] = self.now()
+
+    def touch(self, session_id: str | None) -> None:
+        with self._lock:
+            if session_id in self._last:
+                self._last[session_id] = self.now()
+
+    def forget(self, session_id: str) -> None:
+        with self._lock:
+            self._last.pop(session_id, None)
+
+    def unused_for(self, seconds: float) -> list[str]:
+        with self._lock:
+            cutoff = self.now() - seconds
+            return [sid for sid, last in self._last.items() if last <= cutoff]
+
+    def is_unused_for(self, session_id: str, seconds: float) -> bool:
+        with self._lock:
+            last = self._last.get(session_id)
+            return last is not None and last <= self.now() - seconds
+
+    def follow(self, events: EventBus) -> None:
+        """Count the start and the end of every session turn as a use."""
+        events.subscribe(RequestAdded, self._turn_started)
+        for kind in (RequestFinished, RequestAborted, RequestFailed):
+            events.subscribe(kind, self._turn_ended)
+
+    def _turn_started(self, event: RequestAdded) -> None:
+        if event.session_id is not None:
+            self._turns[event.request_id] = event.session_id
+            self.touch(event.session_id)
+
+    def _turn_ended(self, event: RequestFinished | RequestAborted | RequestFailed) -> None:
+        self.touch(self._turns.pop(event.request_id, None))
+
+
+async def close_idle_sessions(worker: EngineWorker, clock: SessionClock, timeout: float) -> None:
+    """Every ``min(timeout / 4, 1 s)``, close the sessions unused for ``timeout`` seconds."""
+    while True:
+        await asyncio.sleep(min(timeout / 4, MAX_CHECK_PERIOD_S))
+        stale = clock.unused_for(timeout)
+        if not stale:
+            continue
+        try:
+            closed = await worker.run(_close_if_idle, worker.engine, clock, stale, timeout)
+        except Exception:  # keep reaping; the next round tries again
+            log.exception("closing idle sessions failed")
+            continue
+        if closed:
+            log.info("closed %d idle session(s): %s", len(closed), ", ".join(closed))
+
+
+def _close_if_idle(
+    engine: Engine, clock: SessionClock, session_ids: list[str], timeout: float
+) -> list[str]:
+    """On the engine thread: close each session still unused and with no turn in flight."""
+    closed = []
+    for sid in session_ids:
+        session = engine.sessions.open.get(sid)
+        if session is None:  # closed some other way meanwhile
+            clock.forget(sid)
+        elif session.in_flight is None and clock.is_unused_for(sid, timeout):
+            engine.close_session(sid)
+            clock.forget(sid)
+            closed.append(sid)
+    return closed
