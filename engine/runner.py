@@ -99,7 +99,8 @@ class ModelRunner:
         params = req.params
         if params.greedy:
             return int(logits.argmax())
-        probs = (logits / params.temperature).softmax(-1)
+        # Shifted so the largest is 0: a tiny temperature cannot overflow to inf (NaN probs).
+        probs = ((logits - logits.max()) / params.temperature).softmax(-1)
         if params.top_p < 1:
             sorted_p, order = probs.sort(descending=True)
             keep = sorted_p.cumsum(-1) - sorted_p < params.top_p
