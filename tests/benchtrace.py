@@ -38,6 +38,20 @@ class Trace(NamedTuple):
                 count += 1
         return count
 
+    def page_aligned_tokens(self, page: int) -> int:
+        """What an ideal cache that resumes only at page boundaries computes: each
+        prompt from the last page boundary inside the prefix it shares with an
+        earlier prompt (and always its last token). No cache whose state lives on
+        page-aligned tree nodes can do better."""
+        seen: set[tuple[int, ...]] = set()
+        count = 0
+        for prompt in self.prompts:
+            shared = next((end for end in range(len(prompt), 0, -1) if prompt[:end] in seen), 0)
+            resume = min(shared, len(prompt) - 1) // page * page
+            count += len(prompt) - resume
+            seen.update(prompt[:end] for end in range(shared + 1, len(prompt) + 1))
+        return count
+
     def total_tokens(self) -> int:
         return sum(len(p) for p in self.prompts)
 
