@@ -10,9 +10,11 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from kvwatch.engine.cache.audit import RootRefs, audit
-from kvwatch.engine.cache.findings import Finding
+from kvwatch.engine.cache.findings import TREE, Finding, finding
+from kvwatch.engine.cache.holder import HolderStatus
 from kvwatch.engine.cache.hybrid import HybridPrefixCache
-from kvwatch.engine.cache.node import Tier
+from kvwatch.engine.cache.node import Node, Tier
+from kvwatch.engine.cache.owner import OwnerKind
 from kvwatch.engine.cache.usage import Bound, group_usage, usage_bounds
 from kvwatch.engine.config import STATE_GROUPS
 
@@ -30,8 +32,8 @@ class TreeReport(NamedTuple):
     nodes: int
     snapshots: dict[str, int]  # nodes holding state, per state group
     host_snapshots: int
-    # snapshots on nodes with children: what superseded-snapshot release
-    # should keep near zero once nobody runs (seed 000)
+    # superseded snapshots (a deeper one on the same unbranched path): what
+    # superseded-snapshot release should keep near zero once nobody runs (seed 000)
     interior_snapshots: dict[str, int]
 
 
@@ -101,6 +103,17 @@ class EngineStats(NamedTuple):
     slots: SlotReport | None
 
 
+def _superseded(node: Node) -> bool:
+    """Whether a deeper snapshot on the same unbranched path makes ``node``'s
+    state redundant: the snapshots seed 000 leaks. A branch point's state (kept
+    for the siblings) and the deepest state of a path are not superseded."""
+    while len(node.children) == 1:
+        node = next(iter(node.children.values()))
+        if node.has_complete_snapshot:
+            return True
+    return False
+
+
 def take_stats(
     cache: HybridPrefixCache,
     step: int,
@@ -120,7 +133,7 @@ def take_stats(
         on_host += node.snapshot.tier is Tier.HOST
         for group in node.snapshot.pages:
             snapshots[group] += 1
-            interior[group] += len(node.children) == 1  # a branch point's state is kept
+            interior[group] += _superseded(node)
     tree = TreeReport(cache.tree.node_count, snapshots, on_host, interior)
     locked = sum(h.lock_node is not None for h in cache.holders.values())
     live = queue.waiting + queue.running + queue.retracted + queue.paused
@@ -133,6 +146,26 @@ def take_stats(
     return EngineStats(step, live, live_sessions, groups, root, tree, queue, record_bytes, slots)
 
 
+def _stopped_commits(cache: HybridPrefixCache) -> list[Finding]:
+    """Running requests whose commit stopped short of the pages they computed.
+
+    A probe runs at a step boundary, and every step ends with ``commit_chunk``
+    for each request it computed, which reaches the last full page computed.
+    A request still short of it was stopped by a node on its path (the
+    history-only anchor of seed 000) and keeps those pages to itself.
+    """
+    if not cache.radix:
+        return []
+    p, out = cache.page_size, []
+    for h in cache.holders.values():
+        committable = h.computed_len - h.computed_len % p
+        running = h.status is HolderStatus.ACTIVE and h.owner.kind is OwnerKind.REQUEST
+        if running and h.cached_len < committable:
+            detail = f"{h.owner}: commit stopped at {h.cached_len} of {committable} tokens"
+            out.append(finding(TREE, None, [], detail))
+    return out
+
+
 def take_probe(
     cache: HybridPrefixCache,
     step: int,
@@ -143,6 +176,7 @@ def take_probe(
     record_bytes: int = 0,
 ) -> ProbeReport:
     report = audit(cache)
+    findings = report.findings + tuple(_stopped_commits(cache))
     stats = take_stats(cache, step, queue, live_sessions=live_sessions, record_bytes=record_bytes)
     return ProbeReport(
         step,
@@ -150,7 +184,7 @@ def take_probe(
         live_sessions,
         stats.groups,
         report.root_refs,
-        report.findings,
+        findings,
         stats.tree,
         usage_bounds(cache, slack_tokens),
         queue,

@@ -25,6 +25,8 @@ from kvwatch.engine.config import (
     CacheConfig,
     GroupSpec,
 )
+from kvwatch.engine.faults import Fault
+from kvwatch.engine.probe import QueueReport, take_stats
 
 REQ = Owner(OwnerKind.REQUEST, 1)
 OTHER = Owner(OwnerKind.REQUEST, 2)
@@ -275,6 +277,27 @@ def test_a_prompt_leaving_the_tree_without_state_there_captures_it_for_its_sibli
     run_turn(sim, second, [], chunk=8, decode=[])
     assert branch.has_complete_snapshot  # three children now, still kept
     cache.release(second, commit=True)
+    assert audit(cache).clean
+
+
+@pytest.mark.parametrize("leak", [False, True])
+def test_probe_counts_only_superseded_interior_snapshots(leak):
+    """A branch point's state and a path's deepest state are kept on purpose; a turn
+    end that a later turn's terminal supersedes is what seed 000 leaks."""
+    faults = frozenset({Fault.INTERIOR_SNAPSHOT_LEAK}) if leak else frozenset()
+    cache = HybridPrefixCache(small_config(), INT_LAYOUTS, faults=faults)
+    sim = SimRunner(cache)
+    for tail in ([90, 91, 92, 93, 94], [80, 81, 82, 83, 84]):  # two branches at 12
+        h = cache.open([*range(12), *tail])
+        cache.match(h)
+        run_turn(sim, h, [], chunk=8, decode=[])
+        if tail[0] == 90:
+            cache.release(h, commit=True)
+    run_turn(sim, h, [7] * 9, chunk=8, decode=[])  # a second turn on the second branch
+    run_turn(sim, h, [6] * 9, chunk=8, decode=[])  # and a third
+    cache.release(h, commit=True)
+    interior = take_stats(cache, 0, QueueReport(0, 0, 0, 0)).tree.interior_snapshots
+    assert (max(interior.values()) > 0) is leak, interior
     assert audit(cache).clean
 
 

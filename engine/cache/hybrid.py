@@ -393,7 +393,8 @@ class HybridPrefixCache(WorkingState, CacheStorage):
         """Evict LRU unreferenced leaves (see ``CacheStorage.evict``).
 
         A parent left with one child is no longer a branch point: its state is
-        superseded again on its holders' paths, and goes now.
+        superseded again. Unreferenced, it goes now; on live holders' paths it
+        goes as their release of superseded snapshots decides.
         """
         parents: list[Node] = []
 
@@ -402,8 +403,14 @@ class HybridPrefixCache(WorkingState, CacheStorage):
             return self._release_node(node, group)
 
         got = self.tree.evict(wanted, release)
-        if Fault.INTERIOR_SNAPSHOT_LEAK not in self.faults:
-            self._release_for_sharers([n for n in parents if len(n.children) == 1])
+        if Fault.INTERIOR_SNAPSHOT_LEAK in self.faults:
+            return got
+        lone = [n for n in parents if len(n.children) == 1 and n.has_complete_snapshot]
+        for node in lone:
+            if node.refs == 0 and node.host_refs == 0 and node.snapshot.tier is Tier.DEVICE:
+                got += len(node.snapshot.pages.get(group, ()))
+                self.drop_snapshot(node, "superseded")
+        self._release_for_sharers([n for n in lone if n.snapshot is not None])
         return got
 
     def _release_for_sharers(self, path: list[Node]) -> None:
