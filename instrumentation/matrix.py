@@ -35,7 +35,7 @@ class Plan(NamedTuple):
 PLAN: dict[Fault, Plan] = {
     Fault.INTERIOR_SNAPSHOT_LEAK: Plan("agentic", "allocator"),
     Fault.SNAPSHOT_RELEASE_IGNORES_HOST_REFS: Plan("agentic", "tree"),
-    Fault.HISTORY_ONLY_ANCHOR: Plan("agentic", "allocator"),
+    Fault.HISTORY_ONLY_ANCHOR: Plan("agentic", "tree"),
     Fault.ROOT_REF_LEAK_ON_MISS: Plan("agentic", "refcount"),
     Fault.ROOT_IN_EVICT_SET: Plan("churn", "tree"),
     Fault.ABORT_STATE_BUFFER_LEAK: Plan("agentic", "allocator"),

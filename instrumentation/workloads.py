@@ -4,8 +4,11 @@
   every agent extends its own conversation (committed to the tree), takes a
   turn in its recorded streaming session (speculative decoding, routed
   experts), and fires two tool calls over the schema, one of which is
-  aborted or paused mid-prefill. A sub-agent branches each turn from where a
-  conversation stood two turns before.
+  aborted or paused mid-prefill; every other turn a long tool result is sent
+  twice (a client retry). A sub-agent branches each turn from where a
+  conversation stood two turns before (its prompt runs through turn-end
+  nodes whose superseded state was released); the oldest sub-agent retires
+  once there are ``max_conversations``.
 * ``churn``: conversations plus cold prompts that miss the tree; the cache is
   flushed at every barrier, as an engine under memory churn empties it.
 * ``slot-cache``: the snapshot-slot backend; agents run conversations whose
@@ -89,8 +92,11 @@ class Workload:
         """Queue this turn's requests: (request id, conversation index) pairs to keep,
         and the ids of tool calls to cut mid-prefill."""
         keep, cut = [], []
-        if self.name == "agentic" and turn > 0 and len(self.histories) < self.max_conversations:
-            # a sub-agent branches from where a conversation stood two turns ago
+        if self.name == "agentic" and turn > 0:
+            # a sub-agent branches from where a conversation stood two turns ago; past
+            # the cap, the oldest sub-agent's conversation ends to make room
+            if len(self.histories) >= self.max_conversations:
+                del self.histories[self.agents], self.past[self.agents]
             source = self.rng.randrange(self.agents)
             self.histories.append(list(self.past[source][0]))
             self.past.append([self.histories[-1]])
@@ -110,6 +116,13 @@ class Workload:
                 engine.add_request([*self.schema, *self.message(4, 12)], PARAMS)
             for _ in range(max(1, self.agents // 2)):
                 cut.append(engine.add_request([*self.schema, *self.words(120)], PARAMS))
+            if turn % 2 == 0:
+                # a long tool result sent twice (a client retry): the two share every
+                # node, so one that is retracted recovers from a node the other
+                # commits through (the host-ref case of seed 000)
+                retry = [*self.schema, TOOL, *self.words(150), END, ASSISTANT]
+                for _ in range(2):
+                    engine.add_request(retry, PARAMS)
         if self.name == "churn":
             for _ in range(max(1, self.agents // 2)):
                 engine.add_request(self.words(self.rng.randint(20, 90)), PARAMS)  # misses
