@@ -144,13 +144,7 @@ def _soak(args: argparse.Namespace) -> int:
         seed=args.seed,
         model=args.model,
     )
-    try:
-        options.validate()
-    except ValueError as exc:
-        print(f"kvwatch gate: {exc}", file=sys.stderr)
-        return 2
-    _, code = run_soak(options)
-    return code
+    return _validated_run(options, run_soak)
 
 
 def _gate(args: argparse.Namespace) -> int:
@@ -177,12 +171,17 @@ def _gate(args: argparse.Namespace) -> int:
         grafana_url=args.grafana_url,
         grafana_token=args.grafana_token or os.environ.get(GRAFANA_TOKEN_ENV),
     )
+    return _validated_run(options, run_gate)
+
+
+def _validated_run(options, run) -> int:
+    """Exit 2 on options that do not validate; else run and return the run's exit code."""
     try:
         options.validate()
     except ValueError as exc:
         print(f"kvwatch gate: {exc}", file=sys.stderr)
         return 2
-    _, code = run_gate(options)
+    _, code = run(options)
     return code
 
 
