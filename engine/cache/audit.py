@@ -20,6 +20,7 @@ pool, so a million-page pool audits in tens of milliseconds.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections import Counter
 from typing import TYPE_CHECKING, NamedTuple
@@ -73,10 +74,14 @@ class _Claims:
     def __init__(self) -> None:
         self.pages: dict[tuple[str, Tier], list[np.ndarray]] = {}
         self.claimant: dict[tuple[str, Tier], list[int]] = {}
-        self.who: list[tuple[Owner, Node | Holder | Slot]] = []
+        # parallel lists, not (owner, who) tuples: a million-page tree has tens of
+        # thousands of claimants, and that many tuples would wake the collector
+        self.owners: list[Owner] = []
+        self.who: list[Node | Holder | Slot] = []
 
     def register(self, owner: Owner, who: Node | Holder | Slot) -> int:
-        self.who.append((owner, who))
+        self.owners.append(owner)
+        self.who.append(who)
         return len(self.who) - 1
 
     def add(self, group: str, tier: Tier, pages, claimant: int) -> None:
@@ -101,12 +106,13 @@ class _Claims:
 
     def owner_keys(self) -> np.ndarray:
         """``owner_key`` of every claimant, by claimant index."""
-        kinds = np.fromiter((int(o.kind) for o, _ in self.who), dtype=np.int64, count=len(self.who))
-        ids = np.fromiter((o.id for o, _ in self.who), dtype=np.int64, count=len(self.who))
+        n = len(self.owners)
+        kinds = np.fromiter((int(o.kind) for o in self.owners), dtype=np.int64, count=n)
+        ids = np.fromiter((o.id for o in self.owners), dtype=np.int64, count=n)
         return owner_key(kinds, ids)
 
     def describe(self, index: int) -> str:
-        owner, who = self.who[index]
+        owner, who = self.owners[index], self.who[index]
         return f"node {who.id} (depth {who.depth})" if isinstance(who, Node) else str(owner)
 
 
@@ -140,7 +146,8 @@ def _scan_tree(cache: HybridPrefixCache, nodes: list[Node], claims: _Claims) -> 
     tree, p = cache.tree, cache.page_size
     body = nodes[1:]
     first = len(claims.who)
-    claims.who.extend((TREE_OWNER, n) for n in body)
+    claims.owners.extend(itertools.repeat(TREE_OWNER, len(body)))
+    claims.who.extend(body)
     claims.add_many(
         FULL_KV, Tier.DEVICE, [n.pages for n in body], list(range(first, first + len(body)))
     )
