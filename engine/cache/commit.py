@@ -185,3 +185,38 @@ def release_superseded(cache: HybridPrefixCache, holder: Holder) -> None:
         if node.host_refs and Fault.SNAPSHOT_RELEASE_IGNORES_HOST_REFS not in cache.faults:
             continue
         cache.drop_snapshot(node, "superseded")
+
+
+def release_for_sharers(cache: HybridPrefixCache, path: list[Node]) -> None:
+    """A holder left ``path``: snapshots it shared are now one holder's alone.
+
+    Each active holder whose locked path runs through such a node releases
+    what is superseded on it now, rather than at its next commit.
+    """
+    lone = {n for n in path if n.refs == 1 and n.snapshot is not None}
+    if not lone:
+        return
+    for other in list(cache.holders.values()):
+        if (
+            other.status is HolderStatus.ACTIVE
+            and other.lock_node is not None
+            and any(n in lone for n in other.lock_node.path())
+        ):
+            release_superseded(cache, other)
+
+
+def release_unbranched(cache: HybridPrefixCache, parents: list[Node], group: str) -> int:
+    """Eviction left these parents: those down to one child are no branch point any more.
+
+    Their state is superseded again. Unreferenced, it goes now; on live
+    holders' paths, as those holders' release decides. Returns the ``group``
+    pages freed.
+    """
+    lone = [n for n in parents if len(n.children) == 1 and n.has_complete_snapshot]
+    freed = 0
+    for node in lone:
+        if node.refs == 0 and node.host_refs == 0 and node.snapshot.tier is Tier.DEVICE:
+            freed += len(node.snapshot.pages.get(group, ()))
+            cache.drop_snapshot(node, "superseded")
+    release_for_sharers(cache, lone)
+    return freed

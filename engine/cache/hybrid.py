@@ -30,7 +30,12 @@ import numpy as np
 import torch
 
 from kvwatch.engine.cache import sessions, slotcache
-from kvwatch.engine.cache.commit import commit_chunk, insert, release_superseded
+from kvwatch.engine.cache.commit import (
+    commit_chunk,
+    insert,
+    release_for_sharers,
+    release_unbranched,
+)
 from kvwatch.engine.cache.holder import Holder, HolderStatus, Pending, PendingKind
 from kvwatch.engine.cache.node import Node, Tier
 from kvwatch.engine.cache.owner import Owner, OwnerKind
@@ -387,7 +392,7 @@ class HybridPrefixCache(WorkingState, CacheStorage):
         holder.full_pages, holder.swa_pages, holder.working, holder.pending = [], {}, {}, {}
         holder.cached_len = holder.computed_len = holder.allocated_len = 0
         if path and Fault.INTERIOR_SNAPSHOT_LEAK not in self.faults:
-            self._release_for_sharers(path)
+            release_for_sharers(self, path)
 
     def evict(self, group: str, wanted: int) -> int:
         """Evict LRU unreferenced leaves (see ``CacheStorage.evict``).
@@ -403,27 +408,9 @@ class HybridPrefixCache(WorkingState, CacheStorage):
             return self._release_node(node, group)
 
         got = self.tree.evict(wanted, release)
-        if Fault.INTERIOR_SNAPSHOT_LEAK in self.faults:
-            return got
-        lone = [n for n in parents if len(n.children) == 1 and n.has_complete_snapshot]
-        for node in lone:
-            if node.refs == 0 and node.host_refs == 0 and node.snapshot.tier is Tier.DEVICE:
-                got += len(node.snapshot.pages.get(group, ()))
-                self.drop_snapshot(node, "superseded")
-        self._release_for_sharers([n for n in lone if n.snapshot is not None])
+        if Fault.INTERIOR_SNAPSHOT_LEAK not in self.faults:
+            got += release_unbranched(self, parents, group)
         return got
-
-    def _release_for_sharers(self, path: list[Node]) -> None:
-        lone = {n for n in path if n.refs == 1 and n.snapshot is not None}
-        if not lone:
-            return
-        for other in list(self.holders.values()):
-            if (
-                other.status is HolderStatus.ACTIVE
-                and other.lock_node is not None
-                and any(n in lone for n in other.lock_node.path())
-            ):
-                release_superseded(self, other)
 
     # -- helpers --------------------------------------------------------------------
     def _require(self, holder: Holder, status: HolderStatus) -> None:
