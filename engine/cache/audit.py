@@ -23,6 +23,8 @@ from __future__ import annotations
 import itertools
 import math
 from collections import Counter
+from collections.abc import Iterable
+from operator import attrgetter
 from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
@@ -64,16 +66,31 @@ class AuditReport(NamedTuple):
         return not self.findings
 
 
+class _Part(NamedTuple):
+    """One (group, tier)'s claims: every claimed page id, and per claimant run
+    the claimant index and the run's length (``pages`` is the runs concatenated)."""
+
+    pages: np.ndarray
+    claimants: np.ndarray
+    lengths: np.ndarray
+
+    def who(self) -> np.ndarray:
+        """The claimant index of every page in ``pages``."""
+        return np.repeat(self.claimants, self.lengths)
+
+
 class _Claims:
     """Who holds which pages, per (group, tier), as parallel numpy arrays.
 
     Every claimant (a node or a holder) gets an index into ``who``; each
-    (group, tier) keeps its page-id arrays and the claimant index of each.
+    (group, tier) keeps its page-id arrays, the claimant index of each and
+    its length.
     """
 
     def __init__(self) -> None:
         self.pages: dict[tuple[str, Tier], list[np.ndarray]] = {}
         self.claimant: dict[tuple[str, Tier], list[int]] = {}
+        self.lengths: dict[tuple[str, Tier], list[int]] = {}
         # parallel lists, not (owner, who) tuples: a million-page tree has tens of
         # thousands of claimants, and that many tuples would wake the collector
         self.owners: list[Owner] = []
@@ -87,28 +104,35 @@ class _Claims:
     def add(self, group: str, tier: Tier, pages, claimant: int) -> None:
         ids = np.asarray(pages, dtype=np.int64)
         if ids.size:
-            self.pages.setdefault((group, tier), []).append(ids)
-            self.claimant.setdefault((group, tier), []).append(claimant)
+            self.add_many(group, tier, [ids], [claimant], [ids.size])
 
     def add_many(
-        self, group: str, tier: Tier, pages: list[np.ndarray], claimants: list[int]
+        self,
+        group: str,
+        tier: Tier,
+        pages: list[np.ndarray],
+        claimants: Iterable[int],
+        lengths: Iterable[int],
     ) -> None:
         self.pages.setdefault((group, tier), []).extend(pages)
         self.claimant.setdefault((group, tier), []).extend(claimants)
+        self.lengths.setdefault((group, tier), []).extend(lengths)
 
-    def arrays(self, group: str, tier: Tier) -> tuple[np.ndarray, np.ndarray]:
-        """Claimed page ids, and the claimant index of each."""
+    def arrays(self, group: str, tier: Tier) -> _Part:
         parts = self.pages.get((group, tier))
         if not parts:
-            return EMPTY, EMPTY
-        lengths = np.fromiter((p.size for p in parts), dtype=np.int64, count=len(parts))
-        return np.concatenate(parts), np.repeat(self.claimant[group, tier], lengths)
+            return _Part(EMPTY, EMPTY, EMPTY)
+        return _Part(
+            np.concatenate(parts),
+            np.asarray(self.claimant[group, tier], dtype=np.int64),
+            np.asarray(self.lengths[group, tier], dtype=np.int64),
+        )
 
     def owner_keys(self) -> np.ndarray:
         """``owner_key`` of every claimant, by claimant index."""
         n = len(self.owners)
-        kinds = np.fromiter((int(o.kind) for o in self.owners), dtype=np.int64, count=n)
-        ids = np.fromiter((o.id for o in self.owners), dtype=np.int64, count=n)
+        kinds = np.fromiter(map(attrgetter("kind"), self.owners), dtype=np.int64, count=n)
+        ids = np.fromiter(map(attrgetter("id"), self.owners), dtype=np.int64, count=n)
         return owner_key(kinds, ids)
 
     def describe(self, index: int) -> str:
@@ -122,9 +146,9 @@ def owner_key(kinds: np.ndarray, ids: np.ndarray) -> np.ndarray:
 
 
 def audit(cache: HybridPrefixCache) -> AuditReport:
-    nodes = cache.tree.nodes()
     claims = _Claims()
-    problems = _scan_tree(cache, nodes, claims)
+    refs = _holder_refs(cache)
+    scan = _scan_tree(cache, claims, refs)
     _claim_holders(cache, claims)
     _claim_slots(cache, claims)
     owners = claims.owner_keys()
@@ -133,33 +157,75 @@ def audit(cache: HybridPrefixCache) -> AuditReport:
         findings += _audit_pool(pool, group, Tier.DEVICE, claims, owners)
     for group, pool in cache.host_pools.items():
         findings += _audit_pool(pool, group, Tier.HOST, claims, owners)
-    ref_findings, root = _audit_refs(cache, nodes)
-    findings += ref_findings
-    findings += [finding(TREE, None, [], p) for p in problems + _holder_problems(cache)]
+    findings += scan.ref_findings
+    findings += [finding(TREE, None, [], p) for p in scan.problems + _holder_problems(cache)]
     if cache.slots is not None:
         findings += cache.slots.findings()
-    return AuditReport(tuple(findings), root)
+    return AuditReport(tuple(findings), RootRefs(cache.tree.root.refs, refs.device[0]))
 
 
-def _scan_tree(cache: HybridPrefixCache, nodes: list[Node], claims: _Claims) -> list[str]:
-    """One pass over the nodes: claim their pages and check shape, links and counters."""
+class _HolderRefs(NamedTuple):
+    """Ref counts the live holders imply, by node id."""
+
+    device: Counter[int]  # holders whose lock path covers the node
+    host: Counter[int]  # retracted holders that recover from exactly the node
+
+
+class _TreeScan(NamedTuple):
+    problems: list[str]
+    ref_findings: list[Finding]
+
+
+def _holder_refs(cache: HybridPrefixCache) -> _HolderRefs:
+    device: Counter[int] = Counter()
+    host: Counter[int] = Counter()
+    for holder in cache.holders.values():
+        if holder.lock_node is not None:
+            for n in holder.lock_node.path():
+                device[n.id] += 1
+        if holder.anchor is not None:
+            host[holder.anchor.id] += 1
+    return _HolderRefs(device, host)
+
+
+def _scan_tree(cache: HybridPrefixCache, claims: _Claims, refs: _HolderRefs) -> _TreeScan:
+    """One walk over the tree: claim each node's pages, and check its refs
+    against ``refs``, its shape, its parent link and the tree's counters.
+
+    The walk follows ``children`` from the root, so a node whose parent link
+    is broken is still reached (and reported) as long as a parent lists it.
+    """
     tree, p = cache.tree, cache.page_size
-    body = nodes[1:]
-    first = len(claims.who)
-    claims.owners.extend(itertools.repeat(TREE_OWNER, len(body)))
-    claims.who.extend(body)
-    claims.add_many(
-        FULL_KV, Tier.DEVICE, [n.pages for n in body], list(range(first, first + len(body)))
-    )
+    root = tree.root
     out: list[str] = []
+    ref_findings: list[Finding] = []
+    want_device, want_host = refs.device.get, refs.host.get  # not Counter.__missing__
+    if root.refs != want_device(0, 0) or root.host_refs != want_host(0, 0):
+        ref_findings.append(_ref_finding(root, refs))
     per_snapshot = {g: cache.config.pages_per_snapshot(g) for g in STATE_GROUPS}
     want_evict, with_state = set(), set()
-    state_pages: dict[tuple[str, Tier], tuple[list[np.ndarray], list[int]]] = {}
+    state_pages: dict[tuple[str, Tier], tuple[list[np.ndarray], list[int], list[int]]] = {}
+    body: list[Node] = []
+    page_arrays: list[np.ndarray] = []
+    page_lengths: list[int] = []
+    first = len(claims.who)
     pages = 0
-    for index, n in enumerate(body, first):
-        parent, tokens = n.parent, n.tokens
-        n_pages = n.pages.size
+    stack = list(root.children.values())
+    while stack:
+        n = stack.pop()
+        index = first + len(body)
+        body.append(n)
+        parent, tokens, kids, ids = n.parent, n.tokens, n.children, n.pages
+        page_arrays.append(ids)
+        n_pages = ids.size
+        page_lengths.append(n_pages)
         pages += n_pages
+        if kids:
+            stack.extend(kids.values())
+        elif not n.refs and not n.host_refs:
+            want_evict.add(n)
+        if n.refs != want_device(n.id, 0) or n.host_refs != want_host(n.id, 0):
+            ref_findings.append(_ref_finding(n, refs))
         if not tokens or len(tokens) != n_pages * p:
             out.append(f"node {n.id}: {len(tokens)} tokens over {n_pages} pages")
         if (
@@ -167,19 +233,18 @@ def _scan_tree(cache: HybridPrefixCache, nodes: list[Node], claims: _Claims) -> 
             or parent.children.get((n.extra_key, *tokens[:p])) is not n
         ):
             out.append(f"node {n.id}: depth or parent link broken")
-        if parent.parent is not None and parent.extra_key != n.extra_key:
+        if parent is not root and parent.extra_key != n.extra_key:
             out.append(f"node {n.id}: extra key differs from its parent's")
-        if not n.children and not n.refs and not n.host_refs:
-            want_evict.add(n)
         snap = n.snapshot
         if snap is not None and snap.pages:
             with_state.add(n)
-            for group, ids in snap.pages.items():
-                held, claimant = state_pages.setdefault((group, snap.tier), ([], []))
-                held.append(ids)
+            for group, held_ids in snap.pages.items():
+                held, claimant, sizes = state_pages.setdefault((group, snap.tier), ([], [], []))
+                held.append(held_ids)
                 claimant.append(index)
-                if ids.size != per_snapshot[group]:
-                    out.append(f"node {n.id}: {group} snapshot has {ids.size} pages")
+                sizes.append(held_ids.size)
+                if held_ids.size != per_snapshot[group]:
+                    out.append(f"node {n.id}: {group} snapshot has {held_ids.size} pages")
             if not snap.complete:
                 out.append(f"node {n.id}: snapshot holds only {sorted(snap.pages)}")
         if n.host_refs and not n.has_complete_snapshot:
@@ -187,10 +252,15 @@ def _scan_tree(cache: HybridPrefixCache, nodes: list[Node], claims: _Claims) -> 
                 f"node {n.id} (depth {n.depth}): {n.host_refs} retracted holder(s) recover "
                 "from it, but its state is gone"
             )
+    claims.owners.extend(itertools.repeat(TREE_OWNER, len(body)))
+    claims.who.extend(body)
+    claims.add_many(
+        FULL_KV, Tier.DEVICE, page_arrays, range(first, first + len(body)), page_lengths
+    )
     state: Counter[tuple[str, Tier]] = Counter()
-    for (group, tier), (held, claimant) in state_pages.items():
-        claims.add_many(group, tier, held, claimant)
-        state[group, tier] = sum(ids.size for ids in held)
+    for (group, tier), (held, claimant, sizes) in state_pages.items():
+        claims.add_many(group, tier, held, claimant, sizes)
+        state[group, tier] = sum(sizes)
     for n in tree.evictable - want_evict:
         what = "root" if n.is_root else f"node {n.id}"
         out.append(f"{what} is in the evict set but is not an unlocked non-root leaf")
@@ -206,7 +276,18 @@ def _scan_tree(cache: HybridPrefixCache, nodes: list[Node], claims: _Claims) -> 
         out.append(
             f"snapshot set has {len(tree.snapshot_nodes)} nodes, {len(with_state)} carry state"
         )
-    return out
+    return _TreeScan(out, ref_findings)
+
+
+def _ref_finding(node: Node, refs: _HolderRefs) -> Finding:
+    what = "root" if node.is_root else f"node {node.id} (depth {node.depth})"
+    return finding(
+        REF_MISMATCH,
+        None,
+        [],
+        f"{what}: refs {node.refs}/host {node.host_refs}, "
+        f"live holders imply {refs.device[node.id]}/{refs.host[node.id]}",
+    )
 
 
 def _claim_holders(cache: HybridPrefixCache, claims: _Claims) -> None:
@@ -241,7 +322,8 @@ def _audit_pool(
     out: list[Finding] = []
     label = group if tier is Tier.DEVICE else f"{group} (host)"
     snap = pool.view()
-    pages, who = claims.arrays(group, tier)
+    claimed = claims.arrays(group, tier)
+    pages = claimed.pages
     held = np.bincount(pages, minlength=pool.capacity)
     on_stack = np.bincount(snap.free_pages, minlength=pool.capacity)
     tagged = snap.owner_kind != int(OwnerKind.FREE)
@@ -251,7 +333,7 @@ def _audit_pool(
         return "free" if kind is OwnerKind.FREE else str(Owner(kind, int(snap.owner_id[page])))
 
     def holders_of(page: int) -> str:
-        return ", ".join(claims.describe(int(i)) for i in who[pages == page])
+        return ", ".join(claims.describe(int(i)) for i in claimed.who()[pages == page])
 
     twice_free = np.flatnonzero(on_stack > 1).tolist()
     if twice_free:
@@ -300,7 +382,8 @@ def _audit_pool(
         # Tags against claimants, one int64 compare per claimed page; a page
         # held twice is reported above, not again here.
         tags = owner_key(snap.owner_kind, snap.owner_id)
-        bad_at = pages[tags[pages] != owners[who]]
+        expected = np.repeat(owners[claimed.claimants], claimed.lengths)
+        bad_at = pages[tags[pages] != expected]
         bad = bad_at[held[bad_at] == 1].tolist()
         if bad:
             p = bad[0]
@@ -313,32 +396,6 @@ def _audit_pool(
                 )
             )
     return out
-
-
-def _audit_refs(cache: HybridPrefixCache, nodes: list[Node]) -> tuple[list[Finding], RootRefs]:
-    device: Counter[int] = Counter()
-    host: Counter[int] = Counter()
-    for holder in cache.holders.values():
-        if holder.lock_node is not None:
-            for n in holder.lock_node.path():
-                device[n.id] += 1
-        if holder.anchor is not None:
-            host[holder.anchor.id] += 1
-    out = []
-    want_device, want_host = device.get, host.get  # (not Counter's __missing__: hot loop)
-    for node in nodes:
-        if node.refs != want_device(node.id, 0) or node.host_refs != want_host(node.id, 0):
-            what = "root" if node.is_root else f"node {node.id} (depth {node.depth})"
-            out.append(
-                finding(
-                    REF_MISMATCH,
-                    None,
-                    [],
-                    f"{what}: refs {node.refs}/host {node.host_refs}, live holders imply {device[node.id]}/{host[node.id]}",
-                )
-            )
-    root = cache.tree.root
-    return out, RootRefs(root.refs, device[root.id])
 
 
 def _holder_problems(cache: HybridPrefixCache) -> list[str]:
