@@ -83,3 +83,18 @@ def test_the_gate_process_never_loads_gevent_or_locust():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "", f"the gate imported {out.stdout.strip()}"
+
+
+def test_the_gate_checks_its_flags_without_loading_torch_or_scipy():
+    """Parsing ``--inject`` needs the fault registry, not the engine: a usage error
+    answers in well under a second instead of after torch loads."""
+    code = (
+        "import sys, kvwatch.loadtests.gate, kvwatch.engine.faults as f\n"
+        "f.parse_faults(['interior-snapshot-leak'])\n"
+        "print(','.join(sorted(m for m in sys.modules if m in ('torch', 'scipy.stats'))))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "", f"the gate imported {out.stdout.strip()}"
+    from kvwatch.engine import Engine, SamplingParams  # the lazy names still resolve
+
+    assert Engine.__name__ == "Engine" and SamplingParams.__name__ == "SamplingParams"

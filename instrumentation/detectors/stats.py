@@ -13,7 +13,6 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 import numpy as np
-from scipy import stats
 
 ALPHA = 0.05
 MIN_POINTS = 4
@@ -41,6 +40,8 @@ def trend(values: Sequence[float]) -> Trend:
     x = np.arange(len(y), dtype=float)
     if len(y) < 2 or np.all(y == y[0]):
         return Trend(0.0, 0.0, 0.0, 0.0, 1.0, len(y))
+    from scipy import stats  # here, not at import: the CLI checks its flags first (1.5 s)
+
     slope, _, low, high = stats.theilslopes(y, x, alpha=0.90)
     tau, p = stats.kendalltau(x, y, alternative="greater")
     return Trend(float(slope), float(low), float(high), float(tau), float(p), len(y))
