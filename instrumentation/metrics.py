@@ -31,6 +31,7 @@ from kvwatch.engine.events import (
 )
 from kvwatch.engine.probe import EngineStats
 from kvwatch.instrumentation import names as n
+from kvwatch.instrumentation.tally import Tally, attr_key
 
 
 class StatsCache:
@@ -65,10 +66,13 @@ def _pool_pages(stats: EngineStats) -> Iterable[Observation]:
 
 
 class _Request:
-    __slots__ = ("added", "first", "labels", "prompt")
+    __slots__ = ("added", "attrs", "first", "key", "prompt")
 
     def __init__(self, added: float, prompt: int, labels: dict[str, str]) -> None:
-        self.added, self.prompt, self.labels = added, prompt, labels
+        self.added, self.prompt = added, prompt
+        # the request's metric attributes, worked out once: every token event uses them
+        self.attrs = {k: v for k, v in labels.items() if k in (n.OPERATION, n.MODEL)}
+        self.key = attr_key(self.attrs)
         self.first: float | None = None
 
 
@@ -83,14 +87,15 @@ class EngineMetrics:
         self.stats = StatsCache(stats, stats_max_age)
         self._requests: dict[str, _Request] = {}
         self._gauges(meter)
-        self.queried = meter.create_counter(n.PREFIX_QUERIED, unit="{token}")
-        self.hit = meter.create_counter(n.PREFIX_HIT, unit="{token}")
+        # per-request and per-token counts: tallies, not synchronous counters (tally.py)
+        self.queried = Tally(meter, n.PREFIX_QUERIED, "{token}")
+        self.hit = Tally(meter, n.PREFIX_HIT, "{token}")
+        self.generated = Tally(meter, n.TOKENS_GENERATED, "{token}")
+        self.computed = Tally(meter, n.PREFILL_COMPUTED, "{token}")
         self.retractions = meter.create_counter(n.RETRACTIONS, unit="{request}")
         self.aborts = meter.create_counter(n.ABORTS, unit="{request}")
         self.evictions = meter.create_counter(n.EVICTIONS, unit="{eviction}")
         self.finished = meter.create_counter(n.REQUESTS_FINISHED, unit="{request}")
-        self.generated = meter.create_counter(n.TOKENS_GENERATED, unit="{token}")
-        self.computed = meter.create_counter(n.PREFILL_COMPUTED, unit="{token}")
         self.ttft = meter.create_histogram(n.TTFT, unit="s")
         self.tpot = meter.create_histogram(n.TPOT, unit="s")
         self.duration = meter.create_histogram(n.REQUEST_DURATION, unit="s")
@@ -167,9 +172,7 @@ class EngineMetrics:
     # -- listeners ------------------------------------------------------------------------
     def _attrs(self, rid: str) -> dict[str, str]:
         req = self._requests.get(rid)
-        if req is None:
-            return {}
-        return {k: v for k, v in req.labels.items() if k in (n.OPERATION, n.MODEL)}
+        return {} if req is None else req.attrs
 
     def _added(self, e: RequestAdded) -> None:
         self._requests[e.request_id] = _Request(time.monotonic(), e.prompt_tokens, dict(e.labels))
@@ -177,15 +180,18 @@ class EngineMetrics:
     def _scheduled(self, e: RequestScheduled) -> None:
         req = self._requests.get(e.request_id)
         if req is not None:
-            self.queried.add(req.prompt, self._attrs(e.request_id))
-            self.hit.add(e.cached_tokens, self._attrs(e.request_id))
+            self.queried.add(req.prompt, req.key)
+            self.hit.add(e.cached_tokens, req.key)
 
     def _tokens(self, e: TokensGenerated) -> None:
         req = self._requests.get(e.request_id)
-        self.generated.add(e.count, self._attrs(e.request_id))
-        if req is not None and e.first and req.first is None:
+        if req is None:
+            self.generated.add(e.count)
+            return
+        self.generated.add(e.count, req.key)
+        if e.first and req.first is None:
             req.first = time.monotonic()
-            self.ttft.record(req.first - req.added, self._attrs(e.request_id))
+            self.ttft.record(req.first - req.added, req.attrs)
 
     def _finished(self, e: RequestFinished) -> None:
         attrs = self._attrs(e.request_id)

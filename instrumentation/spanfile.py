@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import threading
 from collections.abc import Sequence
 from pathlib import Path
@@ -19,7 +18,7 @@ class SpanFileExporter(SpanExporter):
         self._lock = threading.Lock()
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-        lines = [json.dumps(json.loads(s.to_json()), separators=(",", ":")) for s in spans]
+        lines = [s.to_json(indent=None) for s in spans]  # one line each
         with self._lock:
             if self._file.closed:
                 return SpanExportResult.FAILURE

@@ -3,8 +3,9 @@
 * metrics: a Prometheus reader on a private registry (rendered at
   ``/metrics``), plus an OTLP/HTTP exporter when ``OTEL_EXPORTER_OTLP_ENDPOINT``
   is set, plus any reader a caller adds (tests use ``InMemoryMetricReader``);
-* traces: a JSON-lines span file when a run directory is given, OTLP/HTTP when
-  the endpoint is set, plus any span processor a caller adds.
+* traces: a JSON-lines span file when a run directory is given (written in
+  batches off the engine thread, flushed by ``shutdown``), OTLP/HTTP when the
+  endpoint is set, plus any span processor a caller adds.
 
 Providers are private to a ``Telemetry`` (never set as the global ones), so
 several engines in one process keep their numbers apart.
@@ -21,7 +22,7 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import MetricReader, PeriodicExportingMetricReader
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
+from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from kvwatch import __version__
@@ -30,6 +31,7 @@ from kvwatch.instrumentation.spanfile import SpanFileExporter
 
 OTLP_ENV = "OTEL_EXPORTER_OTLP_ENDPOINT"
 SPAN_FILE = "spans.jsonl"
+SPAN_FILE_DELAY_MS = 1000
 
 
 class Telemetry:
@@ -49,7 +51,12 @@ class Telemetry:
         processors = list(span_processors)
         if run_dir is not None:
             self.span_file = Path(run_dir) / SPAN_FILE
-            processors.append(SimpleSpanProcessor(SpanFileExporter(self.span_file)))
+            # Batched: the engine thread only queues a finished span; a worker
+            # thread serialises and writes them, about once a second.
+            exporter = SpanFileExporter(self.span_file)
+            processors.append(
+                BatchSpanProcessor(exporter, schedule_delay_millis=SPAN_FILE_DELAY_MS)
+            )
         if otlp:
             from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
             from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter

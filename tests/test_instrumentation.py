@@ -85,6 +85,8 @@ def test_counters_and_latency_histograms():
         engine.take(rid)
     assert one(reader, n.PREFIX_QUERIED) == 100
     assert one(reader, n.PREFIX_HIT) > 0  # the second request recovered the first one's state
+    assert one(reader, n.TOKENS_GENERATED, **{n.MODEL: "tiny"}) == 10  # tallies keep labels
+    assert 50 <= one(reader, n.PREFILL_COMPUTED) < 100  # the second prompt resumed
     assert one(reader, n.REQUESTS_FINISHED, reason="length") == 2
     assert one(reader, n.TTFT, **{n.MODEL: "tiny"}) == 2  # histogram counts
     assert one(reader, n.REQUEST_DURATION) == 2
