@@ -13,7 +13,7 @@ from collections.abc import Callable
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
-from fastapi.responses import Response
+from fastapi.responses import JSONResponse, Response
 
 from kvwatch.server import completions, debug, errors, sessions
 from kvwatch.server.debug import HeapTracker
@@ -61,6 +61,8 @@ def create_app(
 
     @app.get("/health")
     async def health():
+        if worker.failure is not None:
+            return JSONResponse({"status": "failed", "error": worker.failure}, status_code=503)
         return {"status": "ok"}
 
     @app.get("/v1/models")

@@ -13,6 +13,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
 from kvwatch.engine.errors import EngineError
+from kvwatch.server.worker import EngineStopped
 
 TYPES = {
     400: "invalid_request_error",
@@ -70,6 +71,10 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(EngineError)
     async def _engine(request: Request, exc: EngineError) -> JSONResponse:
         return error_response(exc.status, str(exc), code=exc.code)
+
+    @app.exception_handler(EngineStopped)
+    async def _stopped(request: Request, exc: EngineStopped) -> JSONResponse:
+        return error_response(503, str(exc), code="engine_stopped")
 
     @app.exception_handler(ApiError)
     async def _api(request: Request, exc: ApiError) -> JSONResponse:

@@ -36,6 +36,12 @@ from kvwatch.engine.request import RequestOutput, SamplingParams
 IDLE_WAIT_S = 0.05
 
 
+class EngineStopped(RuntimeError):
+    """The engine's step raised outside a request's own failure paths. Its state
+    is then unknown, so the worker stops stepping it: the streams in flight end
+    with an error, and new requests are refused (503) instead of hanging."""
+
+
 @dataclass(eq=False)
 class Stream:
     """One request's deltas; the last item is its ``Completion``."""
@@ -56,6 +62,7 @@ class EngineWorker:
         self._streams: dict[str, Stream] = {}
         self._wake = threading.Event()
         self._stopping = False
+        self.failure: str | None = None  # set once a step raised; see EngineStopped
         self._thread = threading.Thread(target=self._run, name="kvwatch-engine", daemon=True)
         engine.events.subscribe(BatchComputed, lambda _: self._drain_aborts())
 
@@ -92,6 +99,8 @@ class EngineWorker:
         loop = asyncio.get_running_loop()
 
         def add() -> Stream:
+            if self.failure is not None:
+                raise EngineStopped(self.failure)
             rid = self.engine.add_request(prompt, params, session_id=session_id, labels=labels)
             stream = Stream(rid, loop, asyncio.Queue())
             self._streams[rid] = stream
@@ -122,17 +131,25 @@ class EngineWorker:
         while not self._stopping:
             self._drain_aborts()
             self._drain_calls()
-            if self.engine.has_unfinished():
+            if self.failure is None and self.engine.has_unfinished():
                 try:
                     outputs = self.engine.step()
-                except Exception:  # the engine contains per-request failures; this is a bug
-                    traceback.print_exc()
+                except Exception as exc:  # the engine contains per-request failures; this is a bug
+                    self._stop_engine(exc)
                     continue
                 self._dispatch(outputs)
             else:
                 self._wake.wait(IDLE_WAIT_S)
                 self._wake.clear()
         self._drain_calls()
+
+    def _stop_engine(self, exc: Exception) -> None:
+        traceback.print_exc()
+        self.failure = f"the engine stopped: a step raised {exc!r}"
+        for request_id, stream in list(self._streams.items()):
+            del self._streams[request_id]
+            error = f"internal error: {self.failure}"
+            stream.put(Completion(request_id, [], [], "", "error", 0, [], None, error))
 
     def _drain_aborts(self) -> None:
         while True:
