@@ -15,7 +15,7 @@ from kvwatch.engine.cache.holder import HolderStatus
 from kvwatch.engine.cache.hybrid import HybridPrefixCache
 from kvwatch.engine.cache.node import Node, Tier
 from kvwatch.engine.cache.owner import OwnerKind
-from kvwatch.engine.cache.usage import Bound, group_usage, usage_bounds
+from kvwatch.engine.cache.usage import Bound, GroupUsage, group_usage, usage_bounds
 from kvwatch.engine.config import STATE_GROUPS
 
 
@@ -121,10 +121,12 @@ def take_stats(
     *,
     live_sessions: int = 0,
     record_bytes: int = 0,
+    usage: dict[str, GroupUsage] | None = None,
 ) -> EngineStats:
+    usage = usage if usage is not None else group_usage(cache)
     groups = {
         name: GroupReport(u.family, u.capacity, u.free, u.by_owner, u.evictable, u.host_capacity)
-        for name, u in group_usage(cache).items()
+        for name, u in usage.items()
     }
     snapshots = dict.fromkeys(STATE_GROUPS, 0)
     interior = dict.fromkeys(STATE_GROUPS, 0)
@@ -177,7 +179,10 @@ def take_probe(
 ) -> ProbeReport:
     report = audit(cache)
     findings = report.findings + tuple(_stopped_commits(cache))
-    stats = take_stats(cache, step, queue, live_sessions=live_sessions, record_bytes=record_bytes)
+    usage = group_usage(cache)  # one reading serves the stats and the bounds
+    stats = take_stats(
+        cache, step, queue, live_sessions=live_sessions, record_bytes=record_bytes, usage=usage
+    )
     return ProbeReport(
         step,
         stats.live_requests,
@@ -186,7 +191,7 @@ def take_probe(
         report.root_refs,
         findings,
         stats.tree,
-        usage_bounds(cache, slack_tokens),
+        usage_bounds(cache, slack_tokens, usage),
         queue,
         record_bytes,
         stats.slots,

@@ -60,23 +60,27 @@ class Bound(NamedTuple):
         return self.pinned > self.limit
 
 
-def _pinned_nodes(cache: HybridPrefixCache) -> set[Node]:
-    """Nodes no eviction can reach: locked, host-ref'd, or above a host-ref'd node."""
-    pinned = {n for n in cache.tree.nodes() if n.refs > 0}
+def _anchored(cache: HybridPrefixCache) -> set[Node]:
+    """Retracted holders' recovery nodes and everything above them: pinned even
+    at zero refs, because eviction only takes leaves."""
+    out: set[Node] = set()
     for holder in cache.holders.values():
         if holder.anchor is not None:
-            pinned.update(holder.anchor.path())
-    return pinned
+            out.update(holder.anchor.path())
+    return out
 
 
 def group_usage(cache: HybridPrefixCache) -> dict[str, GroupUsage]:
-    pinned = _pinned_nodes(cache)
+    """Per group: capacity, free pages, pages by owner kind, and the tree-held
+    pages eviction or pruning may take back (one walk over the tree)."""
+    anchored = _anchored(cache)
     evictable = dict.fromkeys(cache.pools, 0)
     for node in cache.tree.nodes()[1:]:
-        if node not in pinned:
+        locked = node.refs > 0
+        if not locked and node not in anchored:
             evictable[FULL_KV] += len(node.pages)
         snap = node.snapshot
-        if snap is not None and snap.tier is Tier.DEVICE and not node.refs and not node.host_refs:
+        if snap is not None and snap.tier is Tier.DEVICE and not locked and not node.host_refs:
             for group, pages in snap.pages.items():
                 evictable[group] += len(pages)
     out = {}
@@ -98,11 +102,16 @@ def group_usage(cache: HybridPrefixCache) -> dict[str, GroupUsage]:
     return out
 
 
-def usage_bounds(cache: HybridPrefixCache, slack_tokens: int = 0) -> dict[str, Bound]:
+def usage_bounds(
+    cache: HybridPrefixCache,
+    slack_tokens: int = 0,
+    usage: dict[str, GroupUsage] | None = None,
+) -> dict[str, Bound]:
     """Pinned pages against the limit live holders justify, per device group.
 
     ``slack_tokens`` is how far a holder may legitimately allocate ahead of
     its computed tokens at a step boundary (k + 1 with speculative decoding).
+    ``usage`` is this same moment's ``group_usage``, when the caller has it.
     """
     cfg, p = cache.config, cache.page_size
     ps = cache.pools[SWA_KV].page_size
@@ -110,7 +119,7 @@ def usage_bounds(cache: HybridPrefixCache, slack_tokens: int = 0) -> dict[str, B
     active = [h for h in cache.holders.values() if h.status in live]
     retracted = [h for h in cache.holders.values() if h.status is HolderStatus.RETRACTED]
     holders = len(active) + len(retracted)
-    usage = group_usage(cache)
+    usage = usage if usage is not None else group_usage(cache)
     out = {}
 
     def ahead(h: Holder) -> int:
