@@ -34,15 +34,14 @@ from kvwatch.engine.cache.commit import (
     commit_chunk,
     insert,
     release_for_sharers,
-    release_unbranched,
 )
 from kvwatch.engine.cache.holder import Holder, HolderStatus, Pending, PendingKind
 from kvwatch.engine.cache.node import Node, Tier
 from kvwatch.engine.cache.owner import Owner, OwnerKind
 from kvwatch.engine.cache.pool import PoolExhausted
+from kvwatch.engine.cache.pressure import CachePressure
 from kvwatch.engine.cache.radix import Walk
 from kvwatch.engine.cache.slots import SlotTable
-from kvwatch.engine.cache.storage import CacheStorage
 from kvwatch.engine.cache.working import WorkingState
 from kvwatch.engine.config import (
     FULL_KV,
@@ -68,7 +67,7 @@ class Capture(NamedTuple):
     linear_state: torch.Tensor  # the L layers' state after token ``boundary - 1``
 
 
-class HybridPrefixCache(WorkingState, CacheStorage):
+class HybridPrefixCache(WorkingState, CachePressure):
     def __init__(self, *args, fingerprint: str = "", **kwargs) -> None:
         """``fingerprint`` names the model and geometry; slot keys hash it in."""
         super().__init__(*args, **kwargs)
@@ -295,39 +294,6 @@ class HybridPrefixCache(WorkingState, CacheStorage):
         if holder.status is HolderStatus.PARKED:
             sessions.settle(self, holder, limit)
 
-    # -- pressure ---------------------------------------------------------------------
-    def make_room(self, group: str, wanted: int, tier: Tier = Tier.DEVICE) -> int:
-        """Prune and evict; as a last resort, give up retracted holders' recovery nodes.
-
-        A host ref keeps a recovery snapshot safe from the superseded-snapshot
-        release, not from real pressure: when nothing unreferenced is left, the
-        least recently used recovery node that no running holder uses is let
-        go, and its holders will recover from a shallower snapshot.
-        """
-        got = super().make_room(group, wanted, tier)
-        while got < wanted and (node := self._oldest_recovery_node(tier)) is not None:
-            for holder in self.holders.values():
-                if holder.anchor is node:
-                    self.tree.drop_host_ref(node)
-                    holder.anchor = None
-            got += super().make_room(group, wanted - got, tier)
-        if got < wanted and self.slots is not None and tier is Tier.DEVICE:
-            got += slotcache.make_room(self, group, wanted - got)
-        return got
-
-    def flush(self) -> None:
-        super().flush()
-        if self.slots is not None:
-            slotcache.flush(self)
-
-    def _oldest_recovery_node(self, tier: Tier) -> Node | None:
-        nodes = {
-            h.anchor
-            for h in self.holders.values()
-            if h.anchor is not None and h.anchor.refs == 0 and h.anchor.snapshot.tier is tier
-        }
-        return min(nodes, key=lambda n: (n.last_access, n.id), default=None)
-
     # -- leaving --------------------------------------------------------------------
     def retract(self, holder: Holder) -> None:
         """Free a running holder's pages under pressure; it recovers later via ``match``.
@@ -393,24 +359,6 @@ class HybridPrefixCache(WorkingState, CacheStorage):
         holder.cached_len = holder.computed_len = holder.allocated_len = 0
         if path and Fault.INTERIOR_SNAPSHOT_LEAK not in self.faults:
             release_for_sharers(self, path)
-
-    def evict(self, group: str, wanted: int) -> int:
-        """Evict LRU unreferenced leaves (see ``CacheStorage.evict``).
-
-        A parent left with one child is no longer a branch point: its state is
-        superseded again. Unreferenced, it goes now; on live holders' paths it
-        goes as their release of superseded snapshots decides.
-        """
-        parents: list[Node] = []
-
-        def release(node: Node) -> int:
-            parents.append(node.parent)
-            return self._release_node(node, group)
-
-        got = self.tree.evict(wanted, release)
-        if Fault.INTERIOR_SNAPSHOT_LEAK not in self.faults:
-            got += release_unbranched(self, parents, group)
-        return got
 
     # -- helpers --------------------------------------------------------------------
     def _require(self, holder: Holder, status: HolderStatus) -> None:
