@@ -23,13 +23,16 @@ from __future__ import annotations
 import itertools
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
 from kvwatch.engine.cache.holder import Holder
 from kvwatch.engine.config import MAX_ROLLBACK
 from kvwatch.engine.errors import SessionError, busy_session, closed_session, unknown_session
+
+if TYPE_CHECKING:
+    from kvwatch.engine.request import Request
 
 CLOSED_IDS_KEPT = 4096  # closed session ids remembered, to tell "closed" from "unknown"
 
@@ -108,6 +111,21 @@ class Session:
     records: SessionRecords | None = None
     turn_ends: list[int] = field(default_factory=lambda: [0])  # len(tokens) after each turn
     in_flight: str | None = None  # id of the turn being served
+
+    def end_turn(self, req: Request, *, record: bool) -> None:
+        """A turn is over: the session moves on without ``req``. A finished turn
+        (``record``) marks where it ended and, with recording on, leaves its record."""
+        req.tokens = list(req.tokens)  # the request keeps its own copy from now on
+        self.in_flight = None
+        if not record:
+            return
+        self.turn_ends = [*self.turn_ends[-(MAX_ROLLBACK + 1) :], len(self.tokens)]
+        if self.records is not None:
+            experts = req.routed_experts
+            blob = None if experts is None else np.array(experts.cpu().numpy(), copy=True)
+            turn = len(self.records.records)
+            rec = TurnRecord(turn, req.prompt_len, tuple(req.output_ids), tuple(req.logprobs), blob)
+            self.records.append(rec)
 
 
 class SessionRegistry:

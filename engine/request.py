@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, NamedTuple
 import torch
 
 from kvwatch.engine.cache.holder import Holder
+from kvwatch.engine.model.tokenizer import STOP_TOKENS
 
 if TYPE_CHECKING:
     from kvwatch.engine.records import Session
@@ -79,6 +80,20 @@ class Request:
     @property
     def done(self) -> bool:
         return self.status in DONE
+
+    def accept(self, new: tuple[int, ...], max_model_len: int) -> tuple[list[int], str | None]:
+        """The new tokens up to the first stop condition, and that condition
+        (``stop``, ``length``, or None to go on)."""
+        params, kept = self.params, []
+        for tok in new:
+            kept.append(tok)
+            if tok in params.stop_token_ids or (tok in STOP_TOKENS and not params.ignore_eos):
+                return kept, "stop"
+            if len(self.output_ids) + len(kept) >= params.max_tokens:
+                return kept, "length"
+            if len(self.tokens) + len(kept) >= max_model_len:
+                return kept, "length"
+        return kept, None
 
 
 class RequestOutput(NamedTuple):

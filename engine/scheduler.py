@@ -22,13 +22,11 @@ from __future__ import annotations
 import bisect
 from collections import deque
 
-import numpy as np
-
 from kvwatch.engine.cache.holder import HolderStatus
 from kvwatch.engine.cache.hybrid import Capture, HybridPrefixCache, Match
 from kvwatch.engine.cache.owner import OwnerKind
 from kvwatch.engine.cache.pool import PoolExhausted
-from kvwatch.engine.config import FULL_KV, MAX_ROLLBACK, SchedulerConfig
+from kvwatch.engine.config import FULL_KV, SchedulerConfig
 from kvwatch.engine.events import (
     EventBus,
     PrefillChunk,
@@ -45,8 +43,7 @@ from kvwatch.engine.events import (
 )
 from kvwatch.engine.faults import Fault
 from kvwatch.engine.model.paged import EXPERTS
-from kvwatch.engine.model.tokenizer import STOP_TOKENS, last_turn_start
-from kvwatch.engine.records import TurnRecord
+from kvwatch.engine.model.tokenizer import last_turn_start
 from kvwatch.engine.request import Request, RequestOutput, Status
 from kvwatch.engine.runner import Work, WorkResult
 from kvwatch.engine.spec import propose
@@ -86,7 +83,7 @@ class Scheduler:
         req.status = Status.ABORTED
         req.finish_reason = "abort"
         if req.session is not None:
-            self._end_turn(req, record=False)
+            req.session.end_turn(req, record=False)
         self.events.emit(RequestAborted(req.id, stage))
         self.outputs.append(RequestOutput(req.id, (), True, "abort"))
 
@@ -174,7 +171,7 @@ class Scheduler:
 
     def _apply(self, work: Work, res: WorkResult) -> RequestOutput:
         req, h = work.request, work.request.holder
-        kept, reason = self._accept(req, res.new_tokens)
+        kept, reason = req.accept(res.new_tokens, self.max_model_len)
         first = not req.output_ids
         req.tokens.extend(kept)  # before commit: the tree is keyed by these tokens
         req.logprobs.extend(res.logprobs[: len(kept)])
@@ -296,19 +293,6 @@ class Scheduler:
         return True
 
     # -- leaving -----------------------------------------------------------------------
-    def _accept(self, req: Request, new: tuple[int, ...]) -> tuple[list[int], str | None]:
-        """The new tokens up to the first stop condition, and that condition."""
-        params, kept = req.params, []
-        for tok in new:
-            kept.append(tok)
-            if tok in params.stop_token_ids or (tok in STOP_TOKENS and not params.ignore_eos):
-                return kept, "stop"
-            if len(req.output_ids) + len(kept) >= params.max_tokens:
-                return kept, "length"
-            if len(req.tokens) + len(kept) >= self.max_model_len:
-                return kept, "length"
-        return kept, None
-
     def _finish(self, req: Request, reason: str) -> None:
         h = req.holder
         if req.params.return_routed_experts or (req.session and req.session.routed_experts):
@@ -317,7 +301,7 @@ class Scheduler:
         self._let_go(req, commit=True)
         req.status, req.finish_reason = Status.FINISHED, reason
         if req.session is not None:
-            self._end_turn(req, record=True)
+            req.session.end_turn(req, record=True)
         self.events.emit(
             RequestFinished(req.id, reason, req.prompt_len, len(req.output_ids), req.cached_tokens)
         )
@@ -330,7 +314,7 @@ class Scheduler:
     def _failed(self, req: Request, error: str) -> None:
         req.status, req.error, req.finish_reason = Status.FAILED, error, "error"
         if req.session is not None:
-            self._end_turn(req, record=False)
+            req.session.end_turn(req, record=False)
         self.events.emit(RequestFailed(req.id, error))
         self.outputs.append(RequestOutput(req.id, (), True, "error", error))
 
@@ -391,22 +375,6 @@ class Scheduler:
         else:
             self.cache.release(req.holder, commit=commit)
         req.holder = None
-
-    def _end_turn(self, req: Request, *, record: bool) -> None:
-        """A session turn is over: the session moves on without this request."""
-        session = req.session
-        req.tokens = list(req.tokens)  # the request keeps its own copy from now on
-        session.in_flight = None
-        if not record:
-            return
-        session.turn_ends = [*session.turn_ends[-(MAX_ROLLBACK + 1) :], len(session.tokens)]
-        if session.records is not None:
-            experts = req.routed_experts
-            blob = None if experts is None else np.array(experts.cpu().numpy(), copy=True)
-            turn = len(session.records.records)
-            outputs = tuple(req.output_ids)
-            rec = TurnRecord(turn, req.prompt_len, outputs, tuple(req.logprobs), blob)
-            session.records.append(rec)
 
     def _stage(self, req: Request) -> str:
         if req.status is Status.RUNNING:
