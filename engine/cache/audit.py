@@ -23,12 +23,11 @@ from __future__ import annotations
 import itertools
 import math
 from collections import Counter
-from collections.abc import Iterable
-from operator import attrgetter
 from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
+from kvwatch.engine.cache.claims import Claims, claim_holders, claim_slots, owner_key
 from kvwatch.engine.cache.findings import (
     DOUBLE_OWNED,
     FREE_AND_OWNED,
@@ -38,18 +37,14 @@ from kvwatch.engine.cache.findings import (
     Finding,
     finding,
 )
-from kvwatch.engine.cache.holder import Holder
 from kvwatch.engine.cache.node import Node, Tier
 from kvwatch.engine.cache.owner import Owner, OwnerKind
 from kvwatch.engine.cache.pool import PagePool
 from kvwatch.engine.cache.radix import TREE_OWNER
-from kvwatch.engine.cache.slots import Slot
-from kvwatch.engine.config import FULL_KV, STATE_GROUPS, SWA_KV
+from kvwatch.engine.config import FULL_KV, STATE_GROUPS
 
 if TYPE_CHECKING:
     from kvwatch.engine.cache.hybrid import HybridPrefixCache
-
-EMPTY = np.empty(0, dtype=np.int64)
 
 
 class RootRefs(NamedTuple):
@@ -66,91 +61,12 @@ class AuditReport(NamedTuple):
         return not self.findings
 
 
-class _Part(NamedTuple):
-    """One (group, tier)'s claims: every claimed page id, and per claimant run
-    the claimant index and the run's length (``pages`` is the runs concatenated)."""
-
-    pages: np.ndarray
-    claimants: np.ndarray
-    lengths: np.ndarray
-
-    def who(self) -> np.ndarray:
-        """The claimant index of every page in ``pages``."""
-        return np.repeat(self.claimants, self.lengths)
-
-
-class _Claims:
-    """Who holds which pages, per (group, tier), as parallel numpy arrays.
-
-    Every claimant (a node or a holder) gets an index into ``who``; each
-    (group, tier) keeps its page-id arrays, the claimant index of each and
-    its length.
-    """
-
-    def __init__(self) -> None:
-        self.pages: dict[tuple[str, Tier], list[np.ndarray]] = {}
-        self.claimant: dict[tuple[str, Tier], list[int]] = {}
-        self.lengths: dict[tuple[str, Tier], list[int]] = {}
-        # parallel lists, not (owner, who) tuples: a million-page tree has tens of
-        # thousands of claimants, and that many tuples would wake the collector
-        self.owners: list[Owner] = []
-        self.who: list[Node | Holder | Slot] = []
-
-    def register(self, owner: Owner, who: Node | Holder | Slot) -> int:
-        self.owners.append(owner)
-        self.who.append(who)
-        return len(self.who) - 1
-
-    def add(self, group: str, tier: Tier, pages, claimant: int) -> None:
-        ids = np.asarray(pages, dtype=np.int64)
-        if ids.size:
-            self.add_many(group, tier, [ids], [claimant], [ids.size])
-
-    def add_many(
-        self,
-        group: str,
-        tier: Tier,
-        pages: list[np.ndarray],
-        claimants: Iterable[int],
-        lengths: Iterable[int],
-    ) -> None:
-        self.pages.setdefault((group, tier), []).extend(pages)
-        self.claimant.setdefault((group, tier), []).extend(claimants)
-        self.lengths.setdefault((group, tier), []).extend(lengths)
-
-    def arrays(self, group: str, tier: Tier) -> _Part:
-        parts = self.pages.get((group, tier))
-        if not parts:
-            return _Part(EMPTY, EMPTY, EMPTY)
-        return _Part(
-            np.concatenate(parts),
-            np.asarray(self.claimant[group, tier], dtype=np.int64),
-            np.asarray(self.lengths[group, tier], dtype=np.int64),
-        )
-
-    def owner_keys(self) -> np.ndarray:
-        """``owner_key`` of every claimant, by claimant index."""
-        n = len(self.owners)
-        kinds = np.fromiter(map(attrgetter("kind"), self.owners), dtype=np.int64, count=n)
-        ids = np.fromiter(map(attrgetter("id"), self.owners), dtype=np.int64, count=n)
-        return owner_key(kinds, ids)
-
-    def describe(self, index: int) -> str:
-        owner, who = self.owners[index], self.who[index]
-        return f"node {who.id} (depth {who.depth})" if isinstance(who, Node) else str(owner)
-
-
-def owner_key(kinds: np.ndarray, ids: np.ndarray) -> np.ndarray:
-    """One int64 per (owner kind, owner id): ids stay below 2**48."""
-    return (kinds.astype(np.int64) << 48) | ids
-
-
 def audit(cache: HybridPrefixCache) -> AuditReport:
-    claims = _Claims()
+    claims = Claims()
     refs = _holder_refs(cache)
     scan = _scan_tree(cache, claims, refs)
-    _claim_holders(cache, claims)
-    _claim_slots(cache, claims)
+    claim_holders(cache, claims)
+    claim_slots(cache, claims)
     owners = claims.owner_keys()
     findings: list[Finding] = []
     for group, pool in cache.pools.items():
@@ -188,7 +104,7 @@ def _holder_refs(cache: HybridPrefixCache) -> _HolderRefs:
     return _HolderRefs(device, host)
 
 
-def _scan_tree(cache: HybridPrefixCache, claims: _Claims, refs: _HolderRefs) -> _TreeScan:
+def _scan_tree(cache: HybridPrefixCache, claims: Claims, refs: _HolderRefs) -> _TreeScan:
     """One walk over the tree: claim each node's pages, and check its refs
     against ``refs``, its shape, its parent link and the tree's counters.
 
@@ -290,33 +206,11 @@ def _ref_finding(node: Node, refs: _HolderRefs) -> Finding:
     )
 
 
-def _claim_holders(cache: HybridPrefixCache, claims: _Claims) -> None:
-    p = cache.page_size
-    for h in cache.holders.values():
-        me = claims.register(h.owner, h)
-        claims.add(FULL_KV, Tier.DEVICE, h.own_full_pages(p), me)
-        claims.add(SWA_KV, Tier.DEVICE, list(h.swa_pages.values()), me)
-        for group, ids in h.working.items():
-            claims.add(group, Tier.DEVICE, ids, me)
-        for pend in h.pending.values():
-            for group, ids in pend.pages.items():
-                claims.add(group, Tier.DEVICE, ids, me)
-
-
-def _claim_slots(cache: HybridPrefixCache, claims: _Claims) -> None:
-    if cache.slots is None:
-        return
-    for slot in cache.slots.slots:
-        me = claims.register(Owner(OwnerKind.SLOT, slot.index), slot)
-        for group, ids in slot.pages.items():
-            claims.add(group, Tier.DEVICE, ids, me)
-
-
 def _audit_pool(
     pool: PagePool,
     group: str,
     tier: Tier,
-    claims: _Claims,
+    claims: Claims,
     owners: np.ndarray,
 ) -> list[Finding]:
     out: list[Finding] = []
