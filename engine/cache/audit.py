@@ -81,10 +81,11 @@ def audit(cache: HybridPrefixCache) -> AuditReport:
 
 
 class _HolderRefs(NamedTuple):
-    """Ref counts the live holders imply, by node id."""
+    """Ref counts the live holders imply, by node id, and the nodes they name."""
 
     device: Counter[int]  # holders whose lock path covers the node
     host: Counter[int]  # retracted holders that recover from exactly the node
+    nodes: dict[int, Node]  # every node with an implied ref, root included
 
 
 class _TreeScan(NamedTuple):
@@ -95,79 +96,81 @@ class _TreeScan(NamedTuple):
 def _holder_refs(cache: HybridPrefixCache) -> _HolderRefs:
     device: Counter[int] = Counter()
     host: Counter[int] = Counter()
+    nodes: dict[int, Node] = {}
     for holder in cache.holders.values():
         if holder.lock_node is not None:
             for n in holder.lock_node.path():
                 device[n.id] += 1
+                nodes[n.id] = n
         if holder.anchor is not None:
             host[holder.anchor.id] += 1
-    return _HolderRefs(device, host)
+            nodes[holder.anchor.id] = holder.anchor
+    return _HolderRefs(device, host, nodes)
 
 
 def _scan_tree(cache: HybridPrefixCache, claims: Claims, refs: _HolderRefs) -> _TreeScan:
-    """One walk over the tree: claim each node's pages, and check its refs
-    against ``refs``, its shape, its parent link and the tree's counters.
+    """One walk over the tree: claim each node's pages; check each link, each
+    node's shape and snapshot, and the tree's counters; then the refs.
+
+    A link is sound when the parent lists the child under the child's own key
+    and the child points back at that parent, and depths add up::
+
+        parent.children[key] is n  ─►  n.key == key, n.parent is parent,
+                                       n.depth == parent.depth + len(n.tokens)
 
     The walk follows ``children`` from the root, so a node whose parent link
     is broken is still reached (and reported) as long as a parent lists it.
+    Refs are compared where they can differ from zero: at nodes that hold refs,
+    and at the few nodes on live holders' paths.
     """
     tree, p = cache.tree, cache.page_size
     root = tree.root
     out: list[str] = []
-    ref_findings: list[Finding] = []
-    want_device, want_host = refs.device.get, refs.host.get  # not Counter.__missing__
-    if root.refs != want_device(0, 0) or root.host_refs != want_host(0, 0):
-        ref_findings.append(_ref_finding(root, refs))
     per_snapshot = {g: cache.config.pages_per_snapshot(g) for g in STATE_GROUPS}
     want_evict, with_state = set(), set()
     state_pages: dict[tuple[str, Tier], tuple[list[np.ndarray], list[int], list[int]]] = {}
     body: list[Node] = []
+    with_refs: list[Node] = []
     page_arrays: list[np.ndarray] = []
     page_lengths: list[int] = []
     first = len(claims.who)
     pages = 0
-    stack = list(root.children.values())
+    stack = [root]
     while stack:
-        n = stack.pop()
-        index = first + len(body)
-        body.append(n)
-        parent, tokens, kids, ids = n.parent, n.tokens, n.children, n.pages
-        page_arrays.append(ids)
-        n_pages = ids.size
-        page_lengths.append(n_pages)
-        pages += n_pages
-        if kids:
-            stack.extend(kids.values())
-        elif not n.refs and not n.host_refs:
-            want_evict.add(n)
-        if n.refs != want_device(n.id, 0) or n.host_refs != want_host(n.id, 0):
-            ref_findings.append(_ref_finding(n, refs))
-        if not tokens or len(tokens) != n_pages * p:
-            out.append(f"node {n.id}: {len(tokens)} tokens over {n_pages} pages")
-        if (
-            n.depth != parent.depth + len(tokens)
-            or parent.children.get((n.extra_key, *tokens[:p])) is not n
-        ):
-            out.append(f"node {n.id}: depth or parent link broken")
-        if parent is not root and parent.extra_key != n.extra_key:
-            out.append(f"node {n.id}: extra key differs from its parent's")
-        snap = n.snapshot
-        if snap is not None and snap.pages:
-            with_state.add(n)
-            for group, held_ids in snap.pages.items():
-                held, claimant, sizes = state_pages.setdefault((group, snap.tier), ([], [], []))
-                held.append(held_ids)
-                claimant.append(index)
-                sizes.append(held_ids.size)
-                if held_ids.size != per_snapshot[group]:
-                    out.append(f"node {n.id}: {group} snapshot has {held_ids.size} pages")
-            if not snap.complete:
-                out.append(f"node {n.id}: snapshot holds only {sorted(snap.pages)}")
-        if n.host_refs and not n.has_complete_snapshot:
-            out.append(
-                f"node {n.id} (depth {n.depth}): {n.host_refs} retracted holder(s) recover "
-                "from it, but its state is gone"
-            )
+        parent = stack.pop()
+        for key, n in parent.children.items():
+            index = first + len(body)
+            body.append(n)
+            tokens, ids, kids = n.tokens, n.pages, n.children
+            n_tokens = len(tokens)
+            page_arrays.append(ids)
+            n_pages = ids.size
+            page_lengths.append(n_pages)
+            pages += n_pages
+            if kids:
+                stack.append(n)
+            if n.refs or n.host_refs:
+                with_refs.append(n)
+            elif not kids:
+                want_evict.add(n)
+            if not n_tokens or n_tokens != n_pages * p:
+                out.append(f"node {n.id}: {n_tokens} tokens over {n_pages} pages")
+            if n.parent is not parent or n.key != key or n.depth != parent.depth + n_tokens:
+                out.append(f"node {n.id}: depth or parent link broken")
+            if parent is not root and parent.extra_key != n.extra_key:
+                out.append(f"node {n.id}: extra key differs from its parent's")
+            snap = n.snapshot
+            if snap is not None and snap.pages:
+                with_state.add(n)
+                for group, held_ids in snap.pages.items():
+                    held, claimant, sizes = state_pages.setdefault((group, snap.tier), ([], [], []))
+                    held.append(held_ids)
+                    claimant.append(index)
+                    sizes.append(held_ids.size)
+                    if held_ids.size != per_snapshot[group]:
+                        out.append(f"node {n.id}: {group} snapshot has {held_ids.size} pages")
+                if not snap.complete:
+                    out.append(f"node {n.id}: snapshot holds only {sorted(snap.pages)}")
     claims.owners.extend(itertools.repeat(TREE_OWNER, len(body)))
     claims.who.extend(body)
     claims.add_many(
@@ -177,6 +180,12 @@ def _scan_tree(cache: HybridPrefixCache, claims: Claims, refs: _HolderRefs) -> _
     for (group, tier), (held, claimant, sizes) in state_pages.items():
         claims.add_many(group, tier, held, claimant, sizes)
         state[group, tier] = sum(sizes)
+    for n in with_refs:
+        if n.host_refs and not n.has_complete_snapshot:
+            out.append(
+                f"node {n.id} (depth {n.depth}): {n.host_refs} retracted holder(s) recover "
+                "from it, but its state is gone"
+            )
     for n in tree.evictable - want_evict:
         what = "root" if n.is_root else f"node {n.id}"
         out.append(f"{what} is in the evict set but is not an unlocked non-root leaf")
@@ -192,7 +201,26 @@ def _scan_tree(cache: HybridPrefixCache, claims: Claims, refs: _HolderRefs) -> _
         out.append(
             f"snapshot set has {len(tree.snapshot_nodes)} nodes, {len(with_state)} carry state"
         )
-    return _TreeScan(out, ref_findings)
+    return _TreeScan(out, _ref_findings(root, with_refs, refs))
+
+
+def _ref_findings(root: Node, with_refs: list[Node], refs: _HolderRefs) -> list[Finding]:
+    """Nodes whose refs differ from what the live holders imply.
+
+    Only nodes that hold refs (``with_refs``, from the walk) or that live
+    holders name can differ; the rest hold zero and are implied zero. A named
+    node outside the tree is the holder's problem, not a ref count's.
+    """
+    want_device, want_host = refs.device.get, refs.host.get  # not Counter.__missing__
+    named = [n for n in refs.nodes.values() if list(n.path())[-1] is root]
+    out, seen = [], set()
+    for n in [root, *with_refs, *named]:
+        if n.id in seen:
+            continue
+        seen.add(n.id)
+        if n.refs != want_device(n.id, 0) or n.host_refs != want_host(n.id, 0):
+            out.append(_ref_finding(n, refs))
+    return out
 
 
 def _ref_finding(node: Node, refs: _HolderRefs) -> Finding:

@@ -21,6 +21,7 @@ import numpy as np
 from kvwatch.engine.config import STATE_GROUPS
 
 EMPTY_PAGES = np.empty(0, dtype=np.int64)
+_ALL_STATE_GROUPS = frozenset(STATE_GROUPS)
 
 
 class Tier(StrEnum):
@@ -43,7 +44,7 @@ class Snapshot:
 
     @property
     def complete(self) -> bool:
-        return all(g in self.pages for g in STATE_GROUPS)
+        return self.pages.keys() >= _ALL_STATE_GROUPS
 
     @property
     def history_only(self) -> bool:
@@ -61,6 +62,7 @@ class Node:
         "extra_key",
         "host_refs",
         "id",
+        "key",
         "last_access",
         "pages",
         "parent",
@@ -83,6 +85,9 @@ class Node:
         self.tokens = tokens
         self.pages = pages
         self.extra_key = extra_key
+        # the key its parent lists it under: (extra_key, *first page of tokens),
+        # set by RadixTree.link, the one place a node is linked below a parent
+        self.key: tuple = ()
         self.children: dict[tuple, Node] = {}
         self.depth = (parent.depth if parent else 0) + len(tokens)
         self.refs = 0  # device holders whose locked path runs through this node

@@ -115,9 +115,8 @@ class RadixTree:
     ) -> Node:
         assert tokens and len(tokens) == len(pages) * self.page_size
         node = Node(next(self._ids), parent, tokens, pages, extra_key, self.tick())
-        key = self.key_of(node)
-        assert key not in parent.children, "add_leaf over an existing child"
-        parent.children[key] = node
+        assert self.key_of(node) not in parent.children, "add_leaf over an existing child"
+        self.link(parent, node)
         self.node_count += 1
         self.page_count += len(pages)
         self._refresh(node)
@@ -146,13 +145,24 @@ class RadixTree:
             node.last_access,
         )
         upper.refs = node.refs
-        parent.children[self.key_of(upper)] = upper  # same first page: replaces node
+        self.link(parent, upper)  # same first page: replaces node
         node.tokens = node.tokens[k:]
         node.pages = node.pages[n_pages:].copy()
-        node.parent = upper
-        upper.children[self.key_of(node)] = node
+        self.link(upper, node)
         self.node_count += 1
         return upper
+
+    def link(self, parent: Node, node: Node) -> None:
+        """List ``node`` below ``parent`` under the key of its first page.
+
+        The node keeps that key (``node.key``), so the dict entry and the node
+        agree by identity, and the audit checks the link without re-reading
+        tokens. A node's tokens change only in ``split``, which links both
+        halves again.
+        """
+        node.key = self.key_of(node)
+        node.parent = parent
+        parent.children[node.key] = node
 
     def remove_leaf(self, node: Node) -> None:
         """Unlink an evictable leaf; its pages must already be freed."""
@@ -160,7 +170,7 @@ class RadixTree:
         parent = node.parent
         assert parent is not None
         assert node.snapshot is None or node.snapshot.history_only, "free the state first"
-        del parent.children[self.key_of(node)]
+        del parent.children[node.key]
         self.evictable.discard(node)
         self.node_count -= 1
         self.page_count -= len(node.pages)
