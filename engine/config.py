@@ -249,6 +249,9 @@ class SchedulerConfig:
     chunk_size: int = 64  # largest prefill chunk of one request in one step
     spec: SpecConfig | None = None
     retract_backoff: int = 2  # steps a retracted request waits before re-admission
+    # A queued request that shares a prefix with one still computing it waits
+    # for it and resumes where it branches off (prefix_wait.py).
+    prefix_waits: bool = True
     # Testing aid: every this many steps, push one running request out as pool
     # pressure would (0 = never), so retraction and recovery run under any load.
     retract_every: int = 0

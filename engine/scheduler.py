@@ -6,7 +6,9 @@ Each step, oldest request first:
    one of its tokens is uncomputed, else one decode token, or a verify step
    of the last token plus k drafts (greedy requests, ``spec`` on);
 2. queued requests are admitted (matched against the cache) while slots,
-   token budget and pages allow.
+   token budget and pages allow. One that shares a prefix with a request
+   still computing it waits, and resumes where it branches off
+   (prefix_wait.py).
 
 A piece that cannot get pages has already made the cache evict and prune.
 Then drafts are dropped, then the newest running request is retracted, then
@@ -44,6 +46,7 @@ from kvwatch.engine.events import (
 from kvwatch.engine.faults import Fault
 from kvwatch.engine.model.paged import EXPERTS
 from kvwatch.engine.model.tokenizer import last_turn_start
+from kvwatch.engine.prefix_wait import PrefixWaits
 from kvwatch.engine.request import Request, RequestOutput, Status
 from kvwatch.engine.runner import Work, WorkResult
 from kvwatch.engine.spec import propose
@@ -86,6 +89,7 @@ class Scheduler:
             req.session.end_turn(req, record=False)
         self.events.emit(RequestAborted(req.id, stage))
         self.outputs.append(RequestOutput(req.id, (), True, "abort"))
+        self._drop_promises_without_waiters()
 
     def pause(self, req: Request) -> None:
         """Release without committing; the request waits for ``resume``."""
@@ -128,10 +132,12 @@ class Scheduler:
             if req.status is Status.RUNNING and (work := self._try_place(req, budget, works)):
                 works[req.id] = work
                 budget -= work.n + len(work.drafts)
-        while self.waiting and len(self.running) < self.cfg.max_running and budget > 0:
-            req = next((r for r in self.waiting if r.not_before <= step), None)
-            if req is None:  # only requests still backing off after a retraction
+        waits = PrefixWaits(self.cache, self.running) if self.cfg.prefix_waits else None
+        for req in list(self.waiting):
+            if len(self.running) >= self.cfg.max_running or budget <= 0:
                 break
+            if req.not_before > step or (waits is not None and waits.waits(req)):
+                continue  # backing off after a retraction, or waiting for a sharer
             try:
                 admitted = self._admit(req)
             except Exception as exc:  # a cache broken past repair (an injected fault, say)
@@ -148,6 +154,12 @@ class Scheduler:
                 break  # it stepped back: the cache is full for now
             works[req.id] = work
             budget -= work.n + len(work.drafts)
+            if waits is not None:
+                waits.admitted(req)
+        if waits is not None:
+            for req in self.waiting:  # all of them: a wait stands while the batch is full too
+                waits.waits(req)
+            self.cache.promise(waits.promises, waits.wanted)
         every = self.cfg.retract_every
         if every and step % every == every - 1:
             self._forced_retract(works)
@@ -166,8 +178,15 @@ class Scheduler:
             except Exception as exc:  # a cache broken past repair (an injected fault, say)
                 self._fail_hard(req, f"internal error while applying the step: {exc!r}")
         self.in_flight = {}
+        self._drop_promises_without_waiters()
         outputs, self.outputs = self.outputs, []
         return outputs + applied
+
+    def _drop_promises_without_waiters(self) -> None:
+        """With the queue empty no one waits to branch off: what was kept for
+        waiters goes now, not at the next step (an idle engine takes none)."""
+        if not self.waiting and self.cache.kept_for_waiters:
+            self.cache.promise({}, set())
 
     def _apply(self, work: Work, res: WorkResult) -> RequestOutput:
         req, h = work.request, work.request.holder
@@ -280,15 +299,9 @@ class Scheduler:
             self.events.emit(RequestRecovered(req.id, match.resume_len))
         elif not req.admitted:
             req.cached_tokens = min(match.resume_len, req.prompt_len)
-            self.events.emit(
-                RequestScheduled(
-                    req.id,
-                    self.step,
-                    min(match.hit_len, req.prompt_len),
-                    req.cached_tokens,
-                    req.holder.id,
-                )
-            )
+            hit = min(match.hit_len, req.prompt_len)
+            scheduled = RequestScheduled(req.id, self.step, hit, req.cached_tokens, req.holder.id)
+            self.events.emit(scheduled)
         req.admitted = True
         return True
 

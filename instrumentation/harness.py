@@ -111,7 +111,7 @@ def _probe(engine: Engine) -> str:
 
 
 def _turn(engine: Engine, load: Workload, t: int, rng: random.Random):
-    keep, cut = load.submit(engine, t)
+    keep, cut, retry = load.submit(engine, t)
     probes, finished = [], []
 
     def disconnect_mid_verify(e: BatchComputed) -> None:
@@ -142,6 +142,14 @@ def _turn(engine: Engine, load: Workload, t: int, rng: random.Random):
                 if req.status is Status.PAUSED:
                     engine.abort(rid)
                 cut.remove(rid)
+        for rid, prompt in list(retry):
+            req = engine.requests[rid]
+            if req.status is Status.RUNNING and _owns_state(req):
+                engine.retract(rid)  # as pressure would; its client sends it again
+                engine.add_request(prompt, PARAMS)
+                retry.remove((rid, prompt))
+            elif req.done:
+                retry.remove((rid, prompt))
         if engine.step_count % RETRACT_EVERY == 0:  # as pool pressure would
             running = [r for r in engine.scheduler.running if r.status is Status.RUNNING]
             prefilling = [r for r in running if r.holder.computed_len < r.prompt_len - 1]
@@ -159,6 +167,16 @@ def _turn(engine: Engine, load: Workload, t: int, rng: random.Random):
     for rid in [r for r, req in engine.requests.items() if req.done]:
         engine.take(rid)  # session turns and cut tool calls
     return probes, finished
+
+
+def _owns_state(req) -> bool:
+    """Whether the request has committed state of its own: a complete snapshot
+    on its locked path below where it resumed, so once retracted it recovers
+    from a node that only it has reached."""
+    h = req.holder
+    return h.lock_node is not None and any(
+        n.has_complete_snapshot for n in h.lock_node.path() if n.depth > req.cached_tokens
+    )
 
 
 def _heap(prev: tracemalloc.Snapshot | None):

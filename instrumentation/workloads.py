@@ -4,8 +4,9 @@
   every agent extends its own conversation (committed to the tree), takes a
   turn in its recorded streaming session (speculative decoding, routed
   experts), and fires two tool calls over the schema, one of which is
-  aborted or paused mid-prefill; every other turn a long tool result is sent
-  twice (a client retry). A sub-agent branches each turn from where a
+  aborted or paused mid-prefill; every other turn a long tool result is
+  pushed out by pool pressure once it has committed state of its own, and
+  its client sends it again (a retry). A sub-agent branches each turn from where a
   conversation stood two turns before (its prompt runs through turn-end
   nodes whose superseded state was released); the oldest sub-agent retires
   once there are ``max_conversations``.
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field, replace
+from typing import NamedTuple
 
 from kvwatch.engine import Engine, EngineConfig, SamplingParams, SchedulerConfig, SpecConfig
 from kvwatch.engine.config import CacheConfig, PrefixCacheMode
@@ -50,6 +52,14 @@ def engine_config(workload: str, faults: frozenset = frozenset()) -> EngineConfi
         max_running=16, chunk_size=48, max_batch_tokens=96, spec=SpecConfig(num_drafts=6)
     )
     return EngineConfig(cache=cache, scheduler=sched, faults=faults)
+
+
+class Submitted(NamedTuple):
+    """One turn's requests, as the harness must treat them."""
+
+    keep: list[tuple[str, int]]  # (request id, conversation index): outputs extend it
+    cut: list[str]  # tool calls to abort or pause mid-prefill
+    retry: list[tuple[str, list[int]]]  # (request id, prompt): push out, then send again
 
 
 @dataclass
@@ -88,10 +98,9 @@ class Workload:
                 engine.open_session(record=True, routed_experts=True) for _ in range(self.agents)
             ]
 
-    def submit(self, engine: Engine, turn: int) -> tuple[list[tuple[str, int]], list[str]]:
-        """Queue this turn's requests: (request id, conversation index) pairs to keep,
-        and the ids of tool calls to cut mid-prefill."""
-        keep, cut = [], []
+    def submit(self, engine: Engine, turn: int) -> Submitted:
+        """Queue this turn's requests (see ``Submitted``)."""
+        keep, cut, retry = [], [], []
         if self.name == "agentic" and turn > 0:
             # a sub-agent branches from where a conversation stood two turns ago; past
             # the cap, the oldest sub-agent's conversation ends to make room
@@ -117,16 +126,15 @@ class Workload:
             for _ in range(max(1, self.agents // 2)):
                 cut.append(engine.add_request([*self.schema, *self.words(120)], PARAMS))
             if turn % 2 == 0:
-                # a long tool result sent twice (a client retry): the two share every
-                # node, so one that is retracted recovers from a node the other
-                # commits through (the host-ref case of seed 000)
-                retry = [*self.schema, TOOL, *self.words(150), END, ASSISTANT]
-                for _ in range(2):
-                    engine.add_request(retry, PARAMS)
+                # a long tool result that pressure pushes out and its client sends
+                # again: the retry commits through the node the first recovers from
+                # (the host-ref case of seed 000)
+                result = [*self.schema, TOOL, *self.words(150), END, ASSISTANT]
+                retry.append((engine.add_request(result, PARAMS), result))
         if self.name == "churn":
             for _ in range(max(1, self.agents // 2)):
                 engine.add_request(self.words(self.rng.randint(20, 90)), PARAMS)  # misses
-        return keep, cut
+        return Submitted(keep, cut, retry)
 
     def _prompt(self, history: list[int], turn: int) -> list[int]:
         if self.name != "slot-cache":

@@ -12,21 +12,29 @@ running with its path locked. Each 20-token prompt commits to a node at 16
 
 from __future__ import annotations
 
-from dataclasses import replace
+from typing import NamedTuple
 
 import pytest
 from cachesim import INT_LAYOUTS, SimRunner, cache_config, run_turn
 
 from kvwatch.engine.cache.audit import audit
 from kvwatch.engine.cache.findings import REF_MISMATCH, TREE
+from kvwatch.engine.cache.holder import Holder
 from kvwatch.engine.cache.hybrid import HybridPrefixCache
+from kvwatch.engine.cache.node import Node
 
 
-def built_cache():
-    cache = HybridPrefixCache(
-        replace(cache_config(window=8, interval=16, page=4, full=64, swa=32, snapshots=8)),
-        INT_LAYOUTS,
-    )
+class Built(NamedTuple):
+    cache: HybridPrefixCache
+    live: Holder
+    branch: Node
+    done: Node
+    locked: Node
+
+
+def built_cache() -> Built:
+    config = cache_config(window=8, interval=16, page=4, full=64, swa=32, snapshots=8)
+    cache = HybridPrefixCache(config, INT_LAYOUTS)
     sim = SimRunner(cache)
     done = cache.open([*range(8), *range(100, 112)])
     cache.match(done)
@@ -38,7 +46,7 @@ def built_cache():
     (branch,) = cache.tree.root.children.values()
     (done,) = cache.tree.evictable
     assert audit(cache).clean
-    return cache, live, branch, done, live.lock_node
+    return Built(cache, live, branch, done, live.lock_node)
 
 
 def tree_problems(cache) -> list[str]:
@@ -46,7 +54,9 @@ def tree_problems(cache) -> list[str]:
 
 
 def test_the_built_cache_is_clean_and_shaped_as_drawn():
-    cache, live, branch, done, locked = built_cache()
+    b = built_cache()
+    branch, done, locked = b.branch, b.done, b.locked
+    assert b.live.lock_node is locked
     assert branch.depth == 8 and len(branch.children) == 2
     assert done.depth == locked.depth == 20 and done.tokens[0] == 108
     assert (branch.refs, locked.refs, done.refs) == (1, 1, 0)
@@ -54,7 +64,7 @@ def test_the_built_cache_is_clean_and_shaped_as_drawn():
 
 
 def test_a_child_pointing_at_another_parent_is_reported():
-    cache, _, branch, done, _ = built_cache()
+    cache, done = (b := built_cache()).cache, b.done
     done.parent = cache.tree.root
     assert any(f"node {done.id}: depth or parent link broken" in p for p in tree_problems(cache))
 

@@ -166,7 +166,10 @@ def release_superseded(cache: HybridPrefixCache, holder: Holder) -> None:
       going up a path, so the walk stops at the first shared node; shared
       snapshots stay for the sharers and go on a later commit once they leave.
     * ``host_refs == 0``: no retracted holder will recover from it (the first
-      seed-000 review comment).
+      seed-000 review comment);
+    * its depth is not one the holder ``promised``: a queued request waits to
+      branch off there. The node is kept (``kept_for_waiters``) until the
+      promise lapses, and ``set_promises`` decides again then.
 
     Holders copy a snapshot into their own pages when they resume and never
     borrow its pages, so no sliding-window condition is needed on top.
@@ -184,7 +187,36 @@ def release_superseded(cache: HybridPrefixCache, holder: Holder) -> None:
             continue
         if node.host_refs and Fault.SNAPSHOT_RELEASE_IGNORES_HOST_REFS not in cache.faults:
             continue
+        if node.depth in holder.promised:
+            cache.kept_for_waiters.add(node)
+            continue
         cache.drop_snapshot(node, "superseded")
+
+
+def set_promises(
+    cache: HybridPrefixCache, points: dict[int, frozenset[int]], wanted: set[Node]
+) -> None:
+    """Replace every holder's promised depths (holder id -> depths) for this step.
+
+    A snapshot kept for a promise stays while a queued request still wants it
+    (``wanted``: kept nodes on a queued prompt's path), even after the holder
+    that promised it has left. Once none does (its waiter was admitted and
+    locked it, or went away), it is superseded again: unreferenced, it goes
+    now; on live holders' paths, their release decides.
+    """
+    for holder in cache.holders.values():
+        holder.promised = points.get(holder.id, frozenset())
+    lapsed = cache.kept_for_waiters - wanted
+    cache.kept_for_waiters &= wanted
+    lone = [
+        n
+        for n in lapsed
+        if n.parent is not None and len(n.children) == 1 and n.has_complete_snapshot
+    ]
+    for node in lone:
+        if node.refs == 0 and node.host_refs == 0 and node.snapshot.tier is Tier.DEVICE:
+            cache.drop_snapshot(node, "superseded")
+    release_for_sharers(cache, lone)
 
 
 def release_for_sharers(cache: HybridPrefixCache, path: list[Node]) -> None:

@@ -34,6 +34,7 @@ from kvwatch.engine.cache.commit import (
     commit_chunk,
     insert,
     release_for_sharers,
+    set_promises,
 )
 from kvwatch.engine.cache.holder import Holder, HolderStatus, Pending, PendingKind
 from kvwatch.engine.cache.node import Node, Tier
@@ -74,6 +75,7 @@ class HybridPrefixCache(WorkingState, CachePressure):
         self.holders: dict[int, Holder] = {}
         self._holder_ids = itertools.count(1)
         self.slots: SlotTable | None = None
+        self.kept_for_waiters: set[Node] = set()  # snapshots release skipped for a promise
         if self.config.mode is PrefixCacheMode.SLOTS:
             fingerprint = fingerprint or repr(self.config)
             self.slots = SlotTable(self.config.slots, fingerprint, self.faults)
@@ -136,6 +138,12 @@ class HybridPrefixCache(WorkingState, CachePressure):
         return Match(walk.hit_len, holder.cached_len)
 
     recover = match
+
+    def promise(self, points: dict[int, frozenset[int]], wanted: set[Node]) -> None:
+        """This step's promises, holder id -> depths where queued requests
+        wait to branch off that holder's path, and the kept snapshots queued
+        requests still want (see ``commit.set_promises``)."""
+        set_promises(self, points, wanted)
 
     def _lock_on_descent(self, walk: Walk) -> Node | None:
         """Take refs top-down along the walk, then trim back to a usable snapshot.
@@ -202,7 +210,8 @@ class HybridPrefixCache(WorkingState, CachePressure):
 
         Every multiple of ``snapshot_interval``, the holder's ``branch_at``
         (the depth where its prompt left the tree with no state to resume
-        from; a branch point, so kept for siblings), plus the last page boundary
+        from; a branch point, so kept for siblings) and ``promised`` points
+        (where queued requests wait to branch off), plus the last page boundary
         (the TRACK that follows the frontier and ends a turn). A session
         commits nothing until it closes, so it only keeps the TRACK. The
         ``slots`` backend wants one point: its prepared turn boundary.
@@ -218,8 +227,10 @@ class HybridPrefixCache(WorkingState, CachePressure):
             [] if session else range(-(-(start + 1) // interval) * interval, end + 1, interval)
         )
         points = dict.fromkeys(intervals, PendingKind.INTERVAL)
-        if not session and start < holder.branch_at <= end:
-            points.setdefault(holder.branch_at, PendingKind.BRANCH)
+        if not session:
+            for b in (holder.branch_at, *holder.promised):
+                if start < b <= end:
+                    points.setdefault(b, PendingKind.BRANCH)
         last = end - end % p
         if last > start:
             points.setdefault(last, PendingKind.TRACK)
