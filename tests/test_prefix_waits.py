@@ -4,7 +4,7 @@ tokens; outputs stay those of a dense run; nothing is kept once no one waits.
 
 Two prompts over one 100-token prefix, pages of 16 (so the branch point is 96)::
 
-    q   [ common (100) ][ q's own (40) ]
+    q   [ common (100) ][ q's own (80) ]
     r   [ common (100) ][ r's own (30) ]      r resumes at 96 and computes 34
 """
 
@@ -34,7 +34,7 @@ def words(n: int, seed: int) -> list[int]:
 
 
 COMMON = words(100, seed=0)
-Q, R = COMMON + words(40, seed=1), COMMON + words(30, seed=2)
+Q, R = COMMON + words(80, seed=1), COMMON + words(30, seed=2)
 
 
 def engine_with(*, waits: bool, max_running: int = 8) -> tuple[Engine, dict, dict]:
@@ -119,8 +119,11 @@ def test_a_waiter_aborted_in_the_queue_leaves_nothing_kept():
     r = engine.add_request(R, PARAMS)
     engine.step()
     assert engine.requests[r].status is Status.WAITING and r not in computed
-    while engine.requests[q].holder.computed_len < 128:  # past the next interval snapshot
+    while engine.requests[q].holder.computed_len < 176:  # past 128, an interval snapshot
         engine.step()
+        # what is kept for the queued request is no live holder's own: within every bound
+        bounds = engine.probe().bounds
+        assert not [b for b in bounds.values() if b.exceeded], bounds
     assert [n.depth for n in engine.cache.kept_for_waiters] == [BRANCH]
     (kept,) = engine.cache.kept_for_waiters
     engine.abort(r)  # the queue is empty now: no one will branch off at 96

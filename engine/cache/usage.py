@@ -155,7 +155,9 @@ def usage_bounds(
             if node.snapshot.tier is not Tier.DEVICE:
                 continue
             users = node.refs + node.host_refs
-            if len(node.children) > 1:  # a branch point: kept for every sibling
+            # a branch point is kept for every sibling; a kept_for_waiters node
+            # for the queued requests that will branch off there
+            if len(node.children) > 1 or node in cache.kept_for_waiters:
                 shared += len(node.snapshot.pages.get(group, ()))
             elif users == 1:
                 own += len(node.snapshot.pages.get(group, ()))
