@@ -39,7 +39,7 @@ lint: $(STAMP)
 
 # Full sizes (a smoke of each runs in `make test`); writes benchmarks.json and BENCHMARKS.md.
 BENCH_ENV := KVWATCH_BENCH_PAGES=10000,100000,1000000 KVWATCH_BENCH_TREE_PAGES=100000 \
-	KVWATCH_BENCH_AGENTS=8 KVWATCH_BENCH_ROUNDS=6 KVWATCH_BENCH_REPEATS=3 \
+	KVWATCH_BENCH_AGENTS=8 KVWATCH_BENCH_ROUNDS=6 KVWATCH_BENCH_REPEATS=6 \
 	KVWATCH_BENCH_GATE_PROFILES=all KVWATCH_BENCH_GATE_C=1,2,4,8
 bench: $(STAMP)
 	$(BENCH_ENV) $(PY) -m pytest -q -m bench --benchmark-enable --benchmark-json=benchmarks.json tests
