@@ -61,6 +61,15 @@ def test_a_clean_gate_passes_at_every_concurrency_and_writes_its_outputs(tmp_pat
     assert "turn 6/6" in err  # the progress display
 
 
+def test_a_clean_abort_storm_passes(tmp_path):
+    """Aborts at every stage against a clean engine pass every detector; among
+    them, the allocator's bounds hold while state is kept for queued requests
+    that wait to branch off a running one."""
+    code, summary, err = gate(tmp_path, "--profile", "abort-storm", "-c", "1,8")
+    assert code == 0, err[-3000:]
+    assert summary["verdict"] == "pass" and failing(summary) == set()
+
+
 @pytest.mark.parametrize(
     "fault, profile, detector",
     [
