@@ -63,14 +63,14 @@ class PrefixWaits:
         self.cache = cache
         self.page = cache.page_size
         self.enabled = cache.radix
-        self.sharers = [r for r in running if _sharer(r)]
+        self.sharers = [r for r in running if self._sharer(r)]
         self.promises: dict[int, frozenset[int]] = {}
         self.wanted: set[Node] = set()  # kept snapshots a queued request still needs
         self.decided: dict[str, bool] = {}  # request id -> waits, once per step
 
     def admitted(self, req: Request) -> None:
         """``req`` was admitted this step: later requests may wait for it."""
-        if _sharer(req):
+        if self._sharer(req):
             self.sharers.append(req)
 
     def waits(self, req: Request) -> bool:
@@ -98,22 +98,21 @@ class PrefixWaits:
             h = q.holder
             s = shared_len(req.tokens, q.tokens, limit) // self.page * self.page
             ahead = s > h.computed_len and s > h.cached_len
-            if ahead or s in h.promised:
+            if ahead or s in self.cache.promised_by(h):
                 self.promises[h.id] = self.promises.get(h.id, frozenset()) | {s}
                 return ahead
         return False
 
-
-def _sharer(req: Request) -> bool:
-    """A running request others may wait for: one still computing its prompt,
-    or one that promised a branch point last step."""
-    h = req.holder
-    return (
-        req.status is Status.RUNNING
-        and h is not None
-        and h.owner.kind is OwnerKind.REQUEST
-        and (h.computed_len < req.prompt_len or bool(h.promised))
-    )
+    def _sharer(self, req: Request) -> bool:
+        """A running request others may wait for: one still computing its
+        prompt, or one that promised a branch point last step."""
+        h = req.holder
+        return (
+            req.status is Status.RUNNING
+            and h is not None
+            and h.owner.kind is OwnerKind.REQUEST
+            and (h.computed_len < req.prompt_len or bool(self.cache.promised_by(h)))
+        )
 
 
 def _may_wait(req: Request) -> bool:

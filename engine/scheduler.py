@@ -185,7 +185,7 @@ class Scheduler:
     def _drop_promises_without_waiters(self) -> None:
         """With the queue empty no one waits to branch off: what was kept for
         waiters goes now, not at the next step (an idle engine takes none)."""
-        if not self.waiting and self.cache.kept_for_waiters:
+        if not self.waiting and (self.cache.kept_for_waiters or self.cache.promises):
             self.cache.promise({}, set())
 
     def _apply(self, work: Work, res: WorkResult) -> RequestOutput:

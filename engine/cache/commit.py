@@ -20,6 +20,7 @@ snapshot at that boundary, and *skipped* otherwise.
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -167,7 +168,7 @@ def release_superseded(cache: HybridPrefixCache, holder: Holder) -> None:
       snapshots stay for the sharers and go on a later commit once they leave.
     * ``host_refs == 0``: no retracted holder will recover from it (the first
       seed-000 review comment);
-    * its depth is not one the holder ``promised``: a queued request waits to
+    * its depth is not one the holder promised: a queued request waits to
       branch off there. The node is kept (``kept_for_waiters``) until the
       promise lapses, and ``set_promises`` decides again then.
 
@@ -187,7 +188,7 @@ def release_superseded(cache: HybridPrefixCache, holder: Holder) -> None:
             continue
         if node.host_refs and Fault.SNAPSHOT_RELEASE_IGNORES_HOST_REFS not in cache.faults:
             continue
-        if node.depth in holder.promised:
+        if node.depth in cache.promised_by(holder):
             cache.kept_for_waiters.add(node)
             continue
         cache.drop_snapshot(node, "superseded")
@@ -196,27 +197,17 @@ def release_superseded(cache: HybridPrefixCache, holder: Holder) -> None:
 def set_promises(
     cache: HybridPrefixCache, points: dict[int, frozenset[int]], wanted: set[Node]
 ) -> None:
-    """Replace every holder's promised depths (holder id -> depths) for this step.
+    """Replace the promised depths (holder id -> depths) for this step.
 
     A snapshot kept for a promise stays while a queued request still wants it
     (``wanted``: kept nodes on a queued prompt's path), even after the holder
     that promised it has left. Once none does (its waiter was admitted and
-    locked it, or went away), it is superseded again: unreferenced, it goes
-    now; on live holders' paths, their release decides.
+    locked it, or went away), it is superseded again (``release_lone``).
     """
-    for holder in cache.holders.values():
-        holder.promised = points.get(holder.id, frozenset())
+    cache.promises = points
     lapsed = cache.kept_for_waiters - wanted
     cache.kept_for_waiters &= wanted
-    lone = [
-        n
-        for n in lapsed
-        if n.parent is not None and len(n.children) == 1 and n.has_complete_snapshot
-    ]
-    for node in lone:
-        if node.refs == 0 and node.host_refs == 0 and node.snapshot.tier is Tier.DEVICE:
-            cache.drop_snapshot(node, "superseded")
-    release_for_sharers(cache, lone)
+    release_lone(cache, list(lapsed))
 
 
 def release_for_sharers(cache: HybridPrefixCache, path: list[Node]) -> None:
@@ -238,17 +229,26 @@ def release_for_sharers(cache: HybridPrefixCache, path: list[Node]) -> None:
 
 
 def release_unbranched(cache: HybridPrefixCache, parents: list[Node], group: str) -> int:
-    """Eviction left these parents: those down to one child are no branch point any more.
+    """Eviction left these parents: those down to one child are no branch point
+    any more (``release_lone``). Returns the ``group`` pages freed."""
+    return release_lone(cache, parents)[group]
 
-    Their state is superseded again. Unreferenced, it goes now; on live
-    holders' paths, as those holders' release decides. Returns the ``group``
-    pages freed.
+
+def release_lone(cache: HybridPrefixCache, nodes: list[Node]) -> Counter[str]:
+    """Nodes down to one child keep state that no branch needs: it is superseded again.
+
+    Unreferenced, it goes now; on live holders' paths, as those holders'
+    release decides. Returns the pages freed, by group.
     """
-    lone = [n for n in parents if len(n.children) == 1 and n.has_complete_snapshot]
-    freed = 0
+    lone = [
+        n
+        for n in nodes
+        if n.parent is not None and len(n.children) == 1 and n.has_complete_snapshot
+    ]
+    freed: Counter[str] = Counter()
     for node in lone:
         if node.refs == 0 and node.host_refs == 0 and node.snapshot.tier is Tier.DEVICE:
-            freed += len(node.snapshot.pages.get(group, ()))
+            freed.update({g: len(ids) for g, ids in node.snapshot.pages.items()})
             cache.drop_snapshot(node, "superseded")
     release_for_sharers(cache, lone)
     return freed

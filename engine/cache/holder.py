@@ -13,9 +13,8 @@ handed to the tree. A ``TRACK`` snapshot follows the frontier (it is re-keyed
 to each newer page boundary and becomes the terminal snapshot when a turn
 ends); ``INTERVAL``, ``BRANCH`` and ``TERMINAL`` snapshots wait for the next
 commit. ``branch_at`` is the depth where the prompt left the tree when it
-matched, if no snapshot was there to resume from; ``promised`` are depths
-where queued requests wait to branch off this holder's path (both are
-captured as ``BRANCH``). In
+matched, if no snapshot was there to resume from (captured as ``BRANCH``,
+like the points the cache's ``promises`` name for it). In
 ``slots`` mode a ``SLOT`` pending is a whole-state copy waiting for confirm.
 """
 
@@ -71,7 +70,6 @@ class Holder:
     working: dict[str, np.ndarray] = field(default_factory=dict)
     pending: dict[int, Pending] = field(default_factory=dict)
     branch_at: int = 0  # capture a BRANCH snapshot here (0: none)
-    promised: frozenset[int] = frozenset()  # BRANCH points queued requests wait for
     snapshot_at: int | None = None  # slots mode: the prompt's last turn boundary
     slot_ticket: SlotTicket | None = None  # slots mode: the prepared snapshot
 

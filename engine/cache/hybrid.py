@@ -75,6 +75,8 @@ class HybridPrefixCache(WorkingState, CachePressure):
         self.holders: dict[int, Holder] = {}
         self._holder_ids = itertools.count(1)
         self.slots: SlotTable | None = None
+        # depths where queued requests wait to branch off, by holder id (this step's)
+        self.promises: dict[int, frozenset[int]] = {}
         self.kept_for_waiters: set[Node] = set()  # snapshots release skipped for a promise
         if self.config.mode is PrefixCacheMode.SLOTS:
             fingerprint = fingerprint or repr(self.config)
@@ -145,6 +147,10 @@ class HybridPrefixCache(WorkingState, CachePressure):
         requests still want (see ``commit.set_promises``)."""
         set_promises(self, points, wanted)
 
+    def promised_by(self, holder: Holder) -> frozenset[int]:
+        """Depths where queued requests wait to branch off ``holder``'s path."""
+        return self.promises.get(holder.id, frozenset())
+
     def _lock_on_descent(self, walk: Walk) -> Node | None:
         """Take refs top-down along the walk, then trim back to a usable snapshot.
 
@@ -210,7 +216,7 @@ class HybridPrefixCache(WorkingState, CachePressure):
 
         Every multiple of ``snapshot_interval``, the holder's ``branch_at``
         (the depth where its prompt left the tree with no state to resume
-        from; a branch point, so kept for siblings) and ``promised`` points
+        from; a branch point, so kept for siblings) and promised points
         (where queued requests wait to branch off), plus the last page boundary
         (the TRACK that follows the frontier and ends a turn). A session
         commits nothing until it closes, so it only keeps the TRACK. The
@@ -228,7 +234,7 @@ class HybridPrefixCache(WorkingState, CachePressure):
         )
         points = dict.fromkeys(intervals, PendingKind.INTERVAL)
         if not session:
-            for b in (holder.branch_at, *holder.promised):
+            for b in (holder.branch_at, *self.promised_by(holder)):
                 if start < b <= end:
                     points.setdefault(b, PendingKind.BRANCH)
         last = end - end % p
