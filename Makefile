@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test lint bench matrix clean prometheus
+.PHONY: run test test-fast lint bench matrix clean prometheus
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -29,9 +29,18 @@ prometheus:
 		{ apt-get update -q >/dev/null && apt-get install -y -q $(PROM_PKGS) >/dev/null; }; \
 	else echo "prometheus: not installed and cannot install here; its tests will skip"; fi
 
+# Both cores (at most 8 workers), a test file per work unit, long files first (tests/conftest.py).
 # pytest exits 5 when it collects nothing; that is not a failure of the suite.
+XDIST  := -n auto --maxprocesses=8 --dist loadfile --no-loadscope-reorder
+PYTEST  = $(PY) -m pytest -q $(XDIST) $(1); rc=$$?; if [ $$rc -eq 5 ]; then rc=0; fi; exit $$rc
+
+# Everything: unit, property, slow and end-to-end tiers (CI runs this).
 test: $(STAMP) prometheus
-	$(PY) -m pytest -q; rc=$$?; if [ $$rc -eq 5 ]; then rc=0; fi; exit $$rc
+	$(call PYTEST,)
+
+# The unit and property tier: no `slow`, `e2e` or `bench` test (about a minute on 2 cores).
+test-fast: $(STAMP)
+	$(call PYTEST,-m "not slow and not e2e and not bench")
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
