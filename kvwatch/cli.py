@@ -102,6 +102,18 @@ def _concurrency(text: str) -> tuple[int, ...]:
     return values
 
 
+def _port(text: str) -> int:
+    try:
+        port = int(text)
+    except ValueError:
+        port = -1
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(
+            f"want a TCP port in 0..65535 (0: any free one), got {text!r}"
+        )
+    return port
+
+
 def _duration(text: str) -> float:
     from kvwatch.loadtests.soak import parse_duration
 
@@ -242,7 +254,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     serve = sub.add_parser("serve", help="run the reference engine behind an OpenAI-compatible API")
     serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument(
+        "--port", type=_port, default=8000, help="default: 8000; 0 takes a free port (printed)"
+    )
     serve.add_argument(
         "--prefix-cache", choices=["radix", "slots", "off"], default=None, help="default: radix"
     )

@@ -7,6 +7,7 @@ the engine's events and polls its stats through the worker.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -18,6 +19,7 @@ from kvwatch.engine.faults import faults_from_env, parse_faults
 from kvwatch.engine.overrides import apply_overrides
 from kvwatch.instrumentation import Telemetry, instrument
 from kvwatch.server import EngineWorker, ServerSettings, create_app
+from kvwatch.sockets import listen_socket, socket_url
 
 STATS_TIMEOUT_S = 10.0
 # uvicorn buffers at most this many times ``max_header_bytes`` of a request's
@@ -84,9 +86,13 @@ def uvicorn_options(options: ServeOptions) -> dict[str, Any]:
 
 
 def serve(options: ServeOptions) -> int:
-    """Run until interrupted; 2 when the engine cannot start (no such device, say)."""
-    import sys
+    """Run until interrupted; 2 when the engine cannot start (no such device, say) or
+    the address cannot be bound.
 
+    Once the engine is built and the socket bound, one line on stderr says where
+    it listens (``kvwatch serve: listening on http://127.0.0.1:8000``); scripts
+    that start it with ``--port 0`` read the port from there.
+    """
     import uvicorn
 
     try:
@@ -95,7 +101,16 @@ def serve(options: ServeOptions) -> int:
         print(f"kvwatch serve: cannot start the engine: {exc}", file=sys.stderr)
         return 2
     try:
-        uvicorn.run(app, **uvicorn_options(options))
+        sock = listen_socket(options.host, options.port)
+    except OSError as exc:
+        where = f"{options.host}:{options.port}"
+        print(f"kvwatch serve: cannot listen on {where}: {exc.strerror or exc}", file=sys.stderr)
+        telemetry.shutdown()
+        return 2
+    print(f"kvwatch serve: listening on {socket_url(sock)}", file=sys.stderr, flush=True)
+    try:
+        uvicorn.Server(uvicorn.Config(app, **uvicorn_options(options))).run(sockets=[sock])
     finally:
+        sock.close()
         telemetry.shutdown()
     return 0

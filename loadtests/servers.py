@@ -1,12 +1,16 @@
 """Child processes of a gate run: ``kvwatch serve`` and Locust (master, workers).
 
 Each runs as its own process (the engine never shares one with gevent),
-bound to loopback on a free port, with its output in a log file under OUT.
+bound to loopback, with its output in a log file under OUT. ``kvwatch
+serve`` is started with ``--port 0`` and binds a free port itself; the URL
+is read from the line it prints once bound, so two servers started at once
+can never race for one port.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import secrets
 import signal
 import socket
@@ -20,7 +24,10 @@ import httpx
 import kvwatch.loadtests
 
 LOCUSTFILE = Path(kvwatch.loadtests.__file__).parent / "locustfile.py"
-START_TIMEOUT = 90.0
+# Building the engine takes seconds on a quiet machine; a loaded CI runner can
+# take ten times that. Only an engine that never comes up should hit this.
+START_TIMEOUT = 300.0
+LISTENING = re.compile(r"kvwatch serve: listening on (http://\S+)")
 
 
 class ServerError(RuntimeError):
@@ -28,37 +35,59 @@ class ServerError(RuntimeError):
 
 
 def free_port() -> int:
+    """A port that was free a moment ago, for programs that cannot bind port 0
+    and say which port they got (Locust's master)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def start_serve(
+    flags: list[str], log: Path, env: dict[str, str] | None = None
+) -> tuple[subprocess.Popen, str]:
+    """``kvwatch serve --port 0 FLAGS`` with its output in ``log``; the process and
+    its URL once ``/health`` answers. ServerError (with the log's tail) if it
+    exits or does not come up in ``START_TIMEOUT`` seconds; the process is
+    stopped then."""
+    cmd = [sys.executable, "-m", "kvwatch", "serve", "--port", "0", *flags]
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("w") as out:
+        proc = subprocess.Popen(
+            cmd, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}
+        )
+    try:
+        deadline = time.monotonic() + START_TIMEOUT
+        url = _announced_url(proc, log, deadline)
+        wait_healthy(url, proc, deadline - time.monotonic())
+    except ServerError as exc:
+        stop(proc)
+        raise ServerError(f"{exc}: {log.read_text(errors='replace')[-1500:]}") from None
+    return proc, url
+
+
+def _announced_url(proc: subprocess.Popen, log: Path, deadline: float) -> str:
+    while time.monotonic() < deadline:
+        if match := LISTENING.search(log.read_text(errors="replace")):
+            return match[1]
+        if proc.poll() is not None:
+            raise ServerError(f"kvwatch serve exited with {proc.returncode}")
+        time.sleep(0.1)
+    raise ServerError(f"kvwatch serve did not bind a port in {START_TIMEOUT:.0f} s")
 
 
 class EngineServer:
     """``kvwatch serve --enable-probe`` with an engine config file, until ``stop``."""
 
     def __init__(self, config: Path, faults: tuple[str, ...], log: Path, run_dir: Path) -> None:
-        self.port = free_port()
         self.token = secrets.token_hex(16)
-        self.url = f"http://127.0.0.1:{self.port}"
-        cmd = [
-            *(sys.executable, "-m", "kvwatch", "serve", "--port", str(self.port)),
+        flags = [
             *("--config", str(config), "--enable-probe", f"--probe-token={self.token}"),
             *("--run-dir", str(run_dir)),
             *(a for f in faults for a in ("--inject", f)),
         ]
-        log.parent.mkdir(parents=True, exist_ok=True)
         self.log = log
-        self._log = log.open("w")
-        env = {**os.environ, "KVWATCH_FAULTS": ""}  # exactly the faults asked for
-        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env)
-        self._wait_ready()
-
-    def _wait_ready(self) -> None:
-        try:
-            wait_healthy(self.url, self.proc, START_TIMEOUT)
-        except ServerError as exc:
-            self.stop()
-            raise ServerError(f"{exc}: {self.log.read_text()[-1500:]}") from None
+        # exactly the faults asked for, whatever the environment says
+        self.proc, self.url = start_serve(flags, log, env={"KVWATCH_FAULTS": ""})
 
     def exited(self) -> str | None:
         """None while the server runs; once it has exited, why (its code and last log lines)."""
@@ -72,7 +101,6 @@ class EngineServer:
 
     def stop(self) -> None:
         stop(self.proc)
-        self._log.close()
 
     def __enter__(self) -> EngineServer:
         return self
@@ -84,16 +112,17 @@ class EngineServer:
 def wait_healthy(url: str, proc: subprocess.Popen, timeout: float) -> None:
     """Until ``url/health`` answers 200; ServerError if the process exits or time runs out."""
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    while True:
         if proc.poll() is not None:
             raise ServerError(f"kvwatch serve exited with {proc.returncode}")
         try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+            if httpx.get(f"{url}/health", timeout=10).status_code == 200:
                 return
         except httpx.HTTPError:
             pass
+        if time.monotonic() > deadline:
+            raise ServerError(f"kvwatch serve did not come up in {timeout:.0f} s")
         time.sleep(0.1)
-    raise ServerError(f"kvwatch serve did not come up in {timeout:.0f} s")
 
 
 def stop(proc: subprocess.Popen, grace: float = 10.0) -> None:

@@ -31,7 +31,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from kvwatch.loadtests.servers import free_port
+from kvwatch.sockets import listen_socket, socket_url
 
 
 class Documented(BaseModel):
@@ -188,17 +188,18 @@ def _error(status: int, message: str) -> JSONResponse:
 def fake_grafana(token: str | None = None) -> Iterator[tuple[str, FakeGrafana]]:
     """Serve a ``FakeGrafana`` on a loopback port for the block; yields (URL, fake)."""
     fake = FakeGrafana(token)
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(fake.app, port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
+    sock = listen_socket("127.0.0.1", 0)
+    server = uvicorn.Server(uvicorn.Config(fake.app, log_level="warning"))
+    thread = threading.Thread(target=server.run, args=([sock],), daemon=True)
     thread.start()
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 60
     while not server.started:
         if time.monotonic() > deadline:
             raise RuntimeError("the fake Grafana did not start")
         time.sleep(0.02)
     try:
-        yield f"http://127.0.0.1:{port}", fake
+        yield socket_url(sock), fake
     finally:
         server.should_exit = True
-        thread.join(10)
+        thread.join(30)
+        sock.close()

@@ -15,28 +15,28 @@ from collections.abc import Iterator
 import httpx
 import uvicorn
 
-from kvwatch.loadtests.servers import free_port
 from kvwatch.serve import ServeOptions, uvicorn_options
+from kvwatch.sockets import listen_socket, socket_url
 
 
 @contextlib.contextmanager
 def serving(app, options: ServeOptions | None = None) -> Iterator[str]:
+    """uvicorn serving ``app`` on a loopback port of its own (bound first, port 0)."""
     options = options or ServeOptions()
-    port = free_port()
-    config = uvicorn.Config(app, **{**uvicorn_options(options), "port": port})
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, name="uvicorn", daemon=True)
+    sock = listen_socket("127.0.0.1", 0)
+    server = uvicorn.Server(uvicorn.Config(app, **uvicorn_options(options)))
+    thread = threading.Thread(target=server.run, args=([sock],), name="uvicorn", daemon=True)
     thread.start()
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 120
     while not server.started:
         assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
         time.sleep(0.02)
     try:
-        yield url
+        yield socket_url(sock)
     finally:
         server.should_exit = True
-        thread.join(10)
+        thread.join(30)
+        sock.close()
 
 
 def metric(url: str, name: str, **labels: str) -> float:

@@ -1,56 +1,49 @@
-"""Run ``kvwatch serve`` in a subprocess on a free loopback port, for end-to-end tests."""
+"""Run ``kvwatch serve`` in a subprocess on a port of its own, for end-to-end tests.
+
+The server binds port 0 and prints where it listens (``servers.start_serve``),
+so tests running side by side never race for a port; its output goes to a
+log file, which a failing start shows.
+"""
 
 from __future__ import annotations
 
 import contextlib
-import os
-import subprocess
-import sys
+import tempfile
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 
-from kvwatch.loadtests.servers import ServerError, free_port, wait_healthy
+from kvwatch.loadtests.servers import ServerError, start_serve, stop
 
 TOKEN = "test-probe-token"
 
 
 @contextlib.contextmanager
-def kvwatch_server(*flags: str, env: dict[str, str] | None = None) -> Iterator[str]:
-    port = free_port()
-    cmd = [sys.executable, "-m", "kvwatch", "serve", "--port", str(port), *flags]
-    proc = subprocess.Popen(
-        cmd,
-        env={**os.environ, **(env or {})},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
+def kvwatch_server(
+    *flags: str, env: dict[str, str] | None = None, log: Path | None = None
+) -> Iterator[str]:
+    """The server's base URL for the block; ``log`` keeps its output (else a temp file)."""
+    with tempfile.TemporaryDirectory(prefix="kvwatch-serve-") as tmp:
         try:
-            wait_healthy(url, proc, 60)
+            proc, url = start_serve(list(flags), log or Path(tmp) / "serve.log", env)
         except ServerError as exc:
-            output = proc.stdout.read() if proc.poll() is not None else ""
-            raise RuntimeError(f"{exc}: {output}") from None
-        yield url
-    finally:
-        proc.terminate()
+            raise RuntimeError(str(exc)) from None
         try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+            yield url
+        finally:
+            stop(proc)
 
 
 def probe(url: str) -> dict:
-    r = httpx.get(f"{url}/debug/probe", headers={"Authorization": f"Bearer {TOKEN}"}, timeout=30)
+    r = httpx.get(f"{url}/debug/probe", headers={"Authorization": f"Bearer {TOKEN}"}, timeout=60)
     r.raise_for_status()
     return r.json()
 
 
-def wait_idle(url: str, timeout: float = 30) -> dict:
-    """The probe once no request is live any more."""
+def wait_idle(url: str, timeout: float = 120) -> dict:
+    """The probe once no request is live any more (or the last one, after ``timeout`` s)."""
     deadline = time.monotonic() + timeout
     while True:
         report = probe(url)

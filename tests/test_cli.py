@@ -6,6 +6,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from kvwatch.engine.faults import ENV_VAR, Fault, faults_from_env, parse_faults
 
 CACHE_FAULTS = {
@@ -58,6 +60,7 @@ def test_fault_names_parse_from_env_and_reject_unknown_names():
         raise AssertionError("an unknown fault name was accepted")
 
 
+@pytest.mark.e2e
 def test_serve_rejects_bad_flags_with_exit_2():
     for args, message in (
         (["--prefix-cache", "tree"], "invalid choice"),
@@ -68,6 +71,7 @@ def test_serve_rejects_bad_flags_with_exit_2():
         assert out.returncode == 2 and message in out.stderr, (args, out.stderr)
 
 
+@pytest.mark.e2e
 def test_serve_with_the_slots_backend_and_an_injected_fault():
     import httpx
     from serverproc import kvwatch_server
@@ -89,6 +93,7 @@ def test_serve_with_the_slots_backend_and_an_injected_fault():
         assert report["findings"] == []
 
 
+@pytest.mark.e2e
 def test_serve_on_a_missing_device_exits_2_with_a_message():
     import pytest
     import torch
@@ -97,3 +102,26 @@ def test_serve_on_a_missing_device_exits_2_with_a_message():
         pytest.skip("this machine has a CUDA device")
     out = kvwatch("serve", "--device", "cuda")
     assert out.returncode == 2 and "cannot start the engine" in out.stderr, out.stderr
+
+
+@pytest.mark.parametrize("port", ["99999", "-1", "http"])
+def test_serve_refuses_a_port_out_of_range_in_one_line(port):
+    out = kvwatch("serve", "--port", port)
+    assert out.returncode == 2, out.stderr
+    assert "want a TCP port in 0..65535" in out.stderr and "Traceback" not in out.stderr
+
+
+@pytest.mark.e2e
+def test_serve_on_a_port_in_use_exits_2_in_one_line():
+    from kvwatch.sockets import listen_socket
+
+    taken = listen_socket("127.0.0.1", 0)
+    taken.listen()
+    try:
+        port = taken.getsockname()[1]
+        out = kvwatch("serve", "--port", str(port))
+    finally:
+        taken.close()
+    assert out.returncode == 2, out.stderr
+    assert f"kvwatch serve: cannot listen on 127.0.0.1:{port}" in out.stderr
+    assert "Traceback" not in out.stderr

@@ -11,18 +11,16 @@ from __future__ import annotations
 
 import json
 import logging
-import subprocess
-import sys
 
 import httpx
 import pytest
 from fastapi.testclient import TestClient
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from serverproc import kvwatch_server
 
 from kvwatch.engine import Engine
 from kvwatch.instrumentation import Telemetry, instrument
-from kvwatch.loadtests.servers import free_port, stop, wait_healthy
 from kvwatch.server import EngineWorker, ServerSettings, create_app
 
 SECRET = "Zebra-quartz-7741 pelican"
@@ -50,22 +48,16 @@ def exchange(send) -> list[int]:
     return statuses
 
 
+@pytest.mark.e2e
 def test_kvwatch_serve_at_debug_level_writes_no_prompt_text(tmp_path):
-    port, log = free_port(), tmp_path / "serve.log"
-    cmd = [sys.executable, "-m", "kvwatch", "serve", "--port", str(port)]
-    cmd += ["--log-level", "debug", "--run-dir", str(tmp_path)]
-    url = f"http://127.0.0.1:{port}"
-    with log.open("w") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
-        try:
-            wait_healthy(url, proc, 60)
+    log = tmp_path / "serve.log"
+    flags = ("--log-level", "debug", "--run-dir", str(tmp_path))
+    with kvwatch_server(*flags, log=log) as url:
 
-            def send(method, path, body):
-                return httpx.request(method, f"{url}{path}", json=body, timeout=60).status_code
+        def send(method, path, body):
+            return httpx.request(method, f"{url}{path}", json=body, timeout=60).status_code
 
-            exchange(send)
-        finally:
-            stop(proc)
+        exchange(send)
     written = log.read_text()
     assert "POST /v1/chat/completions" in written  # the access log ran at DEBUG
     assert SECRET not in written

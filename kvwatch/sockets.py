@@ -1,0 +1,33 @@
+"""Listening sockets for the servers kvwatch runs: bind first, then serve.
+
+Binding before the server starts means the caller knows the port at once,
+so port 0 (a free port, chosen by the kernel) needs no guess made in advance
+that another process could take in the meantime.
+"""
+
+from __future__ import annotations
+
+import socket
+
+
+def listen_socket(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to ``host:port``, as uvicorn would bind it; port 0 takes a free one.
+
+    The caller binds, so it knows the port before the server runs: ``--port 0``
+    cannot race another process for a port picked in advance.
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    sock.set_inheritable(True)
+    return sock
+
+
+def socket_url(sock: socket.socket) -> str:
+    host, port = sock.getsockname()[:2]
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
