@@ -17,7 +17,7 @@ from fastapi.responses import JSONResponse, Response
 
 from kvwatch.server import completions, debug, errors, sessions
 from kvwatch.server.debug import HeapTracker
-from kvwatch.server.idle import SessionClock, close_idle_sessions
+from kvwatch.server.idle import IdleReaper, SessionClock
 from kvwatch.server.limits import RequestLimits
 from kvwatch.server.settings import ServerSettings
 from kvwatch.server.worker import EngineWorker
@@ -30,29 +30,32 @@ def create_app(
     settings: ServerSettings | None = None,
     *,
     metrics: Callable[[], tuple[bytes, str]] | None = None,
+    clock: SessionClock | None = None,
 ) -> FastAPI:
+    """``clock`` times idle sessions (default: monotonic seconds); tests pass their own."""
     settings = settings or ServerSettings()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         worker.start()
-        reaper = None
-        if settings.session_idle_timeout_s is not None:
-            timeout = settings.session_idle_timeout_s
-            reaper = asyncio.create_task(close_idle_sessions(worker, app.state.clock, timeout))
+        reaping = None
+        if app.state.reaper is not None:
+            reaping = asyncio.create_task(app.state.reaper.run())
         try:
             yield
         finally:
-            if reaper is not None:
-                reaper.cancel()
+            if reaping is not None:
+                reaping.cancel()
             worker.stop()
 
     app = FastAPI(title="kvwatch", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.worker = worker
     app.state.settings = settings
     app.state.heap = HeapTracker()
-    app.state.clock = SessionClock()
+    app.state.clock = clock or SessionClock()
     app.state.clock.follow(worker.engine.events)
+    timeout = settings.session_idle_timeout_s
+    app.state.reaper = None if timeout is None else IdleReaper(worker, app.state.clock, timeout)
     errors.install(app)
     app.include_router(completions.router)
     app.include_router(sessions.router)

@@ -84,23 +84,44 @@ class SessionClock:
         self.touch(self._turns.pop(event.request_id, None))
 
 
-async def close_idle_sessions(worker: EngineWorker, clock: SessionClock, timeout: float) -> None:
-    """Every ``min(timeout / 4, 1 s)``, close the sessions unused for ``timeout`` seconds."""
-    while True:
-        await asyncio.sleep(min(timeout / 4, MAX_CHECK_PERIOD_S))
-        stale = clock.unused_for(timeout)
+class IdleReaper:
+    """Closes the sessions ``clock`` says nobody used for ``timeout`` seconds.
+
+    ``run`` sweeps every ``min(timeout / 4, 1 s)`` until cancelled; ``sweep``
+    is one round, so a caller (a test with its own clock) can decide when
+    rounds happen. Which sessions a round closes depends only on the clock's
+    readings and on which turns are in flight, never on when the round runs.
+    """
+
+    def __init__(self, worker: EngineWorker, clock: SessionClock, timeout: float) -> None:
+        self.worker, self.clock, self.timeout = worker, clock, timeout
+
+    @property
+    def period(self) -> float:
+        return min(self.timeout / 4, MAX_CHECK_PERIOD_S)
+
+    async def run(self) -> None:
+        while True:
+            await asyncio.sleep(self.period)
+            try:
+                await self.sweep()
+            except Exception:  # keep reaping; the next round tries again
+                log.exception("closing idle sessions failed")
+
+    async def sweep(self) -> list[str]:
+        """One round: the ids of the sessions it closed."""
+        stale = self.clock.unused_for(self.timeout)
         if not stale:
-            continue
-        try:
-            closed = await worker.run(_close_if_idle, worker.engine, clock, stale, timeout)
-        except Exception:  # keep reaping; the next round tries again
-            log.exception("closing idle sessions failed")
-            continue
+            return []
+        closed = await self.worker.run(
+            close_if_idle, self.worker.engine, self.clock, stale, self.timeout
+        )
         if closed:
             log.info("closed %d idle session(s): %s", len(closed), ", ".join(closed))
+        return closed
 
 
-def _close_if_idle(
+def close_if_idle(
     engine: Engine, clock: SessionClock, session_ids: list[str], timeout: float
 ) -> list[str]:
     """On the engine thread: close each session still unused and with no turn in flight."""
