@@ -75,6 +75,7 @@ class TurnUser(StreamingChatUser):
     def _soak_turn(self) -> None:
         if self.episode_turn == self.plan.turns:  # the episode is over: start afresh
             self._finish()
+            self.environment.kvwatch_status.episode_ended(self.index)
             self.finished, self.episode_turn, self.candidates = False, 0, []
             self._safely(self.setup)
         self._safely(self.turn, self.episode_turn)

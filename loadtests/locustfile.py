@@ -79,7 +79,8 @@ def _wire(environment, **kwargs) -> None:
     if plan.soak:
         from kvwatch.loadtests.statuses import StatusCounts
 
-        StatusCounts(plan.record).listen(environment.events)
+        environment.kvwatch_status = StatusCounts(plan.record)
+        environment.kvwatch_status.listen(environment.events)
         return
     record = None if isinstance(environment.runner, WorkerRunner) else Recorder(plan)
 

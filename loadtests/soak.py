@@ -102,6 +102,7 @@ class SoakRecord(NamedTuple):
     requests: int = 0
     errors: int = 0
     probe_errors: tuple[str, ...] = ()
+    episode_ends: tuple[tuple[int, float], ...] = ()  # (user, seconds since the load began)
     load_s: float = 0.0
     error: str | None = None
 
@@ -124,6 +125,7 @@ def run_soak(opts: SoakOptions) -> tuple[dict, int]:
             server.stop()
     summary = summarize(opts, record, time.monotonic() - started)
     _write_series(where / "usage.csv", record.samples)
+    _write_episodes(where / "episodes.csv", record.episode_ends)
     verdicts.write(summary, opts.out, opts.junit)
     print(table(summary["soak"]))
     opts.progress(f"verdict: {summary['verdict']} ({summary['elapsed_s']} s) -> {opts.out}")
@@ -186,7 +188,7 @@ def _load(opts: SoakOptions, server: EngineServer, http: httpx.Client, where: Pa
     samples, failed, error = [], [], None
     with (where / "locust.log").open("w") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
-        begun = time.monotonic()
+        begun, begun_wall = time.monotonic(), time.time()
         deadline = begun + opts.duration + opts.stop_timeout + 60
         next_probe, next_note = begun, begun + max(5.0, opts.duration / 10)
         try:
@@ -229,6 +231,7 @@ def _load(opts: SoakOptions, server: EngineServer, http: httpx.Client, where: Pa
         requests=requests,
         errors=errors,
         probe_errors=tuple(failed),
+        episode_ends=tuple((user, at - begun_wall) for user, at in status.get("episode_ends", ())),
         load_s=load_s,
         error=error,
     )
@@ -274,7 +277,13 @@ def summarize(opts: SoakOptions, record: SoakRecord, wall: float) -> dict:
     groups = record.baseline["groups"] if record.baseline else {}
     trends = [
         judge.usage_trend(
-            g, v["capacity"], [s.t for s in loaded], [s.pinned[g] for s in loaded], warmup
+            g,
+            v["capacity"],
+            [s.t for s in loaded],
+            [s.pinned[g] for s in loaded],
+            warmup,
+            opts.concurrency,
+            record.episode_ends,
         )
         for g, v in groups.items()
     ]
@@ -316,6 +325,7 @@ def summarize(opts: SoakOptions, record: SoakRecord, wall: float) -> dict:
         "probes": len(record.samples),
         "busy_probes": sum(s.live_requests > 0 for s in record.samples),
         "probe_errors": len(record.probe_errors),
+        "episodes": len(record.episode_ends),
         "findings": sum(len(s.findings) for s in record.samples)
         + len(judge.findings(record.drained) if record.drained else ()),
         "checks": {c.name: c.as_dict() for c in checks},
@@ -349,6 +359,14 @@ def _write_series(path: Path, samples: tuple[judge.Sample, ...]) -> None:
             for g in groups:
                 row += [s.used[g], s.pinned[g], *(s.by_owner[g].get(o, 0) for o in owners[g])]
             out.writerow(row)
+
+
+def _write_episodes(path: Path, ends: tuple[tuple[int, float], ...]) -> None:
+    """One row per episode a user ended: the user and the time, in seconds of the soak."""
+    with path.open("w", newline="") as f:
+        out = csv.writer(f)
+        out.writerow(["user", "t_s"])
+        out.writerows((user, round(t, 3)) for user, t in sorted(ends, key=lambda e: e[1]))
 
 
 def table(soak: dict) -> str:

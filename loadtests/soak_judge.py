@@ -32,6 +32,10 @@ ALPHA = 0.01  # one-sided significance of the regression slope
 MIN_TOLERANCE_PAGES = 4
 TOLERANCE_FRACTION = 0.05  # of the group's capacity
 MIN_TREND_POINTS = 8
+# Pinned pages rise through an episode (contexts grow turn by turn) and fall
+# when it ends, so growth is judged only across whole episodes: after every
+# user ended its first one, and over at least this many more ends of each.
+MIN_JUDGED_EPISODES = 2
 
 
 class Sample(NamedTuple):
@@ -103,13 +107,49 @@ class UsageTrend(NamedTuple):
         return out
 
 
+def judged_from(
+    warmup: float, users: int, episode_ends: Sequence[tuple[int, float]], last: float
+) -> tuple[float, str | None]:
+    """Where a soak's usage trend starts, and why it cannot be judged (None: it can).
+
+    The trend starts after the warm-up and once every one of ``users`` has
+    ended its first episode (``episode_ends``: user and time, in seconds of
+    the soak). Up to ``last``, the time of the last sample, each user must
+    end ``MIN_JUDGED_EPISODES`` more episodes. A slow machine runs fewer
+    episodes in the same time: then there is no trend to judge, which is
+    said, rather than a partial episode's rise being taken for a leak::
+
+        t:     0 ..warmup.. | u0 ends ep.1 .. u1 ends ep.1 | ..judged: >= 2 more ends each.. | last
+    """
+    ends: dict[int, list[float]] = {}
+    for user, t in sorted(episode_ends, key=lambda e: e[1]):
+        ends.setdefault(user, []).append(t)
+    if users <= 0 or len(ends) < users:
+        return warmup, f"{len(ends)} of {users} users ended an episode: too short for a trend"
+    start = max(warmup, *(times[0] for times in ends.values()))
+    fewest = min(sum(start < t <= last for t in times) for times in ends.values())
+    if fewest < MIN_JUDGED_EPISODES:
+        return start, (
+            f"{fewest} whole episodes of the slowest user after {start:.0f} s "
+            f"(want {MIN_JUDGED_EPISODES}): too short for a trend"
+        )
+    return start, None
+
+
 def usage_trend(
-    group: str, capacity: int, times: Sequence[float], pinned: Sequence[int], warmup: float
+    group: str,
+    capacity: int,
+    times: Sequence[float],
+    pinned: Sequence[int],
+    warmup: float,
+    users: int,
+    episode_ends: Sequence[tuple[int, float]],
 ) -> UsageTrend:
     """Whether a group's pinned pages stay bounded over a soak.
 
-    Samples before ``warmup`` seconds are left out of the trend (pools fill,
-    sessions open). The group is bounded when both hold:
+    Samples before ``judged_from`` are left out of the trend (pools fill,
+    sessions open, the first episode runs). The group is bounded when both
+    hold:
 
     1. headroom: pinned pages stay below capacity at every sample, so the pool
        never ran out of pages it could take back;
@@ -124,19 +164,23 @@ def usage_trend(
 
     A clean engine's pinned pages swing with what is in flight, so a short
     stretch can look like a trend, or one window's peak sit above another's;
-    a leak does both at once, for the whole run. With fewer than
-    ``MIN_TREND_POINTS`` judged samples only the headroom is judged.
+    a leak does both at once, for the whole run. When the judged span holds
+    too few whole episodes or fewer than ``MIN_TREND_POINTS`` samples, only
+    the headroom is judged, and ``why`` says so.
     """
     t = np.asarray(times, dtype=float)
     y = np.asarray(pinned, dtype=float)
     tolerance = max(MIN_TOLERANCE_PAGES, TOLERANCE_FRACTION * capacity)
-    judged = t >= warmup
+    start, too_short = judged_from(warmup, users, episode_ends, float(t[-1]) if len(t) else 0.0)
+    judged = t >= start
     tj, yj = t[judged], y[judged]
     lo, hi = (int(y.min()), int(y.max())) if len(y) else (0, 0)
     head = (group, capacity, lo, hi, len(yj))
-    if len(yj) < MIN_TREND_POINTS:
+    if too_short is None and len(yj) < MIN_TREND_POINTS:
+        too_short = f"{len(yj)} samples after the warm-up: too few for a trend"
+    if too_short is not None:
         bounded = hi < capacity
-        why = f"{len(yj)} samples after the warm-up: too few for a trend; headroom only"
+        why = f"{too_short}; headroom only ({lo}..{hi} of {capacity})"
         return UsageTrend(*head, 0.0, 1.0, 0.0, hi, hi, tolerance, bounded, why)
     if np.ptp(yj) == 0 or np.ptp(tj) == 0:
         slope, p = 0.0, 1.0

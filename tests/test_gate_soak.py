@@ -2,8 +2,10 @@
 flight, judged on 5xx, findings, bounded usage and drain-to-baseline.
 
 A short clean soak must pass; the same soak with a leaking fault must fail.
-The usage check is shown on the clean soak's own series: it passes as
-recorded and fails once a steady leak is added to it.
+These live runs assert only what holds at any machine speed (the run
+finished, its verdict, what it wrote); how many requests, probes and
+episodes fit in the time is the machine's business. The usage check itself
+is shown on stored and generated series in ``test_soak_judge.py``.
 """
 
 from __future__ import annotations
@@ -15,7 +17,6 @@ import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from kvwatch.cli import main
@@ -27,7 +28,7 @@ CLEAN_SOAK_S = 15
 
 def soak(out: Path, *args: str) -> tuple[int, dict, str]:
     cmd = [sys.executable, "-m", "kvwatch", "gate", "--out", str(out), *args]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     path = out / "summary.json"
     return (
         proc.returncode,
@@ -43,14 +44,15 @@ def clean(tmp_path_factory) -> tuple[Path, int, dict, str]:
     return (out, *soak(out, "--soak", f"{CLEAN_SOAK_S}s", "--junit", str(junit)))
 
 
+@pytest.mark.e2e
 def test_a_clean_soak_passes_with_requests_probes_and_no_5xx(clean):
     out, code, summary, log = clean
     assert code == 0, log[-3000:]
     assert summary["verdict"] == "pass" and summary["faults"] == []
     assert summary["runs"] == [] and summary["detectors"] == {}  # the gate's keys stay
     s = summary["soak"]
-    assert s["requests"] > 50 and s["errors"] == 0 and s["http_5xx"] == 0
-    assert s["probes"] >= 10 and s["busy_probes"] >= 5, "the probe ran mid-flight"
+    assert s["requests"] > 0 and s["errors"] == 0 and s["http_5xx"] == 0
+    assert s["busy_probes"] >= 1, "the probe ran mid-flight"
     assert s["findings"] == 0 and s["probe_errors"] == 0 and s["error"] is None
     assert {name: c["verdict"] for name, c in s["checks"].items()} == dict.fromkeys(
         judge.CHECKS, "pass"
@@ -60,34 +62,18 @@ def test_a_clean_soak_passes_with_requests_probes_and_no_5xx(clean):
         assert 0 < u["pinned_max"] < u["capacity"], group
     rows = list(csv.DictReader((out / "soak" / "usage.csv").open()))
     assert len(rows) == s["probes"]
+    episodes = list(csv.DictReader((out / "soak" / "episodes.csv").open()))
+    assert len(episodes) == s["episodes"]
     assert "soak: pass" in log and "drain-to-baseline  pass" in log  # the printed table
     cases = ET.parse(out / "junit.xml").getroot()
     assert cases.get("tests") == "4" and cases.get("failures") == "0"
 
 
-def test_the_usage_check_passes_the_clean_series_and_catches_a_steady_leak(clean):
-    """The clean soak's pinned pages per group, as recorded, and with a leak that
-    adds four times the check's tolerance over the run, probe by probe."""
-    out, _, summary, _ = clean
-    rows = list(csv.DictReader((out / "soak" / "usage.csv").open()))
-    times = np.array([float(r["t_s"]) for r in rows])
-    loaded = times <= CLEAN_SOAK_S
-    warmup = 0.2 * CLEAN_SOAK_S
-    for group, u in summary["soak"]["usage"].items():
-        pinned = np.array([int(r[f"{group}.pinned"]) for r in rows])[loaded]
-        t = times[loaded]
-        assert judge.usage_trend(group, u["capacity"], t, pinned, warmup).bounded, group
-        leak = np.floor(4 * u["tolerance"] * t / CLEAN_SOAK_S).astype(int)
-        leaking = judge.usage_trend(group, u["capacity"], t, pinned + leak, warmup)
-        assert not leaking.bounded and "grow" in leaking.why, (group, leaking)
-        full = judge.usage_trend(group, u["capacity"], t, np.maximum(pinned, u["capacity"]), 0)
-        assert not full.bounded and "reached the capacity" in full.why
-
-
+@pytest.mark.e2e
 def test_a_soak_with_a_leaking_fault_fails(tmp_path):
     """session-tail-leak: a resumed session keeps its old tail pages, which the
     streaming-session agents orphan once they close their sessions."""
-    code, summary, log = soak(tmp_path, "--soak", "8s", "--inject", "session-tail-leak")
+    code, summary, log = soak(tmp_path, "--soak", "10s", "--inject", "session-tail-leak")
     assert code == 1, log[-3000:]
     s = summary["soak"]
     assert summary["verdict"] == "fail" and summary["faults"] == ["session-tail-leak"]
