@@ -18,6 +18,8 @@ import pytest
 
 from kvwatch.loadtests.profiles import PROFILES
 
+pytestmark = pytest.mark.e2e
+
 SELECTED = os.environ.get("KVWATCH_BENCH_GATE_PROFILES", "bad-input")
 NAMES = list(PROFILES) if SELECTED == "all" else SELECTED.split(",")
 CONCURRENCY = os.environ.get("KVWATCH_BENCH_GATE_C", "1")

@@ -259,7 +259,10 @@ FUZZ = settings(
 
 
 @pytest.mark.parametrize("size", sorted(CONFIGS))
-@pytest.mark.parametrize("seed_value", [1, 2, 3])
+# the fast tier runs one seed per size; `make test` runs all three
+@pytest.mark.parametrize(
+    "seed_value", [1, *(pytest.param(s, marks=pytest.mark.slow) for s in (2, 3))]
+)
 def test_cache_fuzz(size: str, seed_value: int) -> None:
     from hypothesis.stateful import run_state_machine_as_test
 

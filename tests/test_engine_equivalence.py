@@ -97,6 +97,7 @@ def test_equivalence_token_by_token_prefill():
     )
 
 
+@pytest.mark.slow
 @settings(
     max_examples=15, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow]
 )

@@ -17,6 +17,7 @@ from kvwatch.instrumentation.gate import (
     summarize,
     write,
 )
+from kvwatch.loadtests.gate import no_service
 
 
 def verdicts(failing: str | None = None) -> dict[str, Verdict]:
@@ -119,3 +120,9 @@ def test_judge_keeps_when_each_barrier_was_reached_and_the_heap_per_token():
     ]
     # a turn with no context tokens or no heap sample has no ratio
     assert run["heap_bytes_per_context_token"] == [{"turn": 0, "value": 20.0}]
+
+
+def test_a_run_whose_every_request_failed_was_not_served():
+    assert no_service(0, 0) == "no request reached the server"
+    assert "every one of the 12 requests failed" in no_service(12, 12)
+    assert no_service(12, 11) is None

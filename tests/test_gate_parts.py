@@ -64,6 +64,7 @@ def test_overrides_reject_unknown_fields_and_bad_values():
             apply_overrides(EngineConfig(), bad)
 
 
+@pytest.mark.e2e
 def test_serve_rejects_a_bad_config_file_with_exit_2(tmp_path):
     bad = tmp_path / "engine.json"
     bad.write_text('{"cache": {"full_kv": {"capacity": -4}}}')

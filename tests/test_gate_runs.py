@@ -18,6 +18,8 @@ from serverproc import kvwatch_server
 from kvwatch.instrumentation.detectors import IDS
 from kvwatch.loadtests.profiles import PROFILES
 
+pytestmark = pytest.mark.e2e
+
 
 def gate(out: Path, *args: str, timeout: float = 600) -> tuple[int, dict, str]:
     cmd = [sys.executable, "-m", "kvwatch", "gate", "--out", str(out), *args]

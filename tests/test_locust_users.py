@@ -7,7 +7,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from serverproc import TOKEN, kvwatch_server, wait_idle
+
+pytestmark = pytest.mark.e2e
 
 LOCUSTFILE = Path(__file__).resolve().parents[1] / "loadtests" / "locustfile.py"
 

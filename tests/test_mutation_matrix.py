@@ -17,6 +17,8 @@ from kvwatch.instrumentation.detectors import FAIL
 from kvwatch.instrumentation.harness import HarnessConfig
 from kvwatch.instrumentation.matrix import CATCH_WITHIN, CONCURRENCY, PLAN, jobs, render, run_matrix
 
+pytestmark = pytest.mark.slow
+
 DOC = Path(__file__).resolve().parents[1] / "docs" / "mutation-matrix.md"
 LAST_TURN = HarnessConfig.warmup + CATCH_WITHIN - 1
 

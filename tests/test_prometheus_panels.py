@@ -32,6 +32,8 @@ from serverproc import TOKEN, kvwatch_server
 
 from kvwatch.dashboards import build
 
+pytestmark = pytest.mark.e2e
+
 RATE_INTERVAL = "10s"
 LOAD_SECONDS = 8.0
 SYSTEM = "You are the planning agent. Tools: search, read_file, write_file, run_tests. " * 4

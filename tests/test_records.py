@@ -132,6 +132,7 @@ def test_retained_record_bytes_stay_o_prefix():
     assert abs(slope(series)) < 0.5, series  # flat per context token: O(prefix)
 
 
+@pytest.mark.slow
 def test_session_blob_retention_grows_o_turns_times_prefix():
     clean = retained_bytes_per_context_token(frozenset(), 16)
     leaking = retained_bytes_per_context_token(frozenset({Fault.SESSION_BLOB_RETENTION}), 16)

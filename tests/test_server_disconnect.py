@@ -15,6 +15,8 @@ from serverproc import TOKEN, kvwatch_server, probe, wait_idle
 from kvwatch.engine import EngineConfig, SchedulerConfig, SpecConfig
 from kvwatch.serve import ServeOptions, build
 
+pytestmark = pytest.mark.e2e
+
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 STAGES = ("queued", "prefill", "decode")
 

@@ -37,6 +37,7 @@ def outward_address() -> str | None:
     return None if address.startswith("127.") or address == "0.0.0.0" else address
 
 
+@pytest.mark.e2e
 def test_the_default_bind_is_loopback(server):
     assert build_parser().parse_args(["serve"]).host == "127.0.0.1"
     assert uvicorn_options(ServeOptions())["host"] == "127.0.0.1"
@@ -60,6 +61,7 @@ def test_uvicorn_bounds_the_request_head():
     [{"x-padding": "a" * 20_000}, {f"x-h{i}": "v" * 24 for i in range(1000)}],
     ids=["one large header", "a thousand small ones"],
 )
+@pytest.mark.e2e
 def test_large_headers_get_a_json_431(server, headers):
     r = httpx.post(f"{server}/v1/chat/completions", json=OK_CHAT, headers=headers, timeout=30)
     assert r.status_code == 431, r.text
@@ -67,6 +69,7 @@ def test_large_headers_get_a_json_431(server, headers):
     assert httpx.post(f"{server}/v1/chat/completions", json=OK_CHAT, timeout=60).status_code == 200
 
 
+@pytest.mark.e2e
 def test_a_100_kb_header_is_refused_and_the_server_lives_on(server):
     r = httpx.get(f"{server}/health", headers={"x-padding": "a" * 100_000}, timeout=30)
     assert r.status_code in (400, 431), r.text

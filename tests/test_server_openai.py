@@ -9,6 +9,8 @@ from serverproc import TOKEN, kvwatch_server, probe, wait_idle
 
 from kvwatch.instrumentation import names
 
+pytestmark = pytest.mark.e2e
+
 SYSTEM = "You are the storage agent. Answer with the pool that holds the data. " * 3
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
