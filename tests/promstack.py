@@ -3,7 +3,9 @@
 ``prometheus_stack(targets)`` writes a temporary config that scrapes each
 target every second, plus the Pushgateway with ``honor_labels`` (so the
 gate's ``job`` label survives), starts both binaries on free ports with a
-temporary data directory, and waits until Prometheus is ready.
+temporary data directory, and waits until Prometheus is ready. Neither
+binary can bind port 0 and say which port it got, so a port taken in the
+meantime by another process is met by starting again on other ports.
 
 Where the binaries are missing the tests skip with the reason, unless
 ``KVWATCH_REQUIRE_PROMETHEUS=1`` (CI sets it): then they fail.
@@ -17,7 +19,7 @@ import os
 import shutil
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import NamedTuple
 
@@ -28,6 +30,8 @@ from kvwatch.loadtests.servers import free_port
 
 REQUIRE_ENV = "KVWATCH_REQUIRE_PROMETHEUS"
 SCRAPE_INTERVAL_S = 1
+READY_TIMEOUT_S = 120  # a loaded machine starts Prometheus slowly; only a hang gets here
+START_TRIES = 3
 
 
 class PromStack(NamedTuple):
@@ -65,60 +69,80 @@ def _config(targets: list[str], pushgateway: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _wait(url: str, proc: subprocess.Popen, log: Path, timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
+class Exited(RuntimeError):
+    """The binary exited before it was ready (a port taken since it was picked, say)."""
+
+
+def _wait(url: str, proc: subprocess.Popen, log: Path) -> None:
+    deadline = time.monotonic() + READY_TIMEOUT_S
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"{proc.args[0]} exited: {log.read_text()[-2000:]}")
+            raise Exited(f"{proc.args[0]} exited: {log.read_text()[-2000:]}")
         with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(url, timeout=2).status_code == 200:
+            if httpx.get(url, timeout=10).status_code == 200:
                 return
         time.sleep(0.1)
-    raise RuntimeError(f"{url} was not ready in {timeout:.0f} s")
+    raise RuntimeError(f"{url} was not ready in {READY_TIMEOUT_S} s")
+
+
+def _started(
+    cmd: Callable[[str], list[str]], ready: str, log: Path
+) -> tuple[subprocess.Popen, str]:
+    """``cmd(address)`` listening on a free loopback port; the process and its address."""
+    for attempt in range(START_TRIES):
+        address = f"127.0.0.1:{free_port()}"
+        with log.open("w") as out:
+            proc = subprocess.Popen(cmd(address), stdout=out, stderr=subprocess.STDOUT)
+        try:
+            _wait(f"http://{address}{ready}", proc, log)
+            return proc, address
+        except Exited:
+            if attempt == START_TRIES - 1:
+                raise
+        except BaseException:
+            _stop(proc)
+            raise
+    raise AssertionError("unreachable")
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 @contextlib.contextmanager
 def prometheus_stack(targets: list[str], workdir: Path) -> Iterator[PromStack]:
     """Prometheus scraping ``targets`` (host:port) and a Pushgateway, for the block."""
     prometheus, gateway = binaries()
-    prom_port, gateway_port = free_port(), free_port()
-    gateway_addr = f"127.0.0.1:{gateway_port}"
     config = workdir / "prometheus.yml"
-    config.write_text(_config(targets, gateway_addr))
     procs = []
     try:
-        gateway_log = workdir / "pushgateway.log"
-        procs.append(
-            subprocess.Popen(
-                [gateway, f"--web.listen-address={gateway_addr}"],
-                stdout=gateway_log.open("w"),
-                stderr=subprocess.STDOUT,
-            )
+        proc, gateway_addr = _started(
+            lambda address: [gateway, f"--web.listen-address={address}"],
+            "/-/ready",
+            workdir / "pushgateway.log",
         )
-        prom_log = workdir / "prometheus.log"
-        procs.append(
-            subprocess.Popen(
-                [
-                    prometheus,
-                    f"--config.file={config}",
-                    f"--storage.tsdb.path={workdir / 'data'}",
-                    f"--web.listen-address=127.0.0.1:{prom_port}",
-                ],
-                stdout=prom_log.open("w"),
-                stderr=subprocess.STDOUT,
-            )
+        procs.append(proc)
+        config.write_text(_config(targets, gateway_addr))
+        proc, prom_addr = _started(
+            lambda address: [
+                prometheus,
+                f"--config.file={config}",
+                f"--storage.tsdb.path={workdir / 'data'}",
+                f"--web.listen-address={address}",
+            ],
+            "/-/ready",
+            workdir / "prometheus.log",
         )
-        _wait(f"http://{gateway_addr}/-/ready", procs[0], gateway_log)
-        _wait(f"http://127.0.0.1:{prom_port}/-/ready", procs[1], prom_log)
-        yield PromStack(f"http://127.0.0.1:{prom_port}", f"http://{gateway_addr}")
+        procs.append(proc)
+        yield PromStack(f"http://{prom_addr}", f"http://{gateway_addr}")
     finally:
         for proc in procs:
-            proc.terminate()
-        for proc in procs:
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+            _stop(proc)
 
 
 def api(stack: PromStack, path: str, **params) -> object:

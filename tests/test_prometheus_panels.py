@@ -27,7 +27,7 @@ import httpx
 import openai
 import pytest
 from fakegrafana import fake_grafana
-from promstack import PromStack, api, finite_values, prometheus_stack
+from promstack import SCRAPE_INTERVAL_S, PromStack, api, finite_values, prometheus_stack
 from serverproc import TOKEN, kvwatch_server
 
 from kvwatch.dashboards import build
@@ -91,7 +91,7 @@ def chat_load(url: str, stop_at: float) -> None:
     httpx.delete(f"{url}/v1/sessions/{sid}", timeout=30)
 
 
-def wait_for(stack: PromStack, query: str, timeout: float = 20) -> None:
+def wait_for(stack: PromStack, query: str, timeout: float = 120) -> None:
     deadline = time.monotonic() + timeout
     while not api(stack, "query", query=query)["result"]:
         if time.monotonic() > deadline:
@@ -140,7 +140,8 @@ def run(tmp_path_factory) -> Run:
             timeout=600,
         )
         wait_for(stack, "kvwatch_gate_heap_bytes_per_context_token")
-        time.sleep(2)  # two more scrapes of the engine after the load
+        # two more scrapes of the engine after the load, however long the gate took
+        wait_for(stack, f'timestamp(up{{job="kvwatch"}}) > {time.time() + SCRAPE_INTERVAL_S}')
         summary = json.loads((out / "summary.json").read_text())
         yield Run(stack, load_start, gate.returncode, summary, list(fake.annotations))
 
