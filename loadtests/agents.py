@@ -69,7 +69,7 @@ class TurnUser(StreamingChatUser):
             self._safely(self.turn, t)
             barrier.wait(t, self._barrier_report())
         self._safely(self._finish)
-        barrier.wait(END, {})
+        barrier.wait(END, self._end_report())
         gevent.sleep(3600)  # the coordinator quits the run
 
     def _soak_turn(self) -> None:
@@ -111,6 +111,11 @@ class TurnUser(StreamingChatUser):
         }
         self.candidates = []
         return report
+
+    def _end_report(self) -> dict:
+        """This process's request counts: every request of this user is done."""
+        process = str(getattr(self.environment.runner, "client_id", "local"))
+        return {"process": process, "counts": self.environment.kvwatch_status.counts().as_dict()}
 
     def keep_for_replay(self, data: dict | None, max_tokens: int) -> None:
         if data and "prompt_token_ids" in data:

@@ -21,7 +21,6 @@ can never pass. Every path is built under ``--out`` from checked names
 
 from __future__ import annotations
 
-import csv
 import json
 import subprocess
 import sys
@@ -38,9 +37,9 @@ from kvwatch.loadtests import outputs
 from kvwatch.loadtests import profiles as catalog
 from kvwatch.loadtests.plan import RunPlan, preset
 from kvwatch.loadtests.servers import EngineServer, ServerError, locust_commands, stop
+from kvwatch.loadtests.statuses import Counts
 
 BLACK_BOX_DETECTORS = ("gauge-trend",)
-LATENCY_TYPES = ("TTFT", "ITL")  # derived samples, not requests
 
 
 @dataclass(frozen=True)
@@ -208,8 +207,10 @@ def _run_one(opts: GateOptions, profile: catalog.Profile, c: int, server) -> ver
         error = "the load run ended without a record (see locust.log)"
     if error is not None:
         return _broken(profile.name, c, opts.turns, error)
-    run = RunRecord.from_json(json.loads(record.read_text()))
-    requests, errors = _locust_counts(where / "locust_stats.csv")
+    data = json.loads(record.read_text())
+    run = RunRecord.from_json(data)
+    sent = Counts.from_dict(data.get("requests", {}))
+    requests, errors = sent.requests, sent.errors
     if run.error is None and (dead := no_service(requests, errors)):
         run = run._replace(error=dead)
     detectors = IDS if server is not None else BLACK_BOX_DETECTORS
@@ -268,18 +269,6 @@ def no_service(requests: int, errors: int) -> str | None:
     if errors >= requests:
         return f"every one of the {requests} requests failed (see locust.log)"
     return None
-
-
-def _locust_counts(stats: Path) -> tuple[int, int]:
-    """Requests and failures from Locust's stats, derived latency samples left out."""
-    if not stats.exists():
-        return 0, 0
-    rows = [
-        r
-        for r in csv.DictReader(stats.open())
-        if r["Name"] != "Aggregated" and r["Type"] not in LATENCY_TYPES
-    ]
-    return sum(int(r["Request Count"]) for r in rows), sum(int(r["Failure Count"]) for r in rows)
 
 
 def _broken(profile: str, c: int, turns: int, error: str) -> verdicts.RunResult:

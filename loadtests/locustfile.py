@@ -8,8 +8,9 @@ The profiles' turn-based users run under ``kvwatch gate``, which writes a run
 plan and starts ``locust -f ... --kvwatch-plan FILE <UserClass>``. With a
 plan, this file wires the turn barrier on every runner, and the recorder
 (the barrier action) on the coordinator: the master, or the local runner.
-A soak plan (``kvwatch gate --soak``) wires no barrier: the users run free,
-and the HTTP answers are counted by status class (``statuses.py``).
+Every process counts its users' HTTP answers by status class
+(``statuses.py``). A soak plan (``kvwatch gate --soak``) wires no barrier:
+the users run free.
 """
 
 from __future__ import annotations
@@ -73,14 +74,14 @@ def _wire(environment, **kwargs) -> None:
     if options is None or not getattr(options, "kvwatch_plan", ""):
         return
     from kvwatch.loadtests.recorder import Recorder
+    from kvwatch.loadtests.statuses import StatusCounts
 
     plan = RunPlan.load(options.kvwatch_plan)
     environment.kvwatch_plan = plan
+    # this process's requests by status; a soak writes them to its record when Locust quits
+    environment.kvwatch_status = StatusCounts(plan.record if plan.soak else None)
+    environment.kvwatch_status.listen(environment.events)
     if plan.soak:
-        from kvwatch.loadtests.statuses import StatusCounts
-
-        environment.kvwatch_status = StatusCounts(plan.record)
-        environment.kvwatch_status.listen(environment.events)
         return
     record = None if isinstance(environment.runner, WorkerRunner) else Recorder(plan)
 

@@ -6,8 +6,9 @@ local runner) and talks to the server over HTTP only::
     START   baseline probe, gauges and heap tracking on; start sampling probes
     turn t  drain to idle -> (flush) -> barrier probe, heap sample, gauges per
             conversation; probes sampled while the turn ran go with it
-    END     drain -> flush -> drained probe and gauges -> replay greedy requests,
-            one at a time on a flushed cache -> write the run record
+    END     the users' request counts -> drain -> flush -> drained probe and
+            gauges -> replay greedy requests, one at a time on a flushed cache
+            -> write the run record
 
 The record is JSON in the shape of ``kvwatch.instrumentation.detectors``'
 ``RunRecord``; the gate loads it and runs the detectors. Without the probe
@@ -30,6 +31,7 @@ import requests
 from kvwatch.loadtests.barrier import END, START
 from kvwatch.loadtests.plan import RunPlan
 from kvwatch.loadtests.scrape import read_series
+from kvwatch.loadtests.statuses import Counts, merge
 
 TIMEOUT = 60.0
 HEAP_SITES = 40
@@ -102,6 +104,10 @@ class Recorder:
         )
 
     def _finish(self, reports: list[dict]) -> None:
+        sent = merge(
+            (r["process"], Counts.from_dict(r["counts"])) for r in reports if "counts" in r
+        )
+        self.record["requests"] = sent.as_dict()
         self._answering()
         self._drain()
         if self.plan.probe:

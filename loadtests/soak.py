@@ -37,6 +37,7 @@ from kvwatch.loadtests import soak_judge as judge
 from kvwatch.loadtests.gate import no_service
 from kvwatch.loadtests.plan import RunPlan
 from kvwatch.loadtests.servers import EngineServer, ServerError, locust_commands, stop
+from kvwatch.loadtests.statuses import Counts
 
 SOAK_PROFILES = ("agentic-trie", "streaming-session")
 MIN_SOAK_S, MAX_SOAK_S = 5.0, 7 * 24 * 3600.0
@@ -217,7 +218,8 @@ def _load(opts: SoakOptions, server: EngineServer, http: httpx.Client, where: Pa
             stop(proc, grace=5)
     load_s = time.monotonic() - begun
     status = json.loads(status_file.read_text()) if status_file.exists() else {}
-    requests, errors = sum(status.get("status", {}).values()), status.get("failed", 0)
+    sent = Counts.from_dict(status)
+    requests, errors = sent.requests, sent.errors
     if error is None and proc.returncode != 0:
         error = f"locust exited with {proc.returncode} (see {where / 'locust.log'})"
     if error is None and failed:
@@ -226,8 +228,8 @@ def _load(opts: SoakOptions, server: EngineServer, http: httpx.Client, where: Pa
         error = no_service(requests, errors)
     return SoakRecord(
         samples=tuple(samples),
-        status=status.get("status", {}),
-        first_5xx=tuple(status.get("first_5xx", ())),
+        status=sent.status,
+        first_5xx=sent.first_5xx,
         requests=requests,
         errors=errors,
         probe_errors=tuple(failed),

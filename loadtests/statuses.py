@@ -1,17 +1,26 @@
-"""HTTP answers by status class, counted from Locust's request events, for a soak.
+"""HTTP answers by status class, counted from Locust's request events in each process.
 
 Every request Locust's client makes fires ``events.request`` with its
 response; this counts them as ``2xx``, ``3xx``, ``4xx``, ``5xx`` or ``none``
-(no answer: the connection failed). Derived samples (``TTFT``, ``ITL``) and
-broken turns carry no response and are not requests, so they are left out.
-Requests Locust counted as failed are counted too. The first few 5xx answers
-are kept as evidence. Users also say when each of their episodes ended
-(``episode_ended``), in wall-clock seconds, so the soak can judge usage over
-whole episodes whatever the machine's speed. When Locust quits (after every
-user's ``on_stop``, which its stats CSV may miss), it all goes to a JSON file::
+(no answer: the connection failed). Derived samples (``TTFT``, ``ITL``) carry
+no response and are not requests, so they are left out; a broken turn
+(``TURN``, the user's own code raised) is counted apart. Requests Locust
+counted as failed are counted too. The first few 5xx answers are kept as
+evidence.
+
+Locust's own stats CSV is rewritten once a second and not at shutdown, so it
+can miss the last requests of a run; these counts are exact wherever they are
+read:
+
+* a turn run: every user hands its process's counts to the END barrier once
+  its last request is done, and the coordinator keeps the largest per process
+  (``merge``), the count when that process's last user arrived;
+* a soak: when Locust quits (after every user's ``on_stop``), the counts go
+  to a JSON file, with when each user ended each episode (``episode_ended``,
+  wall-clock seconds)::
 
     {"status": {"2xx": 1200, "4xx": 3, "5xx": 0, "none": 0}, "failed": 3,
-     "first_5xx": [{"name": "agent turn", "status": 500, "body": "..."}],
+     "broken_turns": 0, "first_5xx": [{"name": "agent turn", "status": 500, "body": "..."}],
      "episode_ends": [[0, 1767100000.25], [1001, 1767100001.5], ...]}
 """
 
@@ -20,44 +29,98 @@ from __future__ import annotations
 import json
 import time
 from collections import Counter
+from collections.abc import Iterable
 from pathlib import Path
+from typing import NamedTuple
 
 KEEP_5XX = 5
-NOT_REQUESTS = frozenset({"TTFT", "ITL", "TURN"})
+SAMPLES = frozenset({"TTFT", "ITL"})
+BROKEN_TURN = "TURN"
+
+
+class Counts(NamedTuple):
+    """What one process's users sent, or all of a run's together."""
+
+    status: dict[str, int]  # answers by status class
+    failed: int  # requests Locust counted as failed
+    broken_turns: int  # turns whose own code raised
+    first_5xx: tuple[dict, ...] = ()
+
+    @property
+    def requests(self) -> int:
+        """HTTP requests sent, and broken turns (each a failure of its own)."""
+        return sum(self.status.values()) + self.broken_turns
+
+    @property
+    def errors(self) -> int:
+        return self.failed + self.broken_turns
+
+    def as_dict(self) -> dict:
+        return {**self._asdict(), "first_5xx": list(self.first_5xx)}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Counts:
+        return cls(
+            dict(data.get("status", {})),
+            data.get("failed", 0),
+            data.get("broken_turns", 0),
+            tuple(data.get("first_5xx", ())),
+        )
 
 
 class StatusCounts:
-    def __init__(self, path: str | Path) -> None:
-        self.path = Path(path)
-        self.counts: Counter[str] = Counter()
+    def __init__(self, path: str | Path | None = None) -> None:
+        self.path = Path(path) if path is not None else None  # written when Locust quits
+        self.status: Counter[str] = Counter()
         self.failed = 0
+        self.broken_turns = 0
         self.first_5xx: list[dict] = []
         self.episode_ends: list[tuple[int, float]] = []  # (user index, time.time())
 
     def listen(self, events) -> None:
         events.request.add_listener(self.on_request)
-        events.quitting.add_listener(self.on_quitting)
+        if self.path is not None:
+            events.quitting.add_listener(self.on_quitting)
 
     def on_request(
         self, request_type: str, name: str, response=None, exception=None, **kwargs
     ) -> None:
-        if request_type in NOT_REQUESTS:
+        if request_type in SAMPLES:
+            return
+        if request_type == BROKEN_TURN:
+            self.broken_turns += 1
             return
         self.failed += exception is not None
         code = getattr(response, "status_code", None) or 0
-        self.counts[f"{code // 100}xx" if code else "none"] += 1
+        self.status[f"{code // 100}xx" if code else "none"] += 1
         if code >= 500 and len(self.first_5xx) < KEEP_5XX:
             body = getattr(response, "text", "") or ""
             self.first_5xx.append({"name": name, "status": code, "body": body[:300]})
+
+    def counts(self) -> Counts:
+        return Counts(dict(self.status), self.failed, self.broken_turns, tuple(self.first_5xx))
 
     def episode_ended(self, user: int) -> None:
         self.episode_ends.append((user, time.time()))
 
     def on_quitting(self, **kwargs) -> None:
-        data = {
-            "status": dict(self.counts),
-            "failed": self.failed,
-            "first_5xx": self.first_5xx,
-            "episode_ends": self.episode_ends,
-        }
+        data = {**self.counts().as_dict(), "episode_ends": self.episode_ends}
         self.path.write_text(json.dumps(data, indent=2) + "\n")
+
+
+def merge(reports: Iterable[tuple[str, Counts]]) -> Counts:
+    """All processes together, from (process, counts) pairs; a process's counts
+    only grow, so its largest report is its last."""
+    last: dict[str, Counts] = {}
+    for process, counts in reports:
+        if process not in last or counts.requests >= last[process].requests:
+            last[process] = counts
+    status: Counter[str] = Counter()
+    for counts in last.values():
+        status.update(counts.status)
+    return Counts(
+        dict(status),
+        sum(c.failed for c in last.values()),
+        sum(c.broken_turns for c in last.values()),
+        tuple(f for c in last.values() for f in c.first_5xx)[:KEEP_5XX],
+    )

@@ -15,6 +15,7 @@ from kvwatch.engine.overrides import apply_overrides
 from kvwatch.loadtests.plan import PRESETS, RunPlan, preset
 from kvwatch.loadtests.profiles import PROFILES
 from kvwatch.loadtests.scrape import parse_spec, read_series
+from kvwatch.loadtests.statuses import Counts, StatusCounts, merge
 
 DESIGN_PROFILES = (
     "agentic-trie",
@@ -218,3 +219,31 @@ def test_a_request_whose_admission_raises_fails_alone(monkeypatch):
     assert not engine.has_unfinished()
     assert "internal error while admitting" in engine.take(broken).error
     assert engine.take(fine).error is None
+
+
+def test_request_counts_come_from_request_events_and_merge_by_process():
+    """Each process counts its users' answers; at the END barrier every user hands
+    in its process's counts so far, and the last (largest) report of each wins."""
+
+    class Answer:
+        def __init__(self, code: int) -> None:
+            self.status_code, self.text = code, "oops" if code >= 500 else ""
+
+    worker = StatusCounts()
+    worker.on_request("POST", "chat", response=Answer(200))
+    worker.on_request("TTFT", "chat")  # a latency sample, not a request
+    early = worker.counts()
+    worker.on_request("POST", "chat", response=Answer(400), exception=RuntimeError("400"))
+    worker.on_request("POST", "chat", response=Answer(503), exception=RuntimeError("503"))
+    worker.on_request("TURN", "AgentTrieUser", exception=KeyError("choices"))
+    worker.on_request("POST", "chat", response=None, exception=ConnectionError())
+    late = worker.counts()
+    assert late.status == {"2xx": 1, "4xx": 1, "5xx": 1, "none": 1}
+    assert (late.requests, late.errors, late.broken_turns) == (5, 4, 1)
+    assert late.first_5xx[0]["status"] == 503
+    other = Counts({"2xx": 7}, 0, 0)
+    reports = [("w1", early), ("w2", other), ("w1", late), ("w2", Counts({"2xx": 3}, 0, 0))]
+    total = merge(reports)
+    assert total.status == {"2xx": 8, "4xx": 1, "5xx": 1, "none": 1}
+    assert (total.requests, total.errors) == (12, 4)
+    assert Counts.from_dict(total.as_dict()) == total  # the record's JSON round trip
