@@ -2,105 +2,33 @@
 
 It only reads: pool usage by owner, the audit's findings, the root's refs,
 tree size and the usage bounds that live holders justify. ``EngineStats`` is
-the same minus the audit and the bounds, cheap enough for every scrape.
+the same minus the audit and the bounds, cheap enough for every scrape. The
+records themselves are the probe contract, ``kvwatch.contracts``.
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
-from kvwatch.engine.cache.audit import RootRefs, audit
-from kvwatch.engine.cache.findings import TREE, Finding, finding
+from kvwatch.contracts import (
+    EngineStats,
+    Finding,
+    FindingKind,
+    GroupReport,
+    ProbeReport,
+    QueueReport,
+    RootRefs,
+    SlotReport,
+    TreeReport,
+    finding,
+)
+from kvwatch.engine.cache.audit import audit
 from kvwatch.engine.cache.holder import HolderStatus
 from kvwatch.engine.cache.hybrid import HybridPrefixCache
 from kvwatch.engine.cache.node import Node, Tier
 from kvwatch.engine.cache.owner import OwnerKind
-from kvwatch.engine.cache.usage import Bound, GroupUsage, group_usage, usage_bounds
+from kvwatch.engine.cache.usage import GroupUsage, group_usage, usage_bounds
 from kvwatch.engine.config import STATE_GROUPS
 
-
-class GroupReport(NamedTuple):
-    family: str
-    capacity: int
-    free: int
-    by_owner: dict[str, int]  # tree, request, session, slot; host: pages in the host tier
-    evictable: int
-    host_capacity: int
-
-
-class TreeReport(NamedTuple):
-    nodes: int
-    snapshots: dict[str, int]  # nodes holding state, per state group
-    host_snapshots: int
-    # superseded snapshots (a deeper one on the same unbranched path): what
-    # superseded-snapshot release should keep near zero once nobody runs (seed 000)
-    interior_snapshots: dict[str, int]
-
-
-class SlotReport(NamedTuple):
-    """The ``slots`` backend's table: filled slots, entries and the next slot handed out."""
-
-    slots: int
-    filled: int
-    entries: int
-    next_slot: int
-    lengths: tuple[int, ...]  # tokens held, per slot (0: empty)
-
-
-class QueueReport(NamedTuple):
-    waiting: int
-    running: int
-    retracted: int
-    paused: int
-
-
-class ProbeReport(NamedTuple):
-    step: int
-    live_requests: int
-    live_sessions: int
-    groups: dict[str, GroupReport]
-    root_refs: RootRefs
-    findings: tuple[Finding, ...]
-    tree: TreeReport
-    bounds: dict[str, Bound]
-    queue: QueueReport
-    record_bytes: int  # routed-expert blobs retained by session records
-    slots: SlotReport | None = None  # only in slots mode
-
-    @property
-    def clean(self) -> bool:
-        return not self.findings
-
-    def as_dict(self) -> dict:
-        return {
-            "step": self.step,
-            "live_requests": self.live_requests,
-            "live_sessions": self.live_sessions,
-            "groups": {name: g._asdict() for name, g in self.groups.items()},
-            "root_refs": self.root_refs._asdict(),
-            "findings": [f.as_dict() for f in self.findings],
-            "tree": self.tree._asdict(),
-            "bounds": {
-                name: {**b._asdict(), "exceeded": b.exceeded} for name, b in self.bounds.items()
-            },
-            "queue": self.queue._asdict(),
-            "record_bytes": self.record_bytes,
-            "slots": self.slots._asdict() if self.slots is not None else None,
-        }
-
-
-class EngineStats(NamedTuple):
-    """The cheap part of a probe: no audit, no bounds. Gauges poll this."""
-
-    step: int
-    live_requests: int
-    live_sessions: int
-    groups: dict[str, GroupReport]
-    root_refs: RootRefs  # expected: one per holder with a lock (every lock path ends at the root)
-    tree: TreeReport
-    queue: QueueReport
-    record_bytes: int
-    slots: SlotReport | None
+__all__ = ["EngineStats", "ProbeReport", "QueueReport", "take_probe", "take_stats"]
 
 
 def _superseded(node: Node) -> bool:
@@ -164,7 +92,7 @@ def _stopped_commits(cache: HybridPrefixCache) -> list[Finding]:
         running = h.status is HolderStatus.ACTIVE and h.owner.kind is OwnerKind.REQUEST
         if running and h.cached_len < committable:
             detail = f"{h.owner}: commit stopped at {h.cached_len} of {committable} tokens"
-            out.append(finding(TREE, None, [], detail))
+            out.append(finding(FindingKind.TREE, None, [], detail))
     return out
 
 
@@ -183,16 +111,6 @@ def take_probe(
     stats = take_stats(
         cache, step, queue, live_sessions=live_sessions, record_bytes=record_bytes, usage=usage
     )
-    return ProbeReport(
-        step,
-        stats.live_requests,
-        live_sessions,
-        stats.groups,
-        report.root_refs,
-        findings,
-        stats.tree,
-        usage_bounds(cache, slack_tokens, usage),
-        queue,
-        record_bytes,
-        stats.slots,
-    )
+    # a probe's root refs are the audit's: the expected count recomputed from live holders
+    stats = stats._replace(root_refs=report.root_refs)
+    return ProbeReport(stats, findings, usage_bounds(cache, slack_tokens, usage))

@@ -23,6 +23,7 @@ from pathlib import Path
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 import kvwatch.engine
+from kvwatch.contracts import ProbeReport
 from kvwatch.engine import Engine, EngineConfig, SchedulerConfig
 from kvwatch.engine.config import PrefixCacheMode
 from kvwatch.engine.events import BatchComputed
@@ -66,7 +67,7 @@ def run(cfg: HarnessConfig) -> RunRecord:
     if tracing:
         tracemalloc.start(HEAP_FRAMES)
     try:
-        baseline = engine.probe().as_dict()
+        baseline = engine.probe()
         load.start(engine)
         turns, done, heap_prev, error = [], [], None, None
         for t in range(cfg.turns):
@@ -91,7 +92,7 @@ def run(cfg: HarnessConfig) -> RunRecord:
         try:
             load.stop(engine)
             engine.flush_cache()
-            drained = engine.probe().as_dict()
+            drained = engine.probe()
         except Exception as exc:  # a fault can corrupt the cache past closing it
             drained, error = None, f"closing the run failed: {exc!r}"
     finally:
@@ -99,7 +100,10 @@ def run(cfg: HarnessConfig) -> RunRecord:
             tracemalloc.stop()
         inst.close()
         telemetry.shutdown()
-    turns = [t._replace(probes=tuple(json.loads(p) for p in t.probes)) for t in turns]
+    turns = [
+        t._replace(probes=tuple(ProbeReport.from_json(json.loads(p)) for p in t.probes))
+        for t in turns
+    ]
     replays = _replays(engine.config, done, cfg, rng)
     return RunRecord(tuple(turns), cfg.warmup, baseline, drained, replays, error)
 
@@ -107,7 +111,7 @@ def run(cfg: HarnessConfig) -> RunRecord:
 def _probe(engine: Engine) -> str:
     """A probe kept as one JSON string while the heap is traced: a few hundred
     small dicts per probe would swamp the snapshots (and their filtering)."""
-    return json.dumps(engine.probe().as_dict())
+    return json.dumps(engine.probe().to_json())
 
 
 def _turn(engine: Engine, load: Workload, t: int, rng: random.Random):

@@ -8,7 +8,7 @@
                 gate.turn()                       # probe at the barrier
 
 ``probe`` is any callable returning a ``ProbeReport`` or the probe JSON of
-``GET /debug/probe``. At the end of the block the detectors judge the turns;
+``GET /debug/probe`` (a dict). At the end of the block the detectors judge the turns;
 a failing one fails the test with its evidence. With ``heap=True`` the gate
 also samples tracemalloc and needs ``context_tokens`` at every turn.
 """
@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 
+from kvwatch.contracts import ProbeReport
 from kvwatch.instrumentation.detectors import HeapSample, RunRecord, Turn, Verdict, run_detectors
 
 DEFAULT_DETECTORS = ("allocator", "refcount", "tree", "slot-table")
@@ -42,9 +43,9 @@ class LeakGate:
         self.turns: list[Turn] = []
         self.baseline = self._probe()
 
-    def _probe(self) -> dict:
+    def _probe(self) -> ProbeReport:
         report = self.probe()
-        return report.as_dict() if hasattr(report, "as_dict") else dict(report)
+        return report if isinstance(report, ProbeReport) else ProbeReport.from_json(report)
 
     def turn(self, *, conversations: int = 0, context_tokens: int = 0) -> None:
         """Record a barrier: call it once per turn, with the engine idle."""
@@ -55,7 +56,7 @@ class LeakGate:
         probe = self._probe()
         self.turns.append(Turn(len(self.turns), (probe,), conversations, context_tokens, sample))
 
-    def verdicts(self, drained: dict | None = None) -> dict[str, Verdict]:
+    def verdicts(self, drained: ProbeReport | None = None) -> dict[str, Verdict]:
         run = RunRecord(tuple(self.turns), self.warmup, self.baseline, drained)
         return run_detectors(run, self.detectors)
 

@@ -20,6 +20,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
+from kvwatch.instrumentation.detectors import RunRecord
+
 OWNERS = ("tree", "request", "session", "slot", "host")
 COLORS = {"pass": "#d8f0d8", "fail": "#f6c9c9", "skipped": "#eeeeee"}
 PERCENTILES = ("50%", "90%", "99%")
@@ -35,9 +37,9 @@ def write_report(summary: dict, out: Path) -> Path:
     for profile in profiles:
         records = {c: rec for (p, c), rec in loaded.items() if p == profile}
         parts.append(f"<h2>{html.escape(profile)}</h2>")
-        if any(rec and rec["turns"] and rec["turns"][0]["probes"] for rec in records.values()):
+        if any(rec and rec.turns and rec.turns[0].probes for rec in records.values()):
             parts.append(_img(_usage_figure(profile, records), "pool usage by owner per turn"))
-        elif any(rec and rec["turns"] for rec in records.values()):
+        elif any(rec and rec.turns for rec in records.values()):
             parts.append(_img(_gauge_figure(profile, records), "gauges per turn"))
         latency = {c: _latency(out, profile, c) for c in records}
         if any(latency.values()):
@@ -60,9 +62,9 @@ def write_report(summary: dict, out: Path) -> Path:
     return path
 
 
-def _load(out: Path, profile: str, c: int) -> dict | None:
+def _load(out: Path, profile: str, c: int) -> RunRecord | None:
     path = out / "runs" / f"{profile}-c{c}" / "record.json"
-    return json.loads(path.read_text()) if path.exists() else None
+    return RunRecord.from_json(json.loads(path.read_text())) if path.exists() else None
 
 
 def _head(summary: dict) -> str:
@@ -98,24 +100,24 @@ def _table(summary: dict) -> str:
     return "".join(rows)
 
 
-def _usage_figure(profile: str, records: dict[int, dict | None]):
+def _usage_figure(profile: str, records: dict[int, RunRecord | None]):
     cs = sorted(c for c, r in records.items() if r)
-    groups = list(next(records[c] for c in cs)["turns"][0]["probes"][-1]["groups"])
+    groups = list(next(records[c] for c in cs).turns[0].barrier.groups)
     fig, axes = plt.subplots(
         len(groups), len(cs), figsize=(3.2 * len(cs), 2.2 * len(groups)), squeeze=False
     )
     for j, c in enumerate(cs):
-        turns = records[c]["turns"]
+        turns = records[c].turns
         for i, group in enumerate(groups):
             ax = axes[i][j]
-            x = [t["turn"] for t in turns]
+            x = [t.turn for t in turns]
             bottom = [0] * len(x)
             for owner in OWNERS:
-                y = [t["probes"][-1]["groups"][group]["by_owner"].get(owner, 0) for t in turns]
+                y = [t.barrier.groups[group].by_owner.get(owner, 0) for t in turns]
                 if any(y):
                     ax.bar(x, y, bottom=bottom, label=owner)
                     bottom = [b + v for b, v in zip(bottom, y, strict=True)]
-            capacity = turns[0]["probes"][-1]["groups"][group]["capacity"]
+            capacity = turns[0].barrier.groups[group].capacity
             empty = "" if any(bottom) else ", none held"
             ax.set_title(f"{group} (of {capacity}), c={c}{empty}", fontsize=9)
             ax.tick_params(labelsize=7)
@@ -130,15 +132,15 @@ def _usage_figure(profile: str, records: dict[int, dict | None]):
     return fig
 
 
-def _gauge_figure(profile: str, records: dict[int, dict | None]):
+def _gauge_figure(profile: str, records: dict[int, RunRecord | None]):
     cs = sorted(c for c, r in records.items() if r)
     fig, axes = plt.subplots(1, len(cs), figsize=(3.6 * len(cs), 3), squeeze=False)
     for j, c in enumerate(cs):
-        turns = records[c]["turns"]
+        turns = records[c].turns
         ax = axes[0][j]
-        for name in sorted({n for t in turns for n in (t["gauges"] or {})}):
+        for name in sorted({n for t in turns for n in (t.gauges or {})}):
             ax.plot(
-                [t["turn"] for t in turns], [t["gauges"].get(name, 0) for t in turns], label=name
+                [t.turn for t in turns], [(t.gauges or {}).get(name, 0) for t in turns], label=name
             )
         ax.set_title(f"c={c}", fontsize=9)
         ax.tick_params(labelsize=7)
@@ -185,13 +187,15 @@ def _latency_figure(profile: str, latency: dict[int, dict[str, list[float]]]):
     return fig
 
 
-def _heap_series(loaded: dict[tuple[str, int], dict | None]) -> dict[str, list[tuple[int, float]]]:
+def _heap_series(
+    loaded: dict[tuple[str, int], RunRecord | None],
+) -> dict[str, list[tuple[int, float]]]:
     series = {}
     for (profile, c), rec in loaded.items():
         points = [
-            (t["turn"], t["heap"]["traced_bytes"] / t["context_tokens"])
-            for t in (rec or {}).get("turns", ())
-            if t.get("heap") and t["context_tokens"]
+            (t.turn, t.heap.traced_bytes / t.context_tokens)
+            for t in (rec.turns if rec else ())
+            if t.heap is not None and t.context_tokens
         ]
         if points:
             series[f"{profile} c={c}"] = points

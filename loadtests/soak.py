@@ -29,6 +29,7 @@ from typing import NamedTuple
 
 import httpx
 
+from kvwatch.contracts import ProbeReport
 from kvwatch.engine.faults import parse_faults
 from kvwatch.instrumentation import gate as verdicts
 from kvwatch.loadtests import outputs
@@ -95,9 +96,9 @@ class SoakOptions:
 
 
 class SoakRecord(NamedTuple):
-    baseline: dict | None = None
+    baseline: ProbeReport | None = None
     samples: tuple[judge.Sample, ...] = ()
-    drained: dict | None = None
+    drained: ProbeReport | None = None
     status: dict | None = None  # answers by status class
     first_5xx: tuple[dict, ...] = ()
     requests: int = 0
@@ -239,19 +240,19 @@ def _load(opts: SoakOptions, server: EngineServer, http: httpx.Client, where: Pa
     )
 
 
-def _probe(http: httpx.Client) -> dict:
+def _probe(http: httpx.Client) -> ProbeReport:
     resp = http.get("/debug/probe")
     resp.raise_for_status()
-    return resp.json()
+    return ProbeReport.from_json(resp.json())
 
 
-def _drain(http: httpx.Client, timeout: float) -> dict:
+def _drain(http: httpx.Client, timeout: float) -> ProbeReport:
     """The probe once nothing runs and the cache is flushed; if the engine never
     gets idle, its last probe (live requests show, and the drain check fails)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         report = _probe(http)
-        if report["live_requests"] == 0:
+        if report.live_requests == 0:
             resp = http.post("/debug/flush_cache")
             if resp.status_code != 409:  # 409: a request arrived late; wait again
                 resp.raise_for_status()
@@ -276,11 +277,11 @@ def summarize(opts: SoakOptions, record: SoakRecord, wall: float) -> dict:
     """The gate's summary shape (verdict, faults, detectors, runs) plus ``soak``."""
     loaded = [s for s in record.samples if s.t <= opts.duration]
     warmup = opts.warmup_fraction * opts.duration
-    groups = record.baseline["groups"] if record.baseline else {}
+    groups = record.baseline.groups if record.baseline else {}
     trends = [
         judge.usage_trend(
             g,
-            v["capacity"],
+            v.capacity,
             [s.t for s in loaded],
             [s.pinned[g] for s in loaded],
             warmup,
@@ -301,15 +302,13 @@ def summarize(opts: SoakOptions, record: SoakRecord, wall: float) -> dict:
     usage = {}
     for t in trends:
         used = [s.used[t.group] for s in record.samples]
-        base, drained = record.baseline["groups"][t.group], (record.drained or {}).get("groups")
+        drained = record.drained.groups[t.group].used if record.drained else None
         usage[t.group] = {
             **t.as_dict(),
             "used_min": min(used, default=0),
             "used_max": max(used, default=0),
-            "baseline_used": base["capacity"] - base["free"],
-            "drained_used": drained[t.group]["capacity"] - drained[t.group]["free"]
-            if drained
-            else None,
+            "baseline_used": record.baseline.groups[t.group].used,
+            "drained_used": drained,
         }
     soak = {
         "verdict": verdict,

@@ -26,6 +26,8 @@ from typing import NamedTuple
 import numpy as np
 from scipy import stats
 
+from kvwatch.contracts import ProbeReport
+
 PASS, FAIL = "pass", "fail"
 CHECKS = ("no-5xx", "probe-findings", "usage-bounded", "drain-to-baseline")
 ALPHA = 0.01  # one-sided significance of the regression slope
@@ -38,6 +40,14 @@ MIN_TREND_POINTS = 8
 MIN_JUDGED_EPISODES = 2
 
 
+class Hit(NamedTuple):
+    """An audit finding, or a group above the bound its live holders justify."""
+
+    kind: str  # a FindingKind, or "bound"
+    group: str | None
+    detail: str
+
+
 class Sample(NamedTuple):
     """One probe taken while the load ran, reduced to what the checks read."""
 
@@ -48,41 +58,35 @@ class Sample(NamedTuple):
     used: dict[str, int]  # capacity - free
     pinned: dict[str, int]  # what nothing can take back
     by_owner: dict[str, dict[str, int]]
-    findings: tuple[dict, ...]  # audit findings and exceeded bounds
+    findings: tuple[Hit, ...]  # audit findings and exceeded bounds
 
 
-def sample(probe: dict, t: float) -> Sample:
-    groups = probe["groups"]
-    bounds = probe.get("bounds", {})
+def sample(probe: ProbeReport, t: float) -> Sample:
+    groups = probe.groups
     return Sample(
         round(t, 3),
-        probe["live_requests"],
-        probe["live_sessions"],
-        {g: v["capacity"] for g, v in groups.items()},
-        {g: v["capacity"] - v["free"] for g, v in groups.items()},
-        {
-            g: bounds[g]["pinned"] if g in bounds else v["capacity"] - v["free"]
-            for g, v in groups.items()
-        },
-        {g: dict(v["by_owner"]) for g, v in groups.items()},
+        probe.live_requests,
+        probe.live_sessions,
+        {g: v.capacity for g, v in groups.items()},
+        {g: v.used for g, v in groups.items()},
+        {g: probe.bounds[g].pinned if g in probe.bounds else v.used for g, v in groups.items()},
+        {g: dict(v.by_owner) for g, v in groups.items()},
         findings(probe),
     )
 
 
-def findings(probe: dict) -> tuple[dict, ...]:
-    """The probe's audit findings, and a ``bound`` finding per group above its bound."""
+def findings(probe: ProbeReport) -> tuple[Hit, ...]:
+    """The probe's audit findings, and one per group above its bound."""
+    audit = [Hit(str(f.kind), f.group, f.detail) for f in probe.findings]
     over = [
-        {
-            "kind": "bound",
-            "group": g,
-            "pages": [],
-            "detail": f"{b['pinned']} pinned pages, live holders ({b['holders']}) "
-            f"justify {b['limit']}",
-        }
-        for g, b in probe.get("bounds", {}).items()
-        if b.get("exceeded")
+        Hit(
+            "bound",
+            b.group,
+            f"{b.pinned} pinned pages, live holders ({b.holders}) justify {b.limit}",
+        )
+        for b in probe.exceeded()
     ]
-    return (*probe.get("findings", ()), *over)
+    return (*audit, *over)
 
 
 class UsageTrend(NamedTuple):
@@ -228,7 +232,7 @@ def check_5xx(status: dict[str, int], first_5xx: Sequence[dict]) -> Check:
     )
 
 
-def check_findings(samples: Sequence[Sample], drained: dict | None) -> Check:
+def check_findings(samples: Sequence[Sample], drained: ProbeReport | None) -> Check:
     hits = [(s.t, f) for s in samples for f in s.findings]
     hits += [(None, f) for f in (findings(drained) if drained else ())]
     if not hits:
@@ -238,8 +242,7 @@ def check_findings(samples: Sequence[Sample], drained: dict | None) -> Check:
     return Check(
         "probe-findings",
         FAIL,
-        f"{len(hits)} findings; first {when}: {first['kind']} in {first['group']}: "
-        f"{first['detail'][:200]}",
+        f"{len(hits)} findings; first {when}: {first.kind} in {first.group}: {first.detail[:200]}",
     )
 
 
@@ -250,19 +253,19 @@ def check_usage(trends: Sequence[UsageTrend]) -> Check:
     return Check("usage-bounded", FAIL, "; ".join(f"{t.group}: {t.why}" for t in bad))
 
 
-def check_drain(baseline: dict, drained: dict | None) -> Check:
+def check_drain(baseline: ProbeReport, drained: ProbeReport | None) -> Check:
     if drained is None:
         return Check("drain-to-baseline", FAIL, "no probe after the drain")
     left = []
-    for group, g in drained["groups"].items():
-        base = baseline["groups"][group]
-        used, was = g["capacity"] - g["free"], base["capacity"] - base["free"]
+    for group, g in drained.groups.items():
+        used, was = g.used, baseline.groups[group].used
         if used != was:
-            owners = {k: v for k, v in g["by_owner"].items() if v}
+            owners = {k: v for k, v in g.by_owner.items() if v}
             left.append(f"{group} {used} pages used, {was} before the load (by owner {owners})")
     for key in ("live_requests", "live_sessions"):
-        if drained[key] != baseline[key]:
-            left.append(f"{drained[key]} {key.replace('_', ' ')}, {baseline[key]} before")
+        now, before = getattr(drained, key), getattr(baseline, key)
+        if now != before:
+            left.append(f"{now} {key.replace('_', ' ')}, {before} before")
     if left:
         return Check("drain-to-baseline", FAIL, "; ".join(left))
     return Check("drain-to-baseline", PASS, "every pool back at its baseline, nothing live")

@@ -48,7 +48,7 @@ def _worker(request: Request) -> EngineWorker:
 @router.get("/probe")
 async def probe(request: Request):
     report = await _worker(request).run(_worker(request).engine.probe)
-    return report.as_dict()
+    return report.to_json()
 
 
 @router.post("/flush_cache")

@@ -17,8 +17,8 @@ from typing import NamedTuple
 import pytest
 from cachesim import INT_LAYOUTS, SimRunner, cache_config, run_turn
 
+from kvwatch.contracts import FindingKind
 from kvwatch.engine.cache.audit import audit
-from kvwatch.engine.cache.findings import REF_MISMATCH, TREE
 from kvwatch.engine.cache.holder import Holder
 from kvwatch.engine.cache.hybrid import HybridPrefixCache
 from kvwatch.engine.cache.node import Node
@@ -50,7 +50,7 @@ def built_cache() -> Built:
 
 
 def tree_problems(cache) -> list[str]:
-    return [f.detail for f in audit(cache).findings if f.kind == TREE]
+    return [f.detail for f in audit(cache).findings if f.kind == FindingKind.TREE]
 
 
 def test_the_built_cache_is_clean_and_shaped_as_drawn():
@@ -120,7 +120,7 @@ def test_an_evict_set_that_is_not_the_unlocked_leaves_is_reported(damage):
 def test_refs_on_a_node_no_holder_locks_are_reported():
     cache, _, _, done, _ = built_cache()
     done.refs = 1
-    refs = [f.detail for f in audit(cache).findings if f.kind == REF_MISMATCH]
+    refs = [f.detail for f in audit(cache).findings if f.kind == FindingKind.REF_MISMATCH]
     assert refs == [f"node {done.id} (depth 20): refs 1/host 0, live holders imply 0/0"]
 
 
@@ -129,5 +129,5 @@ def test_a_missing_ref_on_a_locked_node_is_reported():
     a node that dropped to zero refs under a live lock must still be caught."""
     cache, _, branch, _, _ = built_cache()
     branch.refs = 0
-    refs = [f.detail for f in audit(cache).findings if f.kind == REF_MISMATCH]
+    refs = [f.detail for f in audit(cache).findings if f.kind == FindingKind.REF_MISMATCH]
     assert refs == [f"node {branch.id} (depth 8): refs 0/host 0, live holders imply 1/0"]

@@ -9,8 +9,8 @@ import random
 import pytest
 from cachesim import INT_LAYOUTS, SimRunner, cache_config, run_turn
 
+from kvwatch.contracts import FindingKind
 from kvwatch.engine.cache.audit import audit
-from kvwatch.engine.cache.findings import REF_MISMATCH, TREE
 from kvwatch.engine.cache.hybrid import HybridPrefixCache
 from kvwatch.engine.cache.usage import usage_bounds
 from kvwatch.engine.config import (
@@ -65,7 +65,7 @@ def test_snapshot_release_keeps_host_referenced_recovery_state():
 def test_snapshot_release_ignoring_host_refs_is_flagged():
     cache, a = retracted_sharer(frozenset({Fault.SNAPSHOT_RELEASE_IGNORES_HOST_REFS}))
     report = audit(cache)
-    assert [f.kind for f in report.findings] == [TREE]
+    assert [f.kind for f in report.findings] == [FindingKind.TREE]
     assert "retracted holder(s) recover from it, but its state is gone" in report.findings[0].detail
     assert cache.recover(a).resume_len == 0  # the recovery state is gone: recompute all
 
@@ -151,7 +151,7 @@ def test_root_ref_leak_on_miss_is_flagged(trim_to_empty):
     cache, n_misses = misses(frozenset({Fault.ROOT_REF_LEAK_ON_MISS}), trim_to_empty)
     report = audit(cache)
     assert report.root_refs.actual == report.root_refs.expected + n_misses  # one per miss
-    assert [f.kind for f in report.findings] == [REF_MISMATCH]
+    assert [f.kind for f in report.findings] == [FindingKind.REF_MISMATCH]
     assert report.findings[0].detail.startswith("root:")
 
 
@@ -178,6 +178,6 @@ def test_root_stays_out_of_the_evict_set():
 def test_root_in_evict_set_is_flagged():
     cache = emptied_tree(frozenset({Fault.ROOT_IN_EVICT_SET}))
     report = audit(cache)
-    assert [f.kind for f in report.findings] == [TREE]
+    assert [f.kind for f in report.findings] == [FindingKind.TREE]
     assert "root is in the evict set" in report.findings[0].detail
     assert cache.evict(FULL_KV, 4) == 0  # latent, as in the report: nothing is ever taken

@@ -5,7 +5,9 @@ from __future__ import annotations
 import random
 
 import pytest
+from probes import make_finding, make_probe
 
+from kvwatch.contracts import FindingKind, ProbeReport
 from kvwatch.instrumentation.detectors import (
     DETECTORS,
     FAIL,
@@ -18,29 +20,8 @@ from kvwatch.instrumentation.detectors import (
 )
 from kvwatch.instrumentation.detectors.stats import first_rise, trend
 
-GROUPS = {"full.kv": "history", "swa.kv": "history", "swa.window": "state", "linear.state": "state"}
 
-
-def probe(*, findings=(), used=0, exceeded=None, root=(0, 0), interior=0) -> dict:
-    return {
-        "groups": {
-            g: {"family": f, "capacity": 100, "free": 100 - used, "by_owner": {"tree": used}}
-            for g, f in GROUPS.items()
-        },
-        "bounds": {
-            g: {"pinned": 5, "limit": 4, "holders": 1, "exceeded": g == exceeded} for g in GROUPS
-        },
-        "findings": list(findings),
-        "root_refs": {"actual": root[0], "expected": root[1]},
-        "tree": {"interior_snapshots": {"swa.window": interior, "linear.state": interior}},
-    }
-
-
-def finding(kind: str, group: str | None = "full.kv") -> dict:
-    return {"kind": kind, "group": group, "pages": [7, 8], "detail": f"{kind} seen"}
-
-
-def run_of(probes: list[dict], **kw) -> RunRecord:
+def run_of(probes: list[ProbeReport], **kw) -> RunRecord:
     turns = tuple(
         Turn(i, (p,), conversations=4, context_tokens=100 * (i + 1)) for i, p in enumerate(probes)
     )
@@ -49,22 +30,22 @@ def run_of(probes: list[dict], **kw) -> RunRecord:
     )
 
 
-CLEAN = [probe() for _ in range(6)]
+CLEAN = [make_probe() for _ in range(6)]
 
 
 @pytest.mark.parametrize(
     ("detector", "kind"),
     [
-        ("allocator", "orphan"),
-        ("allocator", "double_owned"),
-        ("allocator", "free_and_owned"),
-        ("refcount", "ref_mismatch"),
-        ("tree", "tree"),
-        ("slot-table", "slot_table"),
+        ("allocator", FindingKind.ORPHAN),
+        ("allocator", FindingKind.DOUBLE_OWNED),
+        ("allocator", FindingKind.FREE_AND_OWNED),
+        ("refcount", FindingKind.REF_MISMATCH),
+        ("tree", FindingKind.TREE),
+        ("slot-table", FindingKind.SLOT_TABLE),
     ],
 )
 def test_findings_fail_at_the_turn_they_appear(detector, kind):
-    probes = [*CLEAN[:3], probe(findings=[finding(kind)]), *CLEAN[4:]]
+    probes = [*CLEAN[:3], make_probe(findings=(make_finding(kind),)), *CLEAN[4:]]
     verdict = DETECTORS[detector](run_of(probes))
     assert verdict.verdict == FAIL and verdict.first_turn == 3
     assert verdict.evidence[0].pages == (7, 8) and kind in verdict.evidence[0].detail
@@ -72,20 +53,20 @@ def test_findings_fail_at_the_turn_they_appear(detector, kind):
 
 
 def test_allocator_fails_on_an_exceeded_bound_a_rising_interior_count_and_a_bad_drain():
-    over = [*CLEAN[:2], probe(exceeded="linear.state"), *CLEAN[3:]]
+    over = [*CLEAN[:2], make_probe(exceeded="linear.state"), *CLEAN[3:]]
     v = DETECTORS["allocator"](run_of(over))
     assert v.failed and v.first_turn == 2 and v.evidence[0].group == "linear.state"
-    rising = [probe(interior=4 * i) for i in range(6)]
+    rising = [make_probe(interior=4 * i) for i in range(6)]
     v = DETECTORS["allocator"](run_of(rising))
     assert v.failed and v.first_turn == 5 and "interior snapshots" in v.evidence[0].detail
-    flat = [probe(interior=4 + (i % 2)) for i in range(6)]
+    flat = [make_probe(interior=4 + (i % 2)) for i in range(6)]
     assert DETECTORS["allocator"](run_of(flat)).verdict == PASS
-    v = DETECTORS["allocator"](run_of(CLEAN, drained=probe(used=3)))
+    v = DETECTORS["allocator"](run_of(CLEAN, drained=make_probe(used=3)))
     assert v.failed and "after drain" in v.evidence[0].detail
 
 
 def test_refcount_fails_on_root_drift():
-    probes = [*CLEAN[:1], probe(root=(2, 1)), *CLEAN[2:]]
+    probes = [*CLEAN[:1], make_probe(root=(2, 1)), *CLEAN[2:]]
     v = DETECTORS["refcount"](run_of(probes))
     assert v.failed and v.first_turn == 1 and "root refs 2" in v.evidence[0].detail
 

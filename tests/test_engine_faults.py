@@ -7,8 +7,8 @@ import random
 import pytest
 from conversations import small_cache
 
+from kvwatch.contracts import FindingKind
 from kvwatch.engine import Engine, EngineConfig, Fault, SamplingParams, SchedulerConfig, SpecConfig
-from kvwatch.engine.cache.findings import ORPHAN
 from kvwatch.engine.config import FULL_KV, LINEAR_STATE, SWA_WINDOW
 from kvwatch.engine.events import SpecVerified
 
@@ -49,7 +49,7 @@ def test_stopping_mid_prefill_frees_the_held_snapshots(how):
 @pytest.mark.parametrize("how", ["abort", "pause"])
 def test_abort_state_buffer_leak_is_flagged(how):
     report = abort_mid_prefill(frozenset({Fault.ABORT_STATE_BUFFER_LEAK}), how).probe()
-    orphans = {f.group: f for f in report.findings if f.kind == ORPHAN}
+    orphans = {f.group: f for f in report.findings if f.kind == FindingKind.ORPHAN}
     assert set(orphans) == {SWA_WINDOW, LINEAR_STATE}
     assert len(orphans[LINEAR_STATE].pages) == 5  # one leaked snapshot per stopped request
     assert "request" in orphans[LINEAR_STATE].detail

@@ -5,6 +5,9 @@ from __future__ import annotations
 import json
 import xml.etree.ElementTree as ET
 
+from probes import make_probe
+
+from kvwatch.contracts import Finding, FindingKind
 from kvwatch.instrumentation.detectors import IDS, Evidence, HeapSample, RunRecord, Turn, Verdict
 from kvwatch.instrumentation.gate import (
     EXIT_ERROR,
@@ -92,13 +95,8 @@ def test_a_failed_detector_outranks_a_broken_run():
 
 
 def test_judge_runs_the_detectors_over_a_recorded_run():
-    leak = {"kind": "orphan", "group": "linear.state", "pages": [9], "detail": "held by no one"}
-    probe = {
-        "findings": [leak],
-        "groups": {},
-        "bounds": {},
-        "root_refs": {"actual": 0, "expected": 0},
-    }
+    leak = Finding(FindingKind.ORPHAN, "linear.state", (9,), "held by no one")
+    probe = make_probe(findings=(leak,))
     result = judge("abort-storm", 4, RunRecord((Turn(0, (probe,)),), warmup=0), requests=12)
     assert (
         result.verdicts["allocator"].failed and result.verdicts["equivalence"].verdict == "skipped"
@@ -107,7 +105,7 @@ def test_judge_runs_the_detectors_over_a_recorded_run():
 
 
 def test_judge_keeps_when_each_barrier_was_reached_and_the_heap_per_token():
-    probe = {"findings": [], "groups": {}, "bounds": {}, "root_refs": {"actual": 0, "expected": 0}}
+    probe = make_probe()
     turns = (
         Turn(0, (probe,), 2, 400, HeapSample(8000, ()), at=1700000000.5),
         Turn(1, (probe,), 2, 0, HeapSample(9000, ()), at=1700000002.0),

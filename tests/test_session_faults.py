@@ -13,8 +13,8 @@ import pytest
 from conversations import oracle, small_cache
 from sessionsim import SessionDriver, abort_mid_verify
 
+from kvwatch.contracts import FindingKind
 from kvwatch.engine import Engine, EngineConfig, Fault, SamplingParams, SchedulerConfig, SpecConfig
-from kvwatch.engine.cache.findings import DOUBLE_OWNED, FREE_AND_OWNED, ORPHAN
 from kvwatch.engine.config import FULL_KV
 from kvwatch.engine.events import BatchComputed
 
@@ -54,7 +54,7 @@ def test_resuming_frees_every_gap_and_stays_equivalent():
 def test_session_tail_leak_is_flagged():
     _, _, reports = cut_turns(frozenset({Fault.SESSION_TAIL_LEAK}), turns=10)
     orphaned = [
-        sum(len(f.pages) for f in r.findings if f.kind == ORPHAN and f.group == FULL_KV)
+        sum(len(f.pages) for f in r.findings if f.kind == FindingKind.ORPHAN and f.group == FULL_KV)
         for r in reports
     ]
     # A gap leaks a page whenever the drafts' slots crossed into a new page;
@@ -62,13 +62,13 @@ def test_session_tail_leak_is_flagged():
     assert orphaned[0] == 0  # the first gaps are only dropped when the second turn resumes
     assert all(b >= a for a, b in itertools.pairwise(orphaned)), orphaned
     assert len(set(orphaned)) >= 3 and orphaned[-1] >= 3, orphaned
-    assert "session" in next(f.detail for f in reports[-1].findings if f.kind == ORPHAN)
+    assert "session" in next(f.detail for f in reports[-1].findings if f.kind == FindingKind.ORPHAN)
 
 
 def test_session_tail_unaligned_free_is_flagged():
     _, _, reports = cut_turns(frozenset({Fault.SESSION_TAIL_UNALIGNED_FREE}))
     kinds = {f.kind for r in reports[1:] for f in r.findings if f.group == FULL_KV}
-    assert kinds & {FREE_AND_OWNED, DOUBLE_OWNED}, kinds
+    assert kinds & {FindingKind.FREE_AND_OWNED, FindingKind.DOUBLE_OWNED}, kinds
 
 
 @pytest.mark.parametrize("fault", [Fault.SESSION_TAIL_LEAK, Fault.SESSION_TAIL_UNALIGNED_FREE])

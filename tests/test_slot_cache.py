@@ -20,8 +20,8 @@ from __future__ import annotations
 
 from conversations import PARAMS, oracle
 
+from kvwatch.contracts import FindingKind
 from kvwatch.engine import CacheConfig, Engine, EngineConfig
-from kvwatch.engine.cache.findings import SLOT_TABLE
 from kvwatch.engine.config import PrefixCacheMode
 from kvwatch.engine.events import (
     SlotAborted,
@@ -122,7 +122,7 @@ def test_stale_slot_entry_reproduces_the_silent_corruption():
     _, _, ev, probe = by_name["big conversation"]
     assert ev[-1].stale_erased == 0
     kinds = {f.kind for f in probe.findings}
-    assert kinds == {SLOT_TABLE}, probe.findings
+    assert kinds == {FindingKind.SLOT_TABLE}, probe.findings
     assert any("2 entries" in f.detail for f in probe.findings)
 
     prompt, out, ev, _ = by_name["shortened follow-up"]

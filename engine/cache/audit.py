@@ -27,16 +27,8 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
+from kvwatch.contracts import Finding, FindingKind, RootRefs, finding
 from kvwatch.engine.cache.claims import Claims, claim_holders, claim_slots, owner_key
-from kvwatch.engine.cache.findings import (
-    DOUBLE_OWNED,
-    FREE_AND_OWNED,
-    ORPHAN,
-    REF_MISMATCH,
-    TREE,
-    Finding,
-    finding,
-)
 from kvwatch.engine.cache.node import Node, Tier
 from kvwatch.engine.cache.owner import Owner, OwnerKind
 from kvwatch.engine.cache.pool import PagePool
@@ -45,11 +37,6 @@ from kvwatch.engine.config import FULL_KV, STATE_GROUPS
 
 if TYPE_CHECKING:
     from kvwatch.engine.cache.hybrid import HybridPrefixCache
-
-
-class RootRefs(NamedTuple):
-    actual: int
-    expected: int
 
 
 class AuditReport(NamedTuple):
@@ -74,7 +61,9 @@ def audit(cache: HybridPrefixCache) -> AuditReport:
     for group, pool in cache.host_pools.items():
         findings += _audit_pool(pool, group, Tier.HOST, claims, owners)
     findings += scan.ref_findings
-    findings += [finding(TREE, None, [], p) for p in scan.problems + _holder_problems(cache)]
+    findings += [
+        finding(FindingKind.TREE, None, [], p) for p in scan.problems + _holder_problems(cache)
+    ]
     if cache.slots is not None:
         findings += cache.slots.findings()
     return AuditReport(tuple(findings), RootRefs(cache.tree.root.refs, refs.device[0]))
@@ -226,7 +215,7 @@ def _ref_findings(root: Node, with_refs: list[Node], refs: _HolderRefs) -> list[
 def _ref_finding(node: Node, refs: _HolderRefs) -> Finding:
     what = "root" if node.is_root else f"node {node.id} (depth {node.depth})"
     return finding(
-        REF_MISMATCH,
+        FindingKind.REF_MISMATCH,
         None,
         [],
         f"{what}: refs {node.refs}/host {node.host_refs}, "
@@ -261,7 +250,7 @@ def _audit_pool(
     if twice_free:
         out.append(
             finding(
-                DOUBLE_OWNED,
+                FindingKind.DOUBLE_OWNED,
                 group,
                 twice_free,
                 f"{label}: {len(twice_free)} pages on the free stack twice (double free)",
@@ -272,7 +261,7 @@ def _audit_pool(
         p = free_owned[0]
         out.append(
             finding(
-                FREE_AND_OWNED,
+                FindingKind.FREE_AND_OWNED,
                 group,
                 free_owned,
                 f"{label}: {len(free_owned)} free pages still tagged or held; page {p} tagged {tag(p)}, held by [{holders_of(p)}]",
@@ -283,7 +272,7 @@ def _audit_pool(
         p = doubles[0]
         out.append(
             finding(
-                DOUBLE_OWNED,
+                FindingKind.DOUBLE_OWNED,
                 group,
                 doubles,
                 f"{label}: {len(doubles)} pages held twice; page {p} held by [{holders_of(p)}]",
@@ -294,7 +283,7 @@ def _audit_pool(
         last = Counter(tag(p) for p in orphans[:256])
         out.append(
             finding(
-                ORPHAN,
+                FindingKind.ORPHAN,
                 group,
                 orphans,
                 f"{label}: {len(orphans)} allocated pages held by no live holder; last owners {dict(last.most_common(4))}",
@@ -311,7 +300,7 @@ def _audit_pool(
             p = bad[0]
             out.append(
                 finding(
-                    DOUBLE_OWNED,
+                    FindingKind.DOUBLE_OWNED,
                     group,
                     bad,
                     f"{label}: {len(bad)} pages tagged for another owner; page {p} tagged {tag(p)}, held by [{holders_of(p)}]",

@@ -32,7 +32,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from kvwatch.engine.cache.findings import SLOT_TABLE, Finding, finding
+from kvwatch.contracts import Finding, FindingKind, finding
 from kvwatch.engine.faults import Fault
 
 LONGER_THAN_PROMPT = "snapshot longer than the prompt"
@@ -169,7 +169,7 @@ class SlotTable:
             if len(entries) > 1:
                 out.append(
                     finding(
-                        SLOT_TABLE,
+                        FindingKind.SLOT_TABLE,
                         None,
                         [],
                         f"slot {index}: {len(entries)} entries (prefix lengths "
@@ -180,7 +180,7 @@ class SlotTable:
                 if e.key != slot.key or e.length != slot.length:
                     out.append(
                         finding(
-                            SLOT_TABLE,
+                            FindingKind.SLOT_TABLE,
                             None,
                             [],
                             f"slot {index}: entry for a {e.length}-token prefix "

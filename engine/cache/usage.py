@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
+from kvwatch.contracts import Bound
 from kvwatch.engine.cache.holder import Holder, HolderStatus, PendingKind
 from kvwatch.engine.cache.node import Node, Tier
 from kvwatch.engine.cache.owner import OWNER_LABEL, OwnerKind
@@ -46,18 +47,6 @@ class GroupUsage(NamedTuple):
     by_owner: dict[str, int]  # tree, request, session, slot, and host (host-tier pages)
     evictable: int  # tree-held pages that eviction or pruning may take back
     host_capacity: int
-
-
-class Bound(NamedTuple):
-    group: str
-    pinned: int  # pages this bound covers that nothing can take back
-    limit: int  # the most the live holders justify
-    shared: int  # state pages of snapshots several holders pin (not bounded here)
-    holders: int
-
-    @property
-    def exceeded(self) -> bool:
-        return self.pinned > self.limit
 
 
 def _anchored(cache: HybridPrefixCache) -> set[Node]:

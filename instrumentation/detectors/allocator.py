@@ -14,6 +14,7 @@ state usage that grows with turns, and usage that does not drain.
 
 from __future__ import annotations
 
+from kvwatch.contracts import OWNERSHIP
 from kvwatch.instrumentation.detectors.base import (
     Evidence,
     RunRecord,
@@ -24,27 +25,21 @@ from kvwatch.instrumentation.detectors.base import (
 from kvwatch.instrumentation.detectors.stats import first_rise
 
 ID = "allocator"
-OWNERSHIP = frozenset({"orphan", "double_owned", "free_and_owned"})
 
 
 def detect(run: RunRecord) -> Verdict:
     for turn in run.turns:
         for probe in turn.probes:
-            hits = [f for f in probe.get("findings", ()) if f["kind"] in OWNERSHIP]
+            hits = [f for f in probe.findings if f.kind in OWNERSHIP]
             if hits:
-                return fail(
-                    ID,
-                    turn.turn,
-                    [Evidence(f["group"], tuple(f["pages"]), f["detail"]) for f in hits],
-                )
+                return fail(ID, turn.turn, [Evidence(f.group, f.pages, f.detail) for f in hits])
             over = [
                 Evidence(
-                    g,
+                    b.group,
                     (),
-                    f"{b['pinned']} pinned pages, live holders ({b['holders']}) justify {b['limit']}",
+                    f"{b.pinned} pinned pages, live holders ({b.holders}) justify {b.limit}",
                 )
-                for g, b in probe.get("bounds", {}).items()
-                if b["exceeded"]
+                for b in probe.exceeded()
             ]
             if over:
                 return fail(ID, turn.turn, over)
@@ -61,8 +56,9 @@ def interior_per_conversation(run: RunRecord) -> dict[str, list[float]]:
     cache; superseded interior ones are what seed 000 leaks."""
     out: dict[str, list[float]] = {}
     for turn in run.turns:
-        tree = (turn.barrier or {}).get("tree", {})
-        for group, count in tree.get("interior_snapshots", {}).items():
+        if turn.barrier is None:
+            continue
+        for group, count in turn.barrier.tree.interior_snapshots.items():
             out.setdefault(group, []).append(count / max(turn.conversations, 1))
     return out
 
@@ -85,11 +81,10 @@ def _drain(run: RunRecord) -> Verdict | None:
     if run.drained is None or run.baseline is None:
         return None
     left = []
-    for group, g in run.drained["groups"].items():
-        base = run.baseline["groups"][group]
-        used, was = g["capacity"] - g["free"], base["capacity"] - base["free"]
+    for group, g in run.drained.groups.items():
+        used, was = g.used, run.baseline.groups[group].used
         if used > was:
-            owners = {k: v for k, v in g["by_owner"].items() if v}
+            owners = {k: v for k, v in g.by_owner.items() if v}
             left.append(
                 Evidence(
                     group,

@@ -3,14 +3,17 @@
 A run is a series of turns. Each turn carries the probe reports taken while
 it ran (the last one at the barrier, after the engine drained), how many
 conversations were live and how much context they held, and optionally a
-heap sample and black-box gauge readings. Probe reports are the JSON shape of
-``GET /debug/probe``, so a run recorded in-process and one recorded over HTTP
-look the same to a detector.
+heap sample and black-box gauge readings. Probe reports are the typed probe
+contract (``kvwatch.contracts.ProbeReport``), read back from the JSON of
+``GET /debug/probe`` or taken in process, so both look the same to a detector.
 """
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import NamedTuple
+
+from kvwatch.contracts import FindingKind, ProbeReport
 
 PASS, FAIL, SKIPPED = "pass", "fail", "skipped"
 
@@ -74,7 +77,7 @@ class Replay(NamedTuple):
 
 class Turn(NamedTuple):
     turn: int
-    probes: tuple[dict, ...]  # during the turn; the last one at the barrier
+    probes: tuple[ProbeReport, ...]  # during the turn; the last one at the barrier
     conversations: int = 0  # live conversations (agents and sub-agents) after the turn
     context_tokens: int = 0  # tokens those conversations hold
     heap: HeapSample | None = None
@@ -82,15 +85,15 @@ class Turn(NamedTuple):
     at: float | None = None  # wall clock (epoch seconds) when the barrier probe was taken
 
     @property
-    def barrier(self) -> dict | None:
+    def barrier(self) -> ProbeReport | None:
         return self.probes[-1] if self.probes else None
 
 
 class RunRecord(NamedTuple):
     turns: tuple[Turn, ...]
     warmup: int = 2  # turns discarded before judging a trend
-    baseline: dict | None = None  # probe before the first turn
-    drained: dict | None = None  # probe after sessions closed and the cache flushed
+    baseline: ProbeReport | None = None  # probe before the first turn
+    drained: ProbeReport | None = None  # probe after sessions closed and the cache flushed
     replays: tuple[Replay, ...] = ()
     error: str | None = None  # the run broke (the gate exits 3)
     # black-box: drain gauges before the first turn and after the run ended
@@ -103,7 +106,7 @@ class RunRecord(NamedTuple):
         turns = tuple(
             Turn(
                 t["turn"],
-                tuple(t["probes"]),
+                tuple(ProbeReport.from_json(p) for p in t["probes"]),
                 t.get("conversations", 0),
                 t.get("context_tokens", 0),
                 _heap(t.get("heap")),
@@ -119,13 +122,17 @@ class RunRecord(NamedTuple):
         return cls(
             turns,
             data.get("warmup", 2),
-            data.get("baseline"),
-            data.get("drained"),
+            _probe(data.get("baseline")),
+            _probe(data.get("drained")),
             replays,
             data.get("error"),
             data.get("gauges_baseline") or None,
             data.get("gauges_drained") or None,
         )
+
+
+def _probe(data: dict | None) -> ProbeReport | None:
+    return ProbeReport.from_json(data) if data else None
 
 
 def _heap(data: dict | None) -> HeapSample | None:
@@ -147,20 +154,19 @@ def skipped(detector: str, note: str) -> Verdict:
     return Verdict(detector, SKIPPED, None, (), note)
 
 
-def findings_detector(detector: str, kinds: frozenset[str], run: RunRecord) -> Verdict:
+def findings_detector(detector: str, kinds: Collection[FindingKind], run: RunRecord) -> Verdict:
     """Fail at the first turn whose probes carry a finding of one of ``kinds``."""
     for turn in run.turns:
         for probe in turn.probes:
-            hits = [f for f in probe.get("findings", ()) if f["kind"] in kinds]
+            hits = [f for f in probe.findings if f.kind in kinds]
             if hits:
-                ev = [Evidence(f["group"], tuple(f["pages"]), f["detail"]) for f in hits]
+                ev = [Evidence(f.group, f.pages, f.detail) for f in hits]
                 return fail(detector, turn.turn, ev)
     if run.drained is not None:
-        hits = [f for f in run.drained.get("findings", ()) if f["kind"] in kinds]
+        hits = [f for f in run.drained.findings if f.kind in kinds]
         if hits:
             last = run.turns[-1].turn + 1 if run.turns else 0
-            ev = [
-                Evidence(f["group"], tuple(f["pages"]), f"after drain: {f['detail']}") for f in hits
-            ]
+            ev = [Evidence(f.group, f.pages, f"after drain: {f.detail}") for f in hits]
             return fail(detector, last, ev)
-    return passed(detector, f"no {', '.join(sorted(kinds))} findings in {len(run.turns)} turns")
+    names = ", ".join(sorted(str(k) for k in kinds))
+    return passed(detector, f"no {names} findings in {len(run.turns)} turns")

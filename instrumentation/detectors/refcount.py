@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from kvwatch.contracts import FindingKind
 from kvwatch.instrumentation.detectors.base import Evidence, RunRecord, Verdict, fail, passed
 
 ID = "refcount"
@@ -13,18 +14,14 @@ def detect(run: RunRecord) -> Verdict:
         probes.append((run.turns[-1].turn + 1 if run.turns else 0, run.drained))
     for turn, probe in probes:
         ev = [
-            Evidence(f["group"], tuple(f["pages"]), f["detail"])
-            for f in probe.get("findings", ())
-            if f["kind"] == "ref_mismatch"
+            Evidence(f.group, f.pages, f.detail)
+            for f in probe.findings
+            if f.kind is FindingKind.REF_MISMATCH
         ]
-        root = probe.get("root_refs", {})
-        if root and root["actual"] != root["expected"]:
-            ev.insert(
-                0,
-                Evidence(
-                    None, (), f"root refs {root['actual']}, live holders imply {root['expected']}"
-                ),
-            )
+        root = probe.root_refs
+        if root.actual != root.expected:
+            detail = f"root refs {root.actual}, live holders imply {root.expected}"
+            ev.insert(0, Evidence(None, (), detail))
         if ev:
             return fail(ID, turn, ev)
     return passed(ID, f"root and node refs exact in {len(probes)} probes")

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from kvwatch.contracts import FindingKind
 from kvwatch.instrumentation.detectors.base import RunRecord, Verdict, findings_detector
 
 ID = "slot-table"
 
 
 def detect(run: RunRecord) -> Verdict:
-    return findings_detector(ID, frozenset({"slot_table"}), run)
+    return findings_detector(ID, {FindingKind.SLOT_TABLE}, run)

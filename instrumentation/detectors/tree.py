@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from kvwatch.contracts import FindingKind
 from kvwatch.instrumentation.detectors.base import RunRecord, Verdict, findings_detector
 
 ID = "tree"
 
 
 def detect(run: RunRecord) -> Verdict:
-    return findings_detector(ID, frozenset({"tree"}), run)
+    return findings_detector(ID, {FindingKind.TREE}, run)
