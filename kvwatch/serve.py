@@ -26,6 +26,10 @@ STATS_TIMEOUT_S = 10.0
 # head (request line and headers) and answers a plain 400 beyond it; below it
 # the app's own check answers oversized headers with a JSON 431.
 HEAD_BUFFER_FACTOR = 4
+# How long an idle keep-alive connection stays open (uvicorn's default is 5 s).
+# A client that sends on a connection just as the server closes it gets no
+# answer; agents pause between turns for longer than 5 s on a loaded machine.
+KEEP_ALIVE_S = 75
 # One engine read serves every gauge of a scrape; a scrape's callbacks run
 # within milliseconds, and a reader at a turn barrier wants fresh values.
 STATS_MAX_AGE_S = 0.05
@@ -71,7 +75,8 @@ def build(options: ServeOptions, config: EngineConfig | None = None):
 
 
 def uvicorn_options(options: ServeOptions) -> dict[str, Any]:
-    """uvicorn's settings: loopback by default, and a bounded request head.
+    """uvicorn's settings: loopback by default, a bounded request head, and idle
+    keep-alive connections kept for ``KEEP_ALIVE_S``.
 
     The h11 protocol is named explicitly: it is the implementation whose head
     buffer ``h11_max_incomplete_event_size`` bounds.
@@ -82,6 +87,7 @@ def uvicorn_options(options: ServeOptions) -> dict[str, Any]:
         "log_level": options.log_level,
         "http": "h11",
         "h11_max_incomplete_event_size": HEAD_BUFFER_FACTOR * options.settings.max_header_bytes,
+        "timeout_keep_alive": KEEP_ALIVE_S,
     }
 
 

@@ -66,6 +66,7 @@ class TurnUser(StreamingChatUser):
         barrier = self.environment.kvwatch_barrier
         barrier.wait(START, {})
         for t in range(self.plan.turns):
+            self._fresh_connections()
             self._safely(self.turn, t)
             barrier.wait(t, self._barrier_report())
         self._safely(self._finish)
@@ -73,6 +74,7 @@ class TurnUser(StreamingChatUser):
         gevent.sleep(3600)  # the coordinator quits the run
 
     def _soak_turn(self) -> None:
+        self._fresh_connections()
         if self.episode_turn == self.plan.turns:  # the episode is over: start afresh
             self._finish()
             self.environment.kvwatch_status.episode_ended(self.index)
@@ -83,6 +85,15 @@ class TurnUser(StreamingChatUser):
 
     def on_stop(self) -> None:
         self._finish()
+
+    def _fresh_connections(self) -> None:
+        """Start a turn on new connections. Between turns a pooled keep-alive
+        connection idles for as long as the barrier (or the slowest request of
+        the turn) takes, which on a loaded machine outlasts a server's keep-alive
+        timeout (5 s in uvicorn's default, and vLLM's); a request sent just as
+        the server closes it gets no answer, a failure of neither the server nor
+        the engine."""
+        self.client.close()
 
     def _finish(self) -> None:
         if not self.finished:

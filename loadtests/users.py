@@ -36,6 +36,14 @@ WORDS = [
 ]
 
 
+def failure_text(resp) -> str:
+    """Why a request failed: the status and the start of the body, or, when no
+    answer came at all (status 0), the connection error."""
+    if not resp.status_code:
+        return f"no answer: {resp.error!r}"[:300]
+    return f"HTTP {resp.status_code}: {resp.text[:200]}"
+
+
 def sentence(rng: random.Random, lo: int = 4, hi: int = 12) -> str:
     return " ".join(rng.choice(WORDS) for _ in range(rng.randint(lo, hi)))
 
@@ -80,7 +88,7 @@ class StreamingChatUser(HttpUser):
             "/v1/chat/completions", json=body, name=name, stream=True, catch_response=True
         ) as resp:
             if resp.status_code != 200:
-                resp.failure(f"HTTP {resp.status_code}: {resp.text[:200]}")
+                resp.failure(failure_text(resp))
                 return ""
             for raw in resp.iter_lines():
                 line = raw.decode() if isinstance(raw, bytes) else raw
@@ -144,7 +152,7 @@ class StreamingChatUser(HttpUser):
                 resp.success()
                 return None
             if resp.status_code != 200:
-                resp.failure(f"HTTP {resp.status_code}: {resp.text[:200]}")
+                resp.failure(failure_text(resp))
                 return None
             return resp.json()
 
