@@ -126,7 +126,7 @@ class TurnUser(StreamingChatUser):
     def _end_report(self) -> dict:
         """This process's request counts: every request of this user is done."""
         process = str(getattr(self.environment.runner, "client_id", "local"))
-        return {"process": process, "counts": self.environment.kvwatch_status.counts().as_dict()}
+        return {"process": process, "counts": self.environment.kvwatch_status.counts().to_json()}
 
     def keep_for_replay(self, data: dict | None, max_tokens: int) -> None:
         if data and "prompt_token_ids" in data:

@@ -33,11 +33,11 @@ from urllib.parse import urlparse
 from kvwatch.engine.faults import parse_faults
 from kvwatch.instrumentation import gate as verdicts
 from kvwatch.instrumentation.detectors import IDS, MIN_JUDGED_TURNS, RunRecord
+from kvwatch.instrumentation.record import Counts
 from kvwatch.loadtests import outputs
 from kvwatch.loadtests import profiles as catalog
 from kvwatch.loadtests.plan import RunPlan, preset
 from kvwatch.loadtests.servers import EngineServer, ServerError, locust_commands, stop
-from kvwatch.loadtests.statuses import Counts
 
 BLACK_BOX_DETECTORS = ("gauge-trend",)
 
@@ -209,7 +209,7 @@ def _run_one(opts: GateOptions, profile: catalog.Profile, c: int, server) -> ver
         return _broken(profile.name, c, opts.turns, error)
     data = json.loads(record.read_text())
     run = RunRecord.from_json(data)
-    sent = Counts.from_dict(data.get("requests", {}))
+    sent = Counts.from_json(data.get("requests", {}))
     requests, errors = sent.requests, sent.errors
     if run.error is None and (dead := no_service(requests, errors)):
         run = run._replace(error=dead)

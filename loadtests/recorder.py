@@ -28,10 +28,10 @@ from pathlib import Path
 import gevent
 import requests
 
+from kvwatch.instrumentation.record import Counts, merge_counts
 from kvwatch.loadtests.barrier import END, START
 from kvwatch.loadtests.plan import RunPlan
 from kvwatch.loadtests.scrape import read_series
-from kvwatch.loadtests.statuses import Counts, merge
 
 TIMEOUT = 60.0
 HEAP_SITES = 40
@@ -104,10 +104,10 @@ class Recorder:
         )
 
     def _finish(self, reports: list[dict]) -> None:
-        sent = merge(
-            (r["process"], Counts.from_dict(r["counts"])) for r in reports if "counts" in r
+        sent = merge_counts(
+            (r["process"], Counts.from_json(r["counts"])) for r in reports if "counts" in r
         )
-        self.record["requests"] = sent.as_dict()
+        self.record["requests"] = sent.to_json()
         self._answering()
         self._drain()
         if self.plan.probe:

@@ -32,13 +32,13 @@ import httpx
 from kvwatch.contracts import ProbeReport
 from kvwatch.engine.faults import parse_faults
 from kvwatch.instrumentation import gate as verdicts
+from kvwatch.instrumentation.record import Counts
 from kvwatch.loadtests import outputs
 from kvwatch.loadtests import profiles as catalog
 from kvwatch.loadtests import soak_judge as judge
 from kvwatch.loadtests.gate import no_service
 from kvwatch.loadtests.plan import RunPlan
 from kvwatch.loadtests.servers import EngineServer, ServerError, locust_commands, stop
-from kvwatch.loadtests.statuses import Counts
 
 SOAK_PROFILES = ("agentic-trie", "streaming-session")
 MIN_SOAK_S, MAX_SOAK_S = 5.0, 7 * 24 * 3600.0
@@ -219,7 +219,7 @@ def _load(opts: SoakOptions, server: EngineServer, http: httpx.Client, where: Pa
             stop(proc, grace=5)
     load_s = time.monotonic() - begun
     status = json.loads(status_file.read_text()) if status_file.exists() else {}
-    sent = Counts.from_dict(status)
+    sent = Counts.from_json(status)
     requests, errors = sent.requests, sent.errors
     if error is None and proc.returncode != 0:
         error = f"locust exited with {proc.returncode} (see {where / 'locust.log'})"

@@ -14,7 +14,7 @@ read:
 
 * a turn run: every user hands its process's counts to the END barrier once
   its last request is done, and the coordinator keeps the largest per process
-  (``merge``), the count when that process's last user arrived;
+  (``record.merge_counts``), the count when that process's last user arrived;
 * a soak: when Locust quits (after every user's ``on_stop``), the counts go
   to a JSON file, with when each user ended each episode (``episode_ended``,
   wall-clock seconds)::
@@ -29,43 +29,12 @@ from __future__ import annotations
 import json
 import time
 from collections import Counter
-from collections.abc import Iterable
 from pathlib import Path
-from typing import NamedTuple
 
-KEEP_5XX = 5
+from kvwatch.instrumentation.record import KEEP_5XX, Counts
+
 SAMPLES = frozenset({"TTFT", "ITL"})
 BROKEN_TURN = "TURN"
-
-
-class Counts(NamedTuple):
-    """What one process's users sent, or all of a run's together."""
-
-    status: dict[str, int]  # answers by status class
-    failed: int  # requests Locust counted as failed
-    broken_turns: int  # turns whose own code raised
-    first_5xx: tuple[dict, ...] = ()
-
-    @property
-    def requests(self) -> int:
-        """HTTP requests sent, and broken turns (each a failure of its own)."""
-        return sum(self.status.values()) + self.broken_turns
-
-    @property
-    def errors(self) -> int:
-        return self.failed + self.broken_turns
-
-    def as_dict(self) -> dict:
-        return {**self._asdict(), "first_5xx": list(self.first_5xx)}
-
-    @classmethod
-    def from_dict(cls, data: dict) -> Counts:
-        return cls(
-            dict(data.get("status", {})),
-            data.get("failed", 0),
-            data.get("broken_turns", 0),
-            tuple(data.get("first_5xx", ())),
-        )
 
 
 class StatusCounts:
@@ -104,23 +73,5 @@ class StatusCounts:
         self.episode_ends.append((user, time.time()))
 
     def on_quitting(self, **kwargs) -> None:
-        data = {**self.counts().as_dict(), "episode_ends": self.episode_ends}
+        data = {**self.counts().to_json(), "episode_ends": self.episode_ends}
         self.path.write_text(json.dumps(data, indent=2) + "\n")
-
-
-def merge(reports: Iterable[tuple[str, Counts]]) -> Counts:
-    """All processes together, from (process, counts) pairs; a process's counts
-    only grow, so its largest report is its last."""
-    last: dict[str, Counts] = {}
-    for process, counts in reports:
-        if process not in last or counts.requests >= last[process].requests:
-            last[process] = counts
-    status: Counter[str] = Counter()
-    for counts in last.values():
-        status.update(counts.status)
-    return Counts(
-        dict(status),
-        sum(c.failed for c in last.values()),
-        sum(c.broken_turns for c in last.values()),
-        tuple(f for c in last.values() for f in c.first_5xx)[:KEEP_5XX],
-    )

@@ -16,7 +16,7 @@ from fastapi import FastAPI
 from fastapi.responses import JSONResponse, Response
 
 from kvwatch.server import completions, debug, errors, sessions
-from kvwatch.server.debug import HeapTracker
+from kvwatch.server.debug import heap_tracker
 from kvwatch.server.idle import IdleReaper, SessionClock
 from kvwatch.server.limits import RequestLimits
 from kvwatch.server.settings import ServerSettings
@@ -51,7 +51,7 @@ def create_app(
     app = FastAPI(title="kvwatch", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.worker = worker
     app.state.settings = settings
-    app.state.heap = HeapTracker()
+    app.state.heap = heap_tracker()
     app.state.clock = clock or SessionClock()
     app.state.clock.follow(worker.engine.events)
     timeout = settings.session_idle_timeout_s

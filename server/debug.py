@@ -13,18 +13,22 @@ allocated, and adds the live bytes of its largest allocation sites
 from __future__ import annotations
 
 import hmac
-import tracemalloc
 from pathlib import Path
 from typing import Literal
 
 from fastapi import APIRouter, Depends, Request
 
 import kvwatch.engine
+from kvwatch.heap import TRACE_FRAMES, HeapTracker, NotTracing
 from kvwatch.server.errors import ApiError
 from kvwatch.server.worker import EngineWorker
 
-TRACE_FRAMES = 16
 ENGINE_FILES = str(Path(kvwatch.engine.__file__).parent / "*")
+
+
+def heap_tracker() -> HeapTracker:
+    """The server's sampler: the whole process, or the engine's own code (``engine``)."""
+    return HeapTracker({"engine": ENGINE_FILES})
 
 
 def require_token(request: Request) -> None:
@@ -65,65 +69,6 @@ async def flush_cache(request: Request):
     return await worker.run(flush)
 
 
-class HeapTracker:
-    """tracemalloc snapshots, each compared with the one before."""
-
-    def __init__(self) -> None:
-        self.last: dict[str, tracemalloc.Snapshot] = {}
-
-    def start(self, frames: int = TRACE_FRAMES) -> dict:
-        if tracemalloc.is_tracing() and tracemalloc.get_traceback_limit() != frames:
-            tracemalloc.stop()
-        if not tracemalloc.is_tracing():
-            tracemalloc.start(frames)
-        snap = _snapshot()  # the baseline both scopes diff against next
-        self.last = {"process": snap, "engine": _engine_only(snap)}
-        return {"tracing": True, "frames": tracemalloc.get_traceback_limit()}
-
-    def diff(self, top: int, scope: str = "process", sites: int = 0) -> dict:
-        """Growth since this scope's previous snapshot (or since tracking started)."""
-        if not tracemalloc.is_tracing():
-            raise ApiError(
-                409, "heap tracking is off; POST /debug/tracemalloc/start first", code="not_tracing"
-            )
-        snap = _snapshot()
-        if scope == "engine":
-            snap = _engine_only(snap)
-        last = self.last.get(scope)
-        stats = snap.compare_to(last, "traceback") if last else []
-        self.last[scope] = snap
-        current, peak = tracemalloc.get_traced_memory()
-        by_line = snap.statistics("lineno")
-        return {
-            "scope": scope,
-            "traced_bytes": current if scope == "process" else sum(s.size for s in by_line),
-            "peak_bytes": peak,
-            "by_site": {
-                f"{s.traceback[0].filename}:{s.traceback[0].lineno}": s.size
-                for s in by_line[:sites]
-            },
-            "top_growth": [
-                {
-                    "size_diff": s.size_diff,
-                    "size": s.size,
-                    "count_diff": s.count_diff,
-                    "traceback": [f"{f.filename}:{f.lineno}" for f in s.traceback],
-                }
-                for s in stats[:top]
-            ],
-        }
-
-
-def _engine_only(snap: tracemalloc.Snapshot) -> tracemalloc.Snapshot:
-    return snap.filter_traces([tracemalloc.Filter(True, ENGINE_FILES)])
-
-
-def _snapshot() -> tracemalloc.Snapshot:
-    return tracemalloc.take_snapshot().filter_traces(
-        [tracemalloc.Filter(False, tracemalloc.__file__), tracemalloc.Filter(False, "<frozen *>")]
-    )
-
-
 @router.post("/tracemalloc/start")
 async def tracemalloc_start(request: Request, frames: int = TRACE_FRAMES):
     """Start (or restart with another traceback depth): fewer frames cost less per allocation."""
@@ -143,4 +88,13 @@ async def tracemalloc_snapshot(
         raise ApiError(400, "top must be in [1, 100]", code="invalid_value", param="top")
     if not 0 <= sites <= 200:
         raise ApiError(400, "sites must be in [0, 200]", code="invalid_value", param="sites")
-    return await _worker(request).run(request.app.state.heap.diff, top, scope, sites)
+
+    def sample() -> dict:
+        try:
+            return request.app.state.heap.sample(scope, top, sites)
+        except NotTracing:
+            raise ApiError(
+                409, "heap tracking is off; POST /debug/tracemalloc/start first", code="not_tracing"
+            ) from None
+
+    return await _worker(request).run(sample)

@@ -12,10 +12,11 @@ import pytest
 from kvwatch.engine import EngineConfig, SamplingParams
 from kvwatch.engine.config import PrefixCacheMode
 from kvwatch.engine.overrides import apply_overrides
+from kvwatch.instrumentation.record import Counts, merge_counts
 from kvwatch.loadtests.plan import PRESETS, RunPlan, preset
 from kvwatch.loadtests.profiles import PROFILES
 from kvwatch.loadtests.scrape import parse_spec, read_series
-from kvwatch.loadtests.statuses import Counts, StatusCounts, merge
+from kvwatch.loadtests.statuses import StatusCounts
 
 DESIGN_PROFILES = (
     "agentic-trie",
@@ -243,7 +244,7 @@ def test_request_counts_come_from_request_events_and_merge_by_process():
     assert late.first_5xx[0]["status"] == 503
     other = Counts({"2xx": 7}, 0, 0)
     reports = [("w1", early), ("w2", other), ("w1", late), ("w2", Counts({"2xx": 3}, 0, 0))]
-    total = merge(reports)
+    total = merge_counts(reports)
     assert total.status == {"2xx": 8, "4xx": 1, "5xx": 1, "none": 1}
     assert (total.requests, total.errors) == (12, 4)
-    assert Counts.from_dict(total.as_dict()) == total  # the record's JSON round trip
+    assert Counts.from_json(total.to_json()) == total  # the record's JSON round trip

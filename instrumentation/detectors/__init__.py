@@ -17,18 +17,9 @@ from kvwatch.instrumentation.detectors import (
     slot_table,
     tree,
 )
-from kvwatch.instrumentation.detectors.base import (
-    FAIL,
-    PASS,
-    SKIPPED,
-    Evidence,
-    HeapSample,
-    Replay,
-    RunRecord,
-    Turn,
-    Verdict,
-)
+from kvwatch.instrumentation.detectors.base import FAIL, PASS, SKIPPED, Evidence, Verdict
 from kvwatch.instrumentation.detectors.stats import MIN_POINTS as MIN_JUDGED_TURNS
+from kvwatch.instrumentation.record import HeapSample, Replay, RunRecord, Turn
 
 DETECTORS: Mapping[str, Callable[[RunRecord], Verdict]] = {
     m.ID: m.detect for m in (allocator, refcount, tree, heap, gauge_trend, slot_table, equivalence)

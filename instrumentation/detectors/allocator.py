@@ -15,14 +15,9 @@ state usage that grows with turns, and usage that does not drain.
 from __future__ import annotations
 
 from kvwatch.contracts import OWNERSHIP
-from kvwatch.instrumentation.detectors.base import (
-    Evidence,
-    RunRecord,
-    Verdict,
-    fail,
-    passed,
-)
+from kvwatch.instrumentation.detectors.base import Evidence, Verdict, fail, passed
 from kvwatch.instrumentation.detectors.stats import first_rise
+from kvwatch.instrumentation.record import RunRecord
 
 ID = "allocator"
 

@@ -1,11 +1,8 @@
-"""What detectors read and what they answer.
+"""What detectors answer: a verdict with evidence, and helpers to build one.
 
-A run is a series of turns. Each turn carries the probe reports taken while
-it ran (the last one at the barrier, after the engine drained), how many
-conversations were live and how much context they held, and optionally a
-heap sample and black-box gauge readings. Probe reports are the typed probe
-contract (``kvwatch.contracts.ProbeReport``), read back from the JSON of
-``GET /debug/probe`` or taken in process, so both look the same to a detector.
+They read a ``RunRecord`` (``kvwatch.instrumentation.record``) whose probes
+are the typed probe contract, read back from the JSON of ``GET /debug/probe``
+or taken in process, so both look the same to a detector.
 """
 
 from __future__ import annotations
@@ -13,7 +10,8 @@ from __future__ import annotations
 from collections.abc import Collection
 from typing import NamedTuple
 
-from kvwatch.contracts import FindingKind, ProbeReport
+from kvwatch.contracts import FindingKind
+from kvwatch.instrumentation.record import RunRecord
 
 PASS, FAIL, SKIPPED = "pass", "fail", "skipped"
 
@@ -59,87 +57,6 @@ class Verdict(NamedTuple):
             "evidence": self.summary(),
             "details": [e.as_dict() for e in self.evidence],
         }
-
-
-class HeapSample(NamedTuple):
-    traced_bytes: int  # bytes allocated by the engine's code and still alive
-    # (bytes grown, traceback) since the previous turn, largest first
-    top: tuple[tuple[int, tuple[str, ...]], ...] = ()
-    by_site: dict[str, int] | None = None  # live bytes per allocation site (file:line)
-
-
-class Replay(NamedTuple):
-    turn: int
-    prompt: tuple[int, ...]
-    cached: tuple[int, ...]  # what the run produced
-    reference: tuple[int, ...]  # what a cache-off engine produces
-
-
-class Turn(NamedTuple):
-    turn: int
-    probes: tuple[ProbeReport, ...]  # during the turn; the last one at the barrier
-    conversations: int = 0  # live conversations (agents and sub-agents) after the turn
-    context_tokens: int = 0  # tokens those conversations hold
-    heap: HeapSample | None = None
-    gauges: dict[str, float] | None = None  # black-box readings at the barrier
-    at: float | None = None  # wall clock (epoch seconds) when the barrier probe was taken
-
-    @property
-    def barrier(self) -> ProbeReport | None:
-        return self.probes[-1] if self.probes else None
-
-
-class RunRecord(NamedTuple):
-    turns: tuple[Turn, ...]
-    warmup: int = 2  # turns discarded before judging a trend
-    baseline: ProbeReport | None = None  # probe before the first turn
-    drained: ProbeReport | None = None  # probe after sessions closed and the cache flushed
-    replays: tuple[Replay, ...] = ()
-    error: str | None = None  # the run broke (the gate exits 3)
-    # black-box: drain gauges before the first turn and after the run ended
-    gauges_baseline: dict[str, float] | None = None
-    gauges_drained: dict[str, float] | None = None
-
-    @classmethod
-    def from_json(cls, data: dict) -> RunRecord:
-        """A run recorded over HTTP (the gate's recorder writes this shape)."""
-        turns = tuple(
-            Turn(
-                t["turn"],
-                tuple(ProbeReport.from_json(p) for p in t["probes"]),
-                t.get("conversations", 0),
-                t.get("context_tokens", 0),
-                _heap(t.get("heap")),
-                t.get("gauges") or None,
-                t.get("at"),
-            )
-            for t in data.get("turns", ())
-        )
-        replays = tuple(
-            Replay(turn, tuple(prompt), tuple(cached), tuple(reference))
-            for turn, prompt, cached, reference in data.get("replays", ())
-        )
-        return cls(
-            turns,
-            data.get("warmup", 2),
-            _probe(data.get("baseline")),
-            _probe(data.get("drained")),
-            replays,
-            data.get("error"),
-            data.get("gauges_baseline") or None,
-            data.get("gauges_drained") or None,
-        )
-
-
-def _probe(data: dict | None) -> ProbeReport | None:
-    return ProbeReport.from_json(data) if data else None
-
-
-def _heap(data: dict | None) -> HeapSample | None:
-    if not data:
-        return None
-    top = tuple((size, tuple(tb)) for size, tb in data.get("top", ()))
-    return HeapSample(data["traced_bytes"], top, data.get("by_site"))
 
 
 def fail(detector: str, turn: int, evidence: list[Evidence]) -> Verdict:

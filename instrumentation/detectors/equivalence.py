@@ -2,14 +2,8 @@
 
 from __future__ import annotations
 
-from kvwatch.instrumentation.detectors.base import (
-    Evidence,
-    RunRecord,
-    Verdict,
-    fail,
-    passed,
-    skipped,
-)
+from kvwatch.instrumentation.detectors.base import Evidence, Verdict, fail, passed, skipped
+from kvwatch.instrumentation.record import RunRecord
 
 ID = "equivalence"
 

@@ -10,15 +10,9 @@ be back at its starting value.
 
 from __future__ import annotations
 
-from kvwatch.instrumentation.detectors.base import (
-    Evidence,
-    RunRecord,
-    Verdict,
-    fail,
-    passed,
-    skipped,
-)
+from kvwatch.instrumentation.detectors.base import Evidence, Verdict, fail, passed, skipped
 from kvwatch.instrumentation.detectors.stats import first_rise
+from kvwatch.instrumentation.record import RunRecord
 
 ID = "gauge-trend"
 

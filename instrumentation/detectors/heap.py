@@ -10,15 +10,9 @@ The evidence is that site and the top growth by traceback
 
 from __future__ import annotations
 
-from kvwatch.instrumentation.detectors.base import (
-    Evidence,
-    RunRecord,
-    Verdict,
-    fail,
-    passed,
-    skipped,
-)
+from kvwatch.instrumentation.detectors.base import Evidence, Verdict, fail, passed, skipped
 from kvwatch.instrumentation.detectors.stats import first_rise
+from kvwatch.instrumentation.record import RunRecord
 
 ID = "heap"
 

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from kvwatch.contracts import FindingKind
-from kvwatch.instrumentation.detectors.base import Evidence, RunRecord, Verdict, fail, passed
+from kvwatch.instrumentation.detectors.base import Evidence, Verdict, fail, passed
+from kvwatch.instrumentation.record import RunRecord
 
 ID = "refcount"
 

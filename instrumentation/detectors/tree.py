@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from kvwatch.contracts import FindingKind
-from kvwatch.instrumentation.detectors.base import RunRecord, Verdict, findings_detector
+from kvwatch.instrumentation.detectors.base import Verdict, findings_detector
+from kvwatch.instrumentation.record import RunRecord
 
 ID = "tree"
 

@@ -1,0 +1,237 @@
+"""The run record: what a recorder writes and the detectors read.
+
+A run is a series of turns. Each turn carries the probe reports taken while
+it ran (the last one at the barrier, after the engine drained), how many
+conversations were live and how much context they held, and optionally a
+heap sample and black-box gauge readings. Around the turns: the baseline
+probe, the drained probe (sessions closed, cache flushed), the greedy
+requests the run served (``candidates``, which the equivalence check
+replays on a cache-off engine into ``replays``) and the requests sent.
+
+A soak is the same record over time: each "turn" is one probe taken while
+requests were in flight, ``at`` seconds into the load, and ``soak`` says when
+the users' episodes ended (the usage trend is judged over whole episodes).
+
+``RunRecord.from_json(record.to_json()) == record``; the JSON is what
+``OUT/runs/<profile>-c<c>/record.json`` holds.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+from typing import NamedTuple
+
+from kvwatch.contracts import ProbeReport
+
+KEEP_5XX = 5
+
+
+class HeapSample(NamedTuple):
+    traced_bytes: int  # bytes allocated in the sampled scope and still alive
+    # (bytes grown, traceback) since the previous sample, largest first
+    top: tuple[tuple[int, tuple[str, ...]], ...] = ()
+    by_site: dict[str, int] | None = None  # live bytes per allocation site (file:line)
+
+    @classmethod
+    def from_sampler(cls, data: dict) -> HeapSample:
+        """From the heap sampler's JSON (``kvwatch.heap``, the snapshot endpoint)."""
+        top = tuple((g["size_diff"], tuple(g["traceback"])) for g in data.get("top_growth", ()))
+        return cls(data["traced_bytes"], top, data.get("by_site"))
+
+    def to_json(self) -> dict:
+        return {
+            "traced_bytes": self.traced_bytes,
+            "top": [[size, list(tb)] for size, tb in self.top],
+            "by_site": self.by_site,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict | None) -> HeapSample | None:
+        if not data:
+            return None
+        top = tuple((size, tuple(tb)) for size, tb in data.get("top", ()))
+        return cls(data["traced_bytes"], top, data.get("by_site"))
+
+
+class Candidate(NamedTuple):
+    """A greedy request the run served: equivalence replays its prompt."""
+
+    turn: int
+    prompt: tuple[int, ...]
+    output: tuple[int, ...]  # what the run produced
+    max_tokens: int
+
+
+class Replay(NamedTuple):
+    turn: int
+    prompt: tuple[int, ...]
+    cached: tuple[int, ...]  # what the run produced
+    reference: tuple[int, ...]  # what a cache-off engine produces
+
+
+class Counts(NamedTuple):
+    """The requests one client process sent, or all of a run's together."""
+
+    status: dict[str, int]  # answers by status class: 2xx, 3xx, 4xx, 5xx, none
+    failed: int  # requests the client counted as failed
+    broken_turns: int  # turns whose own code raised
+    first_5xx: tuple[dict, ...] = ()
+
+    @property
+    def requests(self) -> int:
+        """HTTP requests sent, and broken turns (each a failure of its own)."""
+        return sum(self.status.values()) + self.broken_turns
+
+    @property
+    def errors(self) -> int:
+        return self.failed + self.broken_turns
+
+    def to_json(self) -> dict:
+        return {**self._asdict(), "first_5xx": list(self.first_5xx)}
+
+    @classmethod
+    def from_json(cls, data: dict | None) -> Counts:
+        data = data or {}
+        return cls(
+            dict(data.get("status", {})),
+            data.get("failed", 0),
+            data.get("broken_turns", 0),
+            tuple(data.get("first_5xx", ())),
+        )
+
+
+def merge_counts(reports: Iterable[tuple[str, Counts]]) -> Counts:
+    """All client processes together, from (process, counts) pairs; a process's
+    counts only grow, so its largest report is its last."""
+    last: dict[str, Counts] = {}
+    for process, counts in reports:
+        if process not in last or counts.requests >= last[process].requests:
+            last[process] = counts
+    status: Counter[str] = Counter()
+    for counts in last.values():
+        status.update(counts.status)
+    return Counts(
+        dict(status),
+        sum(c.failed for c in last.values()),
+        sum(c.broken_turns for c in last.values()),
+        tuple(f for c in last.values() for f in c.first_5xx)[:KEEP_5XX],
+    )
+
+
+class Turn(NamedTuple):
+    turn: int
+    probes: tuple[ProbeReport, ...]  # during the turn; the last one at the barrier
+    conversations: int = 0  # live conversations (agents and sub-agents) after the turn
+    context_tokens: int = 0  # tokens those conversations hold
+    heap: HeapSample | None = None
+    gauges: dict[str, float] | None = None  # black-box readings at the barrier
+    at: float | None = None  # when the barrier probe was taken (epoch s; soak: s into the load)
+
+    @property
+    def barrier(self) -> ProbeReport | None:
+        return self.probes[-1] if self.probes else None
+
+    def to_json(self) -> dict:
+        return {
+            "turn": self.turn,
+            "probes": [p.to_json() for p in self.probes],
+            "conversations": self.conversations,
+            "context_tokens": self.context_tokens,
+            "heap": self.heap.to_json() if self.heap is not None else None,
+            "gauges": self.gauges,
+            "at": self.at,
+        }
+
+    @classmethod
+    def from_json(cls, t: dict) -> Turn:
+        return cls(
+            t["turn"],
+            tuple(ProbeReport.from_json(p) for p in t["probes"]),
+            t.get("conversations", 0),
+            t.get("context_tokens", 0),
+            HeapSample.from_json(t.get("heap")),
+            t.get("gauges") or None,
+            t.get("at"),
+        )
+
+
+class Soak(NamedTuple):
+    """What makes a record a soak: its turns are probes over time."""
+
+    duration_s: float  # seconds of load
+    warmup_s: float  # left out of the usage trend
+    users: int
+    episode_ends: tuple[tuple[int, float], ...]  # (user, seconds into the load)
+
+    def to_json(self) -> dict:
+        return {**self._asdict(), "episode_ends": [list(e) for e in self.episode_ends]}
+
+    @classmethod
+    def from_json(cls, data: dict | None) -> Soak | None:
+        if not data:
+            return None
+        ends = tuple((int(u), float(t)) for u, t in data.get("episode_ends", ()))
+        return cls(data["duration_s"], data["warmup_s"], data["users"], ends)
+
+
+class RunRecord(NamedTuple):
+    turns: tuple[Turn, ...]
+    warmup: int = 2  # turns discarded before judging a trend
+    baseline: ProbeReport | None = None  # probe before the first turn
+    drained: ProbeReport | None = None  # probe after sessions closed and the cache flushed
+    replays: tuple[Replay, ...] = ()
+    error: str | None = None  # the run broke (the gate exits 3)
+    # black-box: drain gauges before the first turn and after the run ended
+    gauges_baseline: dict[str, float] | None = None
+    gauges_drained: dict[str, float] | None = None
+    candidates: tuple[Candidate, ...] = ()  # greedy requests served, to replay
+    requests: Counts | None = None  # what the clients sent (None: not counted)
+    soak: Soak | None = None
+
+    def to_json(self) -> dict:
+        return {
+            "turns": [t.to_json() for t in self.turns],
+            "warmup": self.warmup,
+            "baseline": self.baseline.to_json() if self.baseline else None,
+            "drained": self.drained.to_json() if self.drained else None,
+            "replays": [
+                [r.turn, list(r.prompt), list(r.cached), list(r.reference)] for r in self.replays
+            ],
+            "error": self.error,
+            "gauges_baseline": self.gauges_baseline,
+            "gauges_drained": self.gauges_drained,
+            "candidates": [
+                [c.turn, list(c.prompt), list(c.output), c.max_tokens] for c in self.candidates
+            ],
+            "requests": self.requests.to_json() if self.requests is not None else None,
+            "soak": self.soak.to_json() if self.soak is not None else None,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict) -> RunRecord:
+        replays = tuple(
+            Replay(turn, tuple(prompt), tuple(cached), tuple(reference))
+            for turn, prompt, cached, reference in data.get("replays", ())
+        )
+        candidates = tuple(
+            Candidate(turn, tuple(prompt), tuple(output), max_tokens)
+            for turn, prompt, output, max_tokens in data.get("candidates", ())
+        )
+        return cls(
+            turns=tuple(Turn.from_json(t) for t in data.get("turns", ())),
+            warmup=data.get("warmup", 2),
+            baseline=_probe(data.get("baseline")),
+            drained=_probe(data.get("drained")),
+            replays=replays,
+            error=data.get("error"),
+            gauges_baseline=data.get("gauges_baseline") or None,
+            gauges_drained=data.get("gauges_drained") or None,
+            candidates=candidates,
+            requests=Counts.from_json(data["requests"]) if data.get("requests") else None,
+            soak=Soak.from_json(data.get("soak")),
+        )
+
+
+def _probe(data: dict | None) -> ProbeReport | None:
+    return ProbeReport.from_json(data) if data else None
