@@ -42,7 +42,7 @@ def serving(app, options: ServeOptions | None = None) -> Iterator[str]:
 def metric(url: str, name: str, **labels: str) -> float:
     """A Prometheus counter or gauge from ``url/metrics``, summed over matching series."""
     total = 0.0
-    for line in httpx.get(f"{url}/metrics", timeout=30).text.splitlines():
+    for line in httpx.get(f"{url}/metrics", timeout=300).text.splitlines():
         if line.startswith(f"{name}{{") and all(f'{k}="{v}"' in line for k, v in labels.items()):
             total += float(line.rsplit(" ", 1)[1])
     return total

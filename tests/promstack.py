@@ -147,7 +147,7 @@ def prometheus_stack(targets: list[str], workdir: Path) -> Iterator[PromStack]:
 
 def api(stack: PromStack, path: str, **params) -> object:
     """``GET /api/v1/<path>``; the ``data`` of a successful answer."""
-    r = httpx.get(f"{stack.prometheus}/api/v1/{path}", params=params, timeout=30)
+    r = httpx.get(f"{stack.prometheus}/api/v1/{path}", params=params, timeout=300)
     body = r.json()
     if r.status_code != 200 or body.get("status") != "success":
         raise AssertionError(f"{path} {params}: {r.status_code} {body}")

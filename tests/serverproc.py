@@ -37,7 +37,7 @@ def kvwatch_server(
 
 
 def probe(url: str) -> dict:
-    r = httpx.get(f"{url}/debug/probe", headers={"Authorization": f"Bearer {TOKEN}"}, timeout=60)
+    r = httpx.get(f"{url}/debug/probe", headers={"Authorization": f"Bearer {TOKEN}"}, timeout=300)
     r.raise_for_status()
     return r.json()
 

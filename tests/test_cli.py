@@ -87,8 +87,8 @@ def test_serve_with_the_slots_backend_and_an_injected_fault():
             ],
             "max_tokens": 2,
         }
-        assert httpx.post(f"{url}/v1/chat/completions", json=body, timeout=60).status_code == 200
-        report = httpx.get(f"{url}/debug/probe", timeout=30).json()
+        assert httpx.post(f"{url}/v1/chat/completions", json=body, timeout=300).status_code == 200
+        report = httpx.get(f"{url}/debug/probe", timeout=300).json()
         assert report["slots"]["filled"] == 1 and report["slots"]["entries"] == 1
         assert report["findings"] == []
 

@@ -66,7 +66,7 @@ class Run(NamedTuple):
 def chat_load(url: str, stop_at: float) -> None:
     """Shared-prefix chats, a streamed reply cut after two chunks, a session turn."""
     client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
-    sid = httpx.post(f"{url}/v1/sessions", json={}, timeout=30).json()["id"]
+    sid = httpx.post(f"{url}/v1/sessions", json={}, timeout=300).json()["id"]
     i = 0
     while time.time() < stop_at:
         messages = [
@@ -88,7 +88,7 @@ def chat_load(url: str, stop_at: float) -> None:
             extra_body={"session_id": sid},
         )
         i += 1
-    httpx.delete(f"{url}/v1/sessions/{sid}", timeout=30)
+    httpx.delete(f"{url}/v1/sessions/{sid}", timeout=300)
 
 
 def wait_for(stack: PromStack, query: str, timeout: float = 120) -> None:

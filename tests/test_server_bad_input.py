@@ -172,9 +172,9 @@ def test_after_every_bad_input_the_engine_is_clean_and_back_to_its_baseline(api)
     assert api.post(CHAT, json=OK_CHAT).status_code == 200
     assert api.delete(f"{SESSIONS}/{LIVE}").status_code == 200
     worker, engine = api.app.state.worker, api.engine
-    worker.call(engine.flush_cache).result(30)
-    report = worker.call(engine.probe).result(30)
+    worker.call(engine.flush_cache).result(300)
+    report = worker.call(engine.probe).result(300)
     assert report.clean, report.findings
     assert report.live_requests == 0 and report.live_sessions == 0
     assert not engine.requests  # nothing half-added
-    assert worker.call(usage, engine).result(30) == api.baseline
+    assert worker.call(usage, engine).result(300) == api.baseline

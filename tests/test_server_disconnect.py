@@ -37,7 +37,7 @@ def server():
 
 def aborts(url: str, *stages: str) -> float:
     """kvwatch_aborts_total summed over the given abort stages."""
-    text = httpx.get(f"{url}/metrics", timeout=30).text
+    text = httpx.get(f"{url}/metrics", timeout=300).text
     return sum(
         float(line.rsplit(" ", 1)[1])
         for line in text.splitlines()
@@ -72,12 +72,12 @@ def test_disconnect_mid_stream_aborts_the_request(server):
         "ignore_eos": True,
         "stream": True,
     }
-    with httpx.stream("POST", f"{server}/v1/completions", json=body, timeout=60) as r:
+    with httpx.stream("POST", f"{server}/v1/completions", json=body, timeout=300) as r:
         chunks = 0
         for line in r.iter_lines():
             chunks += line.startswith("data: ")
             if chunks == 2:  # still reading: the request is live
-                busy = httpx.post(f"{server}/debug/flush_cache", headers=AUTH, timeout=30)
+                busy = httpx.post(f"{server}/debug/flush_cache", headers=AUTH, timeout=300)
                 assert busy.status_code == 409 and busy.json()["error"]["code"] == "engine_busy"
             if chunks >= 3:
                 break  # leaving the iteration closes the connection
@@ -87,7 +87,7 @@ def test_disconnect_mid_stream_aborts_the_request(server):
 def test_non_streaming_disconnect_aborts_too(server):
     before = aborts(server, *STAGES)
     body = {"model": "t", "prompt": "x", "max_tokens": 3000, "ignore_eos": True}
-    with pytest.raises(httpx.ReadTimeout):
+    with pytest.raises(httpx.TimeoutException):
         httpx.post(f"{server}/v1/completions", json=body, timeout=1.0)
     assert_aborted(server, STAGES, before)
 
@@ -111,13 +111,13 @@ def spec_server():
 def assert_left_nothing(worker) -> None:
     """Once idle: a clean probe, no live request, no request pages, nothing untaken."""
     engine, deadline = worker.engine, time.monotonic() + WAIT_S
-    while (report := worker.call(engine.probe).result(60)).live_requests:
+    while (report := worker.call(engine.probe).result(300)).live_requests:
         assert time.monotonic() < deadline, "requests are still live"
         time.sleep(0.05)
     assert report.clean, report.findings
     for name, group in report.groups.items():
         assert group.by_owner["request"] == 0, f"{name} still holds request pages"
-    assert worker.call(lambda: dict(engine.requests)).result(60) == {}
+    assert worker.call(lambda: dict(engine.requests)).result(300) == {}
 
 
 def wait_for(url: str, before: float, moved: int, **labels: str) -> None:
@@ -154,7 +154,9 @@ def hold_until_the_client_leaves(
 
 
 def leave_while_held(url: str, body: dict, held: threading.Event, abort_seen) -> None:
-    with httpx.stream("POST", f"{url}/v1/completions", json={**body, "stream": True}) as r:
+    with httpx.stream(
+        "POST", f"{url}/v1/completions", json={**body, "stream": True}, timeout=300
+    ) as r:
         assert r.status_code == 200
         assert held.wait(WAIT_S), "the step to hold never ran"
     assert abort_seen.wait(WAIT_S), "the server did not notice the disconnect"
@@ -197,11 +199,13 @@ def test_disconnects_at_random_points_abort_every_request_and_leave_nothing(spec
         body = {"model": "t", "prompt": prompt, "max_tokens": 500, "ignore_eos": True}
         body["temperature"] = rng.choice([0, 0, 0.7])
         if rng.random() < 0.25:  # not streaming: the client gives up waiting
-            with pytest.raises(httpx.ReadTimeout):
+            with pytest.raises(httpx.TimeoutException):
                 httpx.post(f"{url}/v1/completions", json=body, timeout=rng.uniform(0.05, 0.5))
             continue
         lines = rng.randint(0, 5)  # 0: gone as soon as the response starts
-        with httpx.stream("POST", f"{url}/v1/completions", json={**body, "stream": True}) as r:
+        with httpx.stream(
+            "POST", f"{url}/v1/completions", json={**body, "stream": True}, timeout=300
+        ) as r:
             assert r.status_code == 200
             for n, _line in enumerate(r.iter_lines() if lines else ()):
                 if n >= lines:

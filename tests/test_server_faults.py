@@ -32,7 +32,7 @@ def serve(config: EngineConfig | None = None) -> TestClient:
 
 
 def on_worker(client: TestClient, fn, *args):
-    return client.app.state.worker.call(fn, *args).result(30)
+    return client.app.state.worker.call(fn, *args).result(300)
 
 
 def assert_drained_and_clean(client: TestClient) -> None:

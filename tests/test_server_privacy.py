@@ -55,7 +55,7 @@ def test_kvwatch_serve_at_debug_level_writes_no_prompt_text(tmp_path):
     with kvwatch_server(*flags, log=log) as url:
 
         def send(method, path, body):
-            return httpx.request(method, f"{url}{path}", json=body, timeout=60).status_code
+            return httpx.request(method, f"{url}{path}", json=body, timeout=300).status_code
 
         exchange(send)
     written = log.read_text()
