@@ -23,12 +23,17 @@ from typing import Any
 import pytest
 
 from kvwatch.contracts import ProbeReport
-from kvwatch.instrumentation.detectors import HeapSample, RunRecord, Turn, Verdict, run_detectors
+from kvwatch.instrumentation.detectors import Verdict, run_detectors
+from kvwatch.instrumentation.recorder import RecorderOptions, TurnRecorder
+from kvwatch.instrumentation.sources import CallableSource
 
 DEFAULT_DETECTORS = ("allocator", "refcount", "tree", "slot-table")
+HEAP_FRAMES = 8
 
 
 class LeakGate:
+    """A ``TurnRecorder`` over ``probe``, judged when the block ends."""
+
     def __init__(
         self,
         probe: Callable[[], Any],
@@ -36,28 +41,23 @@ class LeakGate:
         detectors: Sequence[str] = DEFAULT_DETECTORS,
         warmup: int = 2,
         heap: bool = False,
+        heap_scope: str | None = None,
     ) -> None:
-        self.probe, self.detectors, self.warmup, self.heap = probe, tuple(detectors), warmup, heap
+        self.detectors = tuple(detectors)
         if heap and "heap" not in self.detectors:
             self.detectors += ("heap",)
-        self.turns: list[Turn] = []
-        self.baseline = self._probe()
-
-    def _probe(self) -> ProbeReport:
-        report = self.probe()
-        return report if isinstance(report, ProbeReport) else ProbeReport.from_json(report)
+        frames = tracemalloc.get_traceback_limit() if tracemalloc.is_tracing() else HEAP_FRAMES
+        self.source = CallableSource(probe, heap_scope=heap_scope, heap_frames=frames)
+        self.recorder = TurnRecorder(self.source, RecorderOptions(warmup=warmup, heap=heap))
+        self.recorder.start()
 
     def turn(self, *, conversations: int = 0, context_tokens: int = 0) -> None:
         """Record a barrier: call it once per turn, with the engine idle."""
-        sample = None
-        if self.heap:
-            snap = tracemalloc.take_snapshot()
-            sample = HeapSample(sum(s.size for s in snap.statistics("filename")))
-        probe = self._probe()
-        self.turns.append(Turn(len(self.turns), (probe,), conversations, context_tokens, sample))
+        report = {"conversations": conversations, "context_tokens": context_tokens}
+        self.recorder.barrier(len(self.recorder.turns), [report], drain=False)
 
     def verdicts(self, drained: ProbeReport | None = None) -> dict[str, Verdict]:
-        run = RunRecord(tuple(self.turns), self.warmup, self.baseline, drained)
+        run = self.recorder.record()._replace(drained=drained)
         return run_detectors(run, self.detectors)
 
 
@@ -77,16 +77,13 @@ def format_failures(verdicts: dict[str, Verdict]) -> str:
 @contextmanager
 def leak_gate(probe: Callable[[], Any], **options: Any) -> Iterator[LeakGate]:
     started = options.get("heap") and not tracemalloc.is_tracing()
-    if started:
-        tracemalloc.start(8)
     try:
         gate = LeakGate(probe, **options)
         yield gate
-        verdicts = gate.verdicts()
     finally:
-        if started:
+        if started:  # before judging: tracing every allocation of the detectors' imports is slow
             tracemalloc.stop()
-    failures = format_failures(verdicts)
+    failures = format_failures(gate.verdicts())
     if failures:
         pytest.fail(failures, pytrace=False)
 

@@ -7,10 +7,12 @@
                      -> RunRecord -> detectors -> RunResult
     OUT/summary.json, OUT/report.html, OUT/spans/<profile>/spans.jsonl, --junit FILE
 
-The barrier, the probes and the replays happen inside the Locust run (see
-``recorder.py``); this module only starts processes, follows their progress
-and judges what they recorded. With ``--target`` the engine is someone
-else's: nothing is injected or probed, and only black-box detectors run.
+The barrier and the probes happen inside the Locust run (see
+``recorder.py``); this module starts processes, follows their progress,
+replays each run's greedy requests on a cache-off engine of the served model
+(``instrumentation/replay.py``) and judges what they recorded. With
+``--target`` the engine is someone else's: nothing is injected, probed or
+replayed, and only black-box detectors run.
 
 A run is judged only when it ran against a live engine: if the embedded
 server exits during a run, or every request of a run failed, the run is an
@@ -106,7 +108,10 @@ def run_gate(opts: GateOptions) -> tuple[dict, int]:
     results, started = [], time.monotonic()
     plan_list = [(p, c) for p in opts.selected for c in opts.concurrency]
     done = 0
+    from kvwatch.instrumentation.replay import Reference  # torch: only once the flags are good
+
     for profile in opts.selected:
+        reference = None if opts.target else Reference(profile_engine(profile))
         try:
             server = None if opts.target else _start_server(opts, profile)
         except ServerError as exc:
@@ -118,7 +123,7 @@ def run_gate(opts: GateOptions) -> tuple[dict, int]:
             for c in opts.concurrency:
                 done += 1
                 opts.progress(f"[{done}/{len(plan_list)}] {profile.name} c={c}")
-                results.append(_run_one(opts, profile, c, server))
+                results.append(_run_one(opts, profile, c, server, reference))
                 opts.progress(f"    {_line(results[-1])}")
         finally:
             if server is not None:
@@ -174,7 +179,17 @@ def _start_server(opts: GateOptions, profile: catalog.Profile) -> EngineServer:
     return EngineServer(config, opts.faults, where / "server.log", spans)
 
 
-def _run_one(opts: GateOptions, profile: catalog.Profile, c: int, server) -> verdicts.RunResult:
+def profile_engine(profile: catalog.Profile):
+    """The engine config the gate serves ``profile`` with (its overrides on the defaults)."""
+    from kvwatch.engine import EngineConfig
+    from kvwatch.engine.overrides import apply_overrides
+
+    return apply_overrides(EngineConfig(), profile.engine_config())
+
+
+def _run_one(
+    opts: GateOptions, profile: catalog.Profile, c: int, server, reference
+) -> verdicts.RunResult:
     if server is not None and (gone := server.exited()):
         return _broken(profile.name, c, opts.turns, f"not run: {gone}")
     where = outputs.child(opts.out, "runs", f"{profile.name}-c{c}")
@@ -207,9 +222,12 @@ def _run_one(opts: GateOptions, profile: catalog.Profile, c: int, server) -> ver
         error = "the load run ended without a record (see locust.log)"
     if error is not None:
         return _broken(profile.name, c, opts.turns, error)
-    data = json.loads(record.read_text())
-    run = RunRecord.from_json(data)
-    sent = Counts.from_json(data.get("requests", {}))
+    run = RunRecord.from_json(json.loads(record.read_text()))
+    if reference is not None and run.error is None:
+        late = [c for c in run.candidates if c.turn >= run.warmup][: plan.replays]
+        run = run._replace(replays=reference.replay(late))
+        record.write_text(json.dumps(run.to_json()))
+    sent = run.requests or Counts({}, 0, 0)
     requests, errors = sent.requests, sent.errors
     if run.error is None and (dead := no_service(requests, errors)):
         run = run._replace(error=dead)

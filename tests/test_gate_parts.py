@@ -13,9 +13,9 @@ from kvwatch.engine import EngineConfig, SamplingParams
 from kvwatch.engine.config import PrefixCacheMode
 from kvwatch.engine.overrides import apply_overrides
 from kvwatch.instrumentation.record import Counts, merge_counts
+from kvwatch.instrumentation.scrape import parse_spec, read_series
 from kvwatch.loadtests.plan import PRESETS, RunPlan, preset
 from kvwatch.loadtests.profiles import PROFILES
-from kvwatch.loadtests.scrape import parse_spec, read_series
 from kvwatch.loadtests.statuses import StatusCounts
 
 DESIGN_PROFILES = (

@@ -29,3 +29,36 @@ def test_leak_gate_fails_the_leaky_test_with_evidence_and_passes_the_clean_one(p
     result.stdout.fnmatch_lines(
         ["*kvwatch detector 'refcount' failed at turn 0*", "*root refs 1, live holders imply 0*"]
     )
+
+
+HEAP_TEST_FILE = """
+from kvwatch.engine import Engine
+
+KEPT = []
+
+def run_turns(leak, leak_gate):
+    engine = Engine()
+    with leak_gate(engine.probe, heap=True, detectors=()) as gate:
+        for turn in range(8):
+            context = 2000 * (turn + 1)
+            KEPT.append(bytearray(context * (turn + 1) if leak else 0))  # O(turns x prefix)
+            if not leak:
+                KEPT[:] = [bytearray(50 * context)]  # O(prefix): replaced, not kept
+            gate.turn(conversations=1, context_tokens=context)
+
+def test_o_prefix(leak_gate):
+    run_turns(False, leak_gate)
+
+def test_o_turns_times_prefix(leak_gate):
+    KEPT.clear()
+    run_turns(True, leak_gate)
+"""
+
+
+def test_heap_true_samples_this_process_and_fails_on_growth_per_context_token(pytester):
+    pytester.makepyfile(test_heap_turns=HEAP_TEST_FILE)
+    result = pytester.runpytest("-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(
+        ["*kvwatch detector 'heap' failed at turn*", "*retained bytes per context token rise*"]
+    )

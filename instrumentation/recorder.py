@@ -1,0 +1,201 @@
+"""TurnRecorder: the barrier protocol, over any probe source, into a ``RunRecord``.
+
+Every way kvwatch records a run drives this one class; only where the probes
+come from differs (``sources.py``: an engine in this process, or a server's
+HTTP probe endpoints)::
+
+    start()                 baseline probe, heap tracking on, drain gauges
+    sample()                a probe while the turn runs (best effort)
+    barrier(t, reports)     drain to idle -> (flush) -> barrier probe, heap
+                            sample, usage gauges per conversation; the turn's
+                            samples go with it; the users' greedy requests
+                            become candidates for the equivalence replay
+    finish(reports)         the users' request counts -> drain -> flush ->
+                            drained probe and drain gauges
+    record()                the RunRecord so far
+
+A soak calls ``barrier(i, (), drain=False)`` for each probe it takes while the
+load runs. Without probes (a black-box target) only gauges are read, and
+every barrier first checks that the target still answers: gauges may come
+from elsewhere and stay flat after the engine is gone.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from kvwatch.contracts import ProbeReport
+from kvwatch.instrumentation.record import (
+    Candidate,
+    Counts,
+    HeapSample,
+    RunRecord,
+    Soak,
+    Turn,
+    merge_counts,
+)
+
+HEAP_SITES = 40  # allocation sites followed per heap sample
+HEAP_TOP = 5  # growths by traceback kept as evidence
+
+
+class ProbeSource(Protocol):
+    """What the recorder needs from an engine. ``white_box``: probes and flush exist."""
+
+    white_box: bool
+
+    def probe(self) -> ProbeReport: ...
+
+    def flush(self) -> bool:
+        """Evict everything unreferenced; False while requests still run."""
+        ...
+
+    def heap_start(self) -> None: ...
+
+    def heap_sample(self, sites: int, top: int) -> HeapSample: ...
+
+    def gauges(self, series: Sequence[str]) -> dict[str, float]: ...
+
+    def answering(self) -> None:
+        """Raise ``ConnectionError`` if the engine no longer takes requests."""
+        ...
+
+    def sleep(self, seconds: float) -> None: ...
+
+
+@dataclass(frozen=True)
+class RecorderOptions:
+    warmup: int = 2
+    heap: bool = False  # heap samples at barriers (white-box only)
+    flush_every_turn: bool = False  # flush the cache at every barrier (white-box only)
+    drain_timeout: float = 120.0
+    usage_gauges: tuple[str, ...] = ()  # trended at barriers, per live conversation
+    busy_gauges: tuple[str, ...] = ()  # their sum is 0 when the engine is idle
+    drain_gauges: tuple[str, ...] = ()  # back at their starting value after the run
+
+
+def _candidates(turn: int, reports: Sequence[Mapping]) -> list[Candidate]:
+    return [
+        Candidate(turn, tuple(prompt), tuple(output), max_tokens)
+        for r in reports
+        for prompt, output, max_tokens in r.get("replays", ())
+    ]
+
+
+class TurnRecorder:
+    def __init__(
+        self,
+        source: ProbeSource,
+        options: RecorderOptions = RecorderOptions(),
+        *,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.source, self.options, self.clock = source, options, clock
+        self.turns: list[Turn] = []
+        self.sampled: list[ProbeReport] = []
+        self.candidates: list[Candidate] = []
+        self.baseline: ProbeReport | None = None
+        self.drained: ProbeReport | None = None
+        self.gauges_baseline: dict[str, float] | None = None
+        self.gauges_drained: dict[str, float] | None = None
+        self.requests: Counts | None = None
+        self.soak: Soak | None = None
+        self.error: str | None = None
+
+    @property
+    def white_box(self) -> bool:
+        return self.source.white_box
+
+    # -- the protocol ---------------------------------------------------------------------
+    def start(self) -> None:
+        if self.white_box:
+            self.baseline = self.source.probe()
+            if self.options.heap:
+                self.source.heap_start()
+        self.gauges_baseline = self._read(self.options.drain_gauges)
+
+    def sample(self) -> None:
+        """A probe while requests run; the next barrier keeps it with its turn."""
+        if self.white_box:
+            self.sampled.append(self.source.probe())
+
+    def barrier(self, turn: int, reports: Sequence[Mapping] = (), *, drain: bool = True) -> Turn:
+        self.source.answering()
+        if drain:
+            self._drain()
+        if self.white_box and self.options.flush_every_turn:
+            self.source.flush()
+        conversations = sum(r.get("conversations", 0) for r in reports)
+        probes = (*self.sampled, self.source.probe()) if self.white_box else ()
+        self.sampled = []
+        heap = None
+        if self.white_box and self.options.heap:
+            heap = self.source.heap_sample(HEAP_SITES, HEAP_TOP)
+        gauges = self._read(self.options.usage_gauges)
+        per_conversation = {
+            f"{k}/conversation": v / max(conversations, 1) for k, v in gauges.items()
+        }
+        entry = Turn(
+            turn,
+            probes,
+            conversations,
+            sum(r.get("context_tokens", 0) for r in reports),
+            heap,
+            per_conversation or None,
+            self.clock(),
+        )
+        self.turns.append(entry)
+        self.candidates += _candidates(turn, reports)
+        return entry
+
+    def finish(self, reports: Sequence[Mapping] = ()) -> None:
+        counted = [(r["process"], Counts.from_json(r["counts"])) for r in reports if "counts" in r]
+        if counted:
+            self.requests = merge_counts(counted)
+        self.source.answering()
+        self._drain()
+        if self.white_box:
+            if not self.source.flush():
+                raise RuntimeError("the cache could not be flushed: requests still ran")
+            self.drained = self.source.probe()
+        self.gauges_drained = self._read(self.options.drain_gauges)
+
+    def broke(self, reason: str) -> None:
+        """The run cannot go on; the first reason is the one kept."""
+        self.error = self.error or reason
+
+    def record(self) -> RunRecord:
+        return RunRecord(
+            turns=tuple(self.turns),
+            warmup=self.options.warmup,
+            baseline=self.baseline,
+            drained=self.drained,
+            error=self.error,
+            gauges_baseline=self.gauges_baseline or None,
+            gauges_drained=self.gauges_drained or None,
+            candidates=tuple(self.candidates),
+            requests=self.requests,
+            soak=self.soak,
+        )
+
+    # -- pieces ---------------------------------------------------------------------------
+    def _read(self, series: Sequence[str]) -> dict[str, float]:
+        return self.source.gauges(series) if series else {}
+
+    def _drain(self) -> None:
+        """Wait until the engine runs nothing (clients have left; aborts may still land)."""
+        deadline = time.monotonic() + self.options.drain_timeout
+        while time.monotonic() < deadline:
+            if self.white_box:
+                if self.source.probe().live_requests == 0:
+                    return
+            elif not self.options.busy_gauges:
+                self.source.sleep(0.5)  # nothing says when it is idle: give it a moment
+                return
+            elif sum(self.source.gauges(self.options.busy_gauges).values()) == 0:
+                return
+            self.source.sleep(0.05)
+        raise TimeoutError(f"the engine did not drain in {self.options.drain_timeout:.0f} s")
