@@ -10,8 +10,8 @@ The shapes follow DESIGN.md's contract, which CI scripts read::
 
 ``timeline`` (when each barrier was reached, epoch seconds) places findings on
 a dashboard; the heap series is there for runs that tracked the heap. A soak
-(``kvwatch gate --soak``) adds ``"soak": {"verdict", "error", "checks": {name:
-{"verdict", "evidence"}}, ...}``; each of its checks is a JUnit test case too.
+(``kvwatch gate --soak``) is one run (profile ``soak``, its probes as turns)
+and adds ``"soak"``: its figures and ``checks`` (see ``loadtests/soak_report.py``).
 
 Exit codes: 0 every detector passed, 1 a detector failed, 3 the run broke
 and no detector failed (2, a usage error, is the CLI's to give).
@@ -155,21 +155,6 @@ def junit_xml(summary: Mapping) -> str:
             elif d["verdict"] == SKIPPED:
                 counts["skipped"] += 1
                 ET.SubElement(case, "skipped", message=d["evidence"])
-    soak = summary.get("soak")
-    if soak:
-        if soak.get("error"):
-            case = ET.SubElement(suite, "testcase", classname="kvwatch.soak", name="run")
-            ET.SubElement(case, "error", message=soak["error"])
-            counts["tests"] += 1
-            counts["errors"] += 1
-        for name, check in soak["checks"].items():
-            case = ET.SubElement(suite, "testcase", classname="kvwatch.soak", name=name)
-            counts["tests"] += 1
-            if check["verdict"] == FAIL:
-                counts["failures"] += 1
-                ET.SubElement(case, "failure", message=check["evidence"][:200]).text = check[
-                    "evidence"
-                ]
     for key, value in counts.items():
         suite.set(key, str(value))
     return ET.tostring(suite, encoding="unicode", xml_declaration=True)

@@ -127,6 +127,7 @@ class Turn(NamedTuple):
     heap: HeapSample | None = None
     gauges: dict[str, float] | None = None  # black-box readings at the barrier
     at: float | None = None  # when the barrier probe was taken (epoch s; soak: s into the load)
+    requests: Counts | None = None  # what the clients had sent by this barrier
 
     @property
     def barrier(self) -> ProbeReport | None:
@@ -141,6 +142,7 @@ class Turn(NamedTuple):
             "heap": self.heap.to_json() if self.heap is not None else None,
             "gauges": self.gauges,
             "at": self.at,
+            "requests": self.requests.to_json() if self.requests is not None else None,
         }
 
     @classmethod
@@ -153,16 +155,19 @@ class Turn(NamedTuple):
             HeapSample.from_json(t.get("heap")),
             t.get("gauges") or None,
             t.get("at"),
+            Counts.from_json(t["requests"]) if t.get("requests") else None,
         )
 
 
 class Soak(NamedTuple):
     """What makes a record a soak: its turns are probes over time."""
 
-    duration_s: float  # seconds of load
+    duration_s: float  # seconds of load asked for
     warmup_s: float  # left out of the usage trend
     users: int
     episode_ends: tuple[tuple[int, float], ...]  # (user, seconds into the load)
+    load_s: float = 0.0  # seconds the load ran, its stop included
+    probe_errors: int = 0  # probes that got no answer
 
     def to_json(self) -> dict:
         return {**self._asdict(), "episode_ends": [list(e) for e in self.episode_ends]}
@@ -172,7 +177,14 @@ class Soak(NamedTuple):
         if not data:
             return None
         ends = tuple((int(u), float(t)) for u, t in data.get("episode_ends", ()))
-        return cls(data["duration_s"], data["warmup_s"], data["users"], ends)
+        return cls(
+            data["duration_s"],
+            data["warmup_s"],
+            data["users"],
+            ends,
+            data.get("load_s", 0.0),
+            data.get("probe_errors", 0),
+        )
 
 
 class RunRecord(NamedTuple):

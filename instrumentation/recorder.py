@@ -9,7 +9,8 @@ HTTP probe endpoints)::
     barrier(t, reports)     drain to idle -> (flush) -> barrier probe, heap
                             sample, usage gauges per conversation; the turn's
                             samples go with it; the users' greedy requests
-                            become candidates for the equivalence replay
+                            become candidates for the equivalence replay,
+                            their request counts so far are kept
     finish(reports)         the users' request counts -> drain -> flush ->
                             drained probe and drain gauges
     record()                the RunRecord so far
@@ -75,6 +76,12 @@ class RecorderOptions:
     usage_gauges: tuple[str, ...] = ()  # trended at barriers, per live conversation
     busy_gauges: tuple[str, ...] = ()  # their sum is 0 when the engine is idle
     drain_gauges: tuple[str, ...] = ()  # back at their starting value after the run
+
+
+def _counts(reports: Sequence[Mapping]) -> Counts | None:
+    """The users' request counts, merged over their client processes (None: none sent)."""
+    counted = [(r["process"], Counts.from_json(r["counts"])) for r in reports if "counts" in r]
+    return merge_counts(counted) if counted else None
 
 
 def _candidates(turn: int, reports: Sequence[Mapping]) -> list[Candidate]:
@@ -146,20 +153,23 @@ class TurnRecorder:
             heap,
             per_conversation or None,
             self.clock(),
+            _counts(reports),
         )
         self.turns.append(entry)
         self.candidates += _candidates(turn, reports)
         return entry
 
     def finish(self, reports: Sequence[Mapping] = ()) -> None:
-        counted = [(r["process"], Counts.from_json(r["counts"])) for r in reports if "counts" in r]
-        if counted:
-            self.requests = merge_counts(counted)
+        """The end of the run: drained, flushed, probed. An engine that never gets
+        idle is probed as it is; its live requests fail the drain rule."""
+        self.requests = _counts(reports) or self.requests
         self.source.answering()
-        self._drain()
-        if self.white_box:
-            if not self.source.flush():
-                raise RuntimeError("the cache could not be flushed: requests still ran")
+        deadline = time.monotonic() + self.options.drain_timeout
+        if not self.white_box:
+            self._drain()
+        else:
+            while self._idle_by(deadline) and not self.source.flush():
+                pass  # a request arrived between idle and flush: wait again
             self.drained = self.source.probe()
         self.gauges_drained = self._read(self.options.drain_gauges)
 
@@ -185,14 +195,23 @@ class TurnRecorder:
     def _read(self, series: Sequence[str]) -> dict[str, float]:
         return self.source.gauges(series) if series else {}
 
+    def _idle_by(self, deadline: float) -> bool:
+        """White-box: wait until no request is live; False if ``deadline`` passed first."""
+        while time.monotonic() < deadline:
+            if self.source.probe().live_requests == 0:
+                return True
+            self.source.sleep(0.05)
+        return False
+
     def _drain(self) -> None:
         """Wait until the engine runs nothing (clients have left; aborts may still land)."""
         deadline = time.monotonic() + self.options.drain_timeout
+        if self.white_box:
+            if self._idle_by(deadline):
+                return
+            raise TimeoutError(f"the engine did not drain in {self.options.drain_timeout:.0f} s")
         while time.monotonic() < deadline:
-            if self.white_box:
-                if self.source.probe().live_requests == 0:
-                    return
-            elif not self.options.busy_gauges:
+            if not self.options.busy_gauges:
                 self.source.sleep(0.5)  # nothing says when it is idle: give it a moment
                 return
             elif sum(self.source.gauges(self.options.busy_gauges).values()) == 0:

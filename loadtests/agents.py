@@ -119,12 +119,14 @@ class TurnUser(StreamingChatUser):
             "conversations": self.conversations(),
             "context_tokens": self.context_tokens(),
             "replays": self.candidates[:1],
+            **self._end_report(),
         }
         self.candidates = []
         return report
 
     def _end_report(self) -> dict:
-        """This process's request counts: every request of this user is done."""
+        """This process's request counts so far: every request of this user's
+        turn is done (the coordinator keeps each process's largest)."""
         process = str(getattr(self.environment.runner, "client_id", "local"))
         return {"process": process, "counts": self.environment.kvwatch_status.counts().to_json()}
 

@@ -18,7 +18,9 @@ from kvwatch.instrumentation.detectors import (
     RunRecord,
     Turn,
 )
+from kvwatch.instrumentation.detectors.base import not_back
 from kvwatch.instrumentation.detectors.stats import first_rise, trend
+from kvwatch.instrumentation.record import Counts
 
 
 def run_of(probes: list[ProbeReport], **kw) -> RunRecord:
@@ -111,3 +113,27 @@ def test_trend_statistics():
     assert first_rise(list(range(8)), noisy, warmup=2) is None
     steady = [10 + 2 * i for i in range(8)]
     assert first_rise(list(range(8)), steady, warmup=2)[0] == 5  # 4 turns after the warm-up
+
+
+def test_requests_fails_at_the_first_barrier_whose_counts_hold_a_failure_or_a_5xx():
+    ok = Counts({"2xx": 10}, 0, 0)
+    bad = Counts({"2xx": 12, "5xx": 1}, 1, 0, ({"name": "chat", "status": 500, "body": "boom"},))
+    turns = [Turn(i, (CLEAN[0],), requests=c) for i, c in enumerate([ok, ok, bad, bad])]
+    v = DETECTORS["requests"](RunRecord(tuple(turns), 2, requests=bad))
+    assert v.failed and v.first_turn == 2
+    assert "1 of 13 requests failed, 1 answered 5xx" in v.evidence[0].detail
+    assert "chat: HTTP 500 boom" in v.evidence[1].detail
+    clean = [t._replace(requests=ok) for t in turns]
+    assert DETECTORS["requests"](RunRecord(tuple(clean), 2, requests=ok)).verdict == PASS
+    # a failure counted only at the end belongs after the last turn
+    late = DETECTORS["requests"](RunRecord(tuple(clean), 2, requests=Counts({"none": 1}, 1, 0)))
+    assert late.failed and late.first_turn == 4
+    assert DETECTORS["requests"](RunRecord(tuple(clean), 2)).verdict == SKIPPED
+
+
+def test_the_drain_rule_flags_what_is_above_its_value_before_the_run():
+    assert not_back({"a": 3, "b": 1.0}, {"a": 3, "b": 0.5, "c": 9}) == []  # lower is fine
+    assert not_back({"a": 3, "b": 1.0}, {"a": 4, "b": 1.0}) == [("a", 3, 4)]
+    live = make_probe()._replace(stats=make_probe().stats._replace(live_sessions=2))
+    v = DETECTORS["allocator"](run_of(CLEAN, drained=live))
+    assert v.failed and "2 live sessions after drain, 0 before" in v.evidence[0].detail

@@ -14,6 +14,7 @@ from kvwatch.instrumentation.detectors import (
     gauge_trend,
     heap,
     refcount,
+    requests,
     slot_table,
     tree,
 )
@@ -22,7 +23,8 @@ from kvwatch.instrumentation.detectors.stats import MIN_POINTS as MIN_JUDGED_TUR
 from kvwatch.instrumentation.record import HeapSample, Replay, RunRecord, Turn
 
 DETECTORS: Mapping[str, Callable[[RunRecord], Verdict]] = {
-    m.ID: m.detect for m in (allocator, refcount, tree, heap, gauge_trend, slot_table, equivalence)
+    m.ID: m.detect
+    for m in (allocator, refcount, tree, heap, gauge_trend, slot_table, equivalence, requests)
 }
 IDS = tuple(DETECTORS)
 

@@ -8,21 +8,34 @@ state usage that grows with turns, and usage that does not drain.
   upward with turns (Theil–Sen and Kendall after the warm-up): leaves keep
   their terminal snapshots as cache, but a path keeps O(1) snapshots, never
   one more per turn.
+* A soak's pinned pages per group stay below capacity and do not grow over
+  whole episodes (``usage.py``), in place of the per-turn trend.
 * After sessions close and the cache is flushed, every pool is back where it
-  started.
+  started (``drain_rule``).
 """
 
 from __future__ import annotations
 
 from kvwatch.contracts import OWNERSHIP
-from kvwatch.instrumentation.detectors.base import Evidence, Verdict, fail, passed
+from kvwatch.instrumentation.detectors.base import Evidence, Verdict, fail, not_back, passed
 from kvwatch.instrumentation.detectors.stats import first_rise
+from kvwatch.instrumentation.detectors.usage import UsageTrend, usage_trend
 from kvwatch.instrumentation.record import RunRecord
 
 ID = "allocator"
 
 
 def detect(run: RunRecord) -> Verdict:
+    for rule in (probe_rule, state_rule if run.soak is None else usage_rule, drain_rule):
+        if (verdict := rule(run)) is not None:
+            return verdict
+    if run.soak is not None:
+        return passed(ID, f"{len(run.turns)} probes within bounds, usage bounded, drained")
+    return passed(ID, f"{len(run.turns)} turns within bounds, state flat, drained to baseline")
+
+
+def probe_rule(run: RunRecord) -> Verdict | None:
+    """Ownership findings and exceeded bounds, at the first probe that has them."""
     for turn in run.turns:
         for probe in turn.probes:
             hits = [f for f in probe.findings if f.kind in OWNERSHIP]
@@ -38,11 +51,36 @@ def detect(run: RunRecord) -> Verdict:
             ]
             if over:
                 return fail(ID, turn.turn, over)
-    if (rise := _state_trend(run)) is not None:
-        return rise
-    if (leftover := _drain(run)) is not None:
-        return leftover
-    return passed(ID, f"{len(run.turns)} turns within bounds, state flat, drained to baseline")
+    return None
+
+
+def usage_trends(run: RunRecord) -> list[UsageTrend]:
+    """A soak's pinned pages per group over the probes taken under load."""
+    soak, loaded = run.soak, [t for t in run.turns if t.barrier is not None]
+    if soak is None or not loaded:
+        return []
+    times = [t.at for t in loaded]
+    out = []
+    for group, g in loaded[0].barrier.groups.items():
+        pinned = [
+            t.barrier.bounds[group].pinned
+            if group in t.barrier.bounds
+            else t.barrier.groups[group].used
+            for t in loaded
+        ]
+        out.append(
+            usage_trend(
+                group, g.capacity, times, pinned, soak.warmup_s, soak.users, soak.episode_ends
+            )
+        )
+    return out
+
+
+def usage_rule(run: RunRecord) -> Verdict | None:
+    bad = [t for t in usage_trends(run) if not t.bounded]
+    if not bad:
+        return None
+    return fail(ID, run.turns[-1].turn, [Evidence(t.group, (), t.why) for t in bad])
 
 
 def interior_per_conversation(run: RunRecord) -> dict[str, list[float]]:
@@ -58,7 +96,7 @@ def interior_per_conversation(run: RunRecord) -> dict[str, list[float]]:
     return out
 
 
-def _state_trend(run: RunRecord) -> Verdict | None:
+def state_rule(run: RunRecord) -> Verdict | None:
     turns = [t.turn for t in run.turns]
     for group, series in interior_per_conversation(run).items():
         rise = first_rise(turns, series, run.warmup)
@@ -72,21 +110,31 @@ def _state_trend(run: RunRecord) -> Verdict | None:
     return None
 
 
-def _drain(run: RunRecord) -> Verdict | None:
+def drain_rule(run: RunRecord) -> Verdict | None:
+    """After sessions close and the cache is flushed, every pool uses no more pages
+    than before the run, and no more requests or sessions are live."""
     if run.drained is None or run.baseline is None:
         return None
-    left = []
-    for group, g in run.drained.groups.items():
-        used, was = g.used, run.baseline.groups[group].used
-        if used > was:
-            owners = {k: v for k, v in g.by_owner.items() if v}
-            left.append(
-                Evidence(
-                    group,
-                    (),
-                    f"{used} pages used after drain, {was} before the run; by owner {owners}",
-                )
-            )
+    base, after = run.baseline, run.drained
+    left = [
+        Evidence(
+            group,
+            (),
+            f"{used:.0f} pages used after drain, {was:.0f} before the run; by owner "
+            f"{ {k: v for k, v in after.groups[group].by_owner.items() if v} }",
+        )
+        for group, was, used in not_back(
+            {g: v.used for g, v in base.groups.items()},
+            {g: v.used for g, v in after.groups.items()},
+        )
+    ]
+    live = ("live_requests", "live_sessions")
+    left += [
+        Evidence(None, (), f"{now:.0f} {name.replace('_', ' ')} after drain, {was:.0f} before")
+        for name, was, now in not_back(
+            {k: getattr(base, k) for k in live}, {k: getattr(after, k) for k in live}
+        )
+    ]
     if left:
         return fail(ID, run.turns[-1].turn + 1 if run.turns else 0, left)
     return None

@@ -7,7 +7,7 @@ or taken in process, so both look the same to a detector.
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from typing import NamedTuple
 
 from kvwatch.contracts import FindingKind
@@ -57,6 +57,19 @@ class Verdict(NamedTuple):
             "evidence": self.summary(),
             "details": [e.as_dict() for e in self.evidence],
         }
+
+
+def not_back(
+    before: Mapping[str, float], after: Mapping[str, float]
+) -> list[tuple[str, float, float]]:
+    """The drain rule, for pools, live work and gauges alike: what is above its
+    value before the run once the run has drained, as (name, before, after).
+    Coming back lower is fine (a flush may free cache the baseline held)."""
+    return [
+        (name, before[name], value)
+        for name, value in sorted(after.items())
+        if name in before and value > before[name] + 1e-9
+    ]
 
 
 def fail(detector: str, turn: int, evidence: list[Evidence]) -> Verdict:

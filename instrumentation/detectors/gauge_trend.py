@@ -10,7 +10,14 @@ be back at its starting value.
 
 from __future__ import annotations
 
-from kvwatch.instrumentation.detectors.base import Evidence, Verdict, fail, passed, skipped
+from kvwatch.instrumentation.detectors.base import (
+    Evidence,
+    Verdict,
+    fail,
+    not_back,
+    passed,
+    skipped,
+)
 from kvwatch.instrumentation.detectors.stats import first_rise
 from kvwatch.instrumentation.record import RunRecord
 
@@ -39,11 +46,8 @@ def _not_drained(run: RunRecord) -> Verdict | None:
     if not run.gauges_baseline or not run.gauges_drained:
         return None
     left = [
-        Evidence(
-            None, (), f"{name} is {value:.4g} after the run, {run.gauges_baseline[name]:.4g} before"
-        )
-        for name, value in sorted(run.gauges_drained.items())
-        if name in run.gauges_baseline and value > run.gauges_baseline[name] + 1e-9
+        Evidence(None, (), f"{name} is {after:.4g} after the run, {before:.4g} before")
+        for name, before, after in not_back(run.gauges_baseline, run.gauges_drained)
     ]
     if not left:
         return None

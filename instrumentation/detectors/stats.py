@@ -35,10 +35,12 @@ class Trend(NamedTuple):
         )
 
 
-def trend(values: Sequence[float]) -> Trend:
+def trend(values: Sequence[float], at: Sequence[float] | None = None) -> Trend:
+    """Theil–Sen slope (90 % interval) and one-sided Kendall tau of ``values``
+    against ``at`` (default: 0, 1, 2, ...: per turn)."""
     y = np.asarray(values, dtype=float)
-    x = np.arange(len(y), dtype=float)
-    if len(y) < 2 or np.all(y == y[0]):
+    x = np.arange(len(y), dtype=float) if at is None else np.asarray(at, dtype=float)
+    if len(y) < 2 or np.all(y == y[0]) or np.ptp(x) == 0:
         return Trend(0.0, 0.0, 0.0, 0.0, 1.0, len(y))
     from scipy import stats  # here, not at import: the CLI checks its flags first (1.5 s)
 

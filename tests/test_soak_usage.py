@@ -19,7 +19,7 @@ from typing import NamedTuple
 import numpy as np
 import pytest
 
-from kvwatch.loadtests import soak_judge as judge
+from kvwatch.instrumentation.detectors import usage as judge
 
 STORED = Path(__file__).parent / "data" / "soak-clean-120s"
 WARMUP_FRACTION = 0.2  # SoakOptions' default
@@ -47,8 +47,10 @@ class Series(NamedTuple):
     def leak(self, group: str, tolerances: float) -> np.ndarray:
         """The group's series plus a leak that adds ``tolerances`` x the check's
         tolerance over the run, in whole pages, probe by probe."""
-        tolerance = max(judge.MIN_TOLERANCE_PAGES, judge.TOLERANCE_FRACTION * self.capacity[group])
-        added = np.floor(tolerances * tolerance * self.times / self.duration).astype(int)
+        added = np.floor(
+            tolerances * judge.tolerance(self.capacity[group]) * self.times / self.duration
+        )
+        added = added.astype(int)
         return self.pinned[group] + added
 
 
