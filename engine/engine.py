@@ -203,14 +203,23 @@ class Engine:
     def resume(self, request_id: str) -> None:
         self._control(request_id, self.scheduler.resume)
 
-    def retract(self, request_id: str) -> None:
-        """Push a running request out of the cache now, as pool pressure would."""
-        self._control(request_id, self.scheduler.retract)
+    def retract(self, request_id: str, *, hold_steps: int | None = None) -> None:
+        """Push a running request out of the cache now, as pool pressure would; it
+        waits ``hold_steps`` steps (default: the scheduler's backoff) on the host tier."""
+        self._control(request_id, self.scheduler.retract, hold_steps)
 
-    def _control(self, request_id: str, action) -> None:
+    def _control(self, request_id: str, action, *args) -> None:
         if self._in_step:
             raise RuntimeError("pause, resume and retract apply between steps")
-        action(self.requests[request_id])
+        action(self.requests[request_id], *args)
+
+    def computed_beyond_cache(self, request_id: str) -> int | None:
+        """Prompt and output tokens a running request computed past the prefix it
+        found cached when first admitted; None unless it runs now."""
+        req = self.requests.get(request_id)
+        if req is None or req.status is not Status.RUNNING or req.holder is None:
+            return None
+        return req.holder.computed_len - req.cached_tokens
 
     # -- sessions ------------------------------------------------------------------------
     def open_session(

@@ -105,9 +105,11 @@ class Scheduler:
             req.status = Status.WAITING
             self.waiting.appendleft(req)
 
-    def retract(self, req: Request) -> None:
+    def retract(self, req: Request, hold_steps: int | None = None) -> None:
+        """Push a running request out now; it waits ``hold_steps`` steps (default:
+        ``retract_backoff``) before it is admitted again."""
         if req.status is Status.RUNNING:
-            self._retract(req)
+            self._retract(req, hold_steps)
 
     def _forced_retract(self, works: dict[str, Work]) -> None:
         """``retract_every``: after placing this step's work, push one request out
@@ -343,7 +345,7 @@ class Scheduler:
                     queue.remove(req)
         self._failed(req, error)
 
-    def _retract(self, req: Request) -> None:
+    def _retract(self, req: Request, hold_steps: int | None = None) -> None:
         computed = req.holder.computed_len
         if req.session is not None:  # a session slot is pinned: the turn steps back, the slot stays
             self.cache.park(req.holder)
@@ -352,7 +354,8 @@ class Scheduler:
             self.cache.retract(req.holder)
         self.running.remove(req)
         req.status = Status.RETRACTED
-        req.not_before = self.step + 1 + self.cfg.retract_backoff
+        hold = self.cfg.retract_backoff if hold_steps is None else hold_steps
+        req.not_before = self.step + 1 + hold
         self.waiting.appendleft(req)
         self.events.emit(RequestRetracted(req.id, computed))
 

@@ -4,8 +4,10 @@ Every way kvwatch records a run drives this one class; only where the probes
 come from differs (``sources.py``: an engine in this process, or a server's
 HTTP probe endpoints)::
 
-    start()                 baseline probe, heap tracking on, drain gauges
-    sample()                a probe while the turn runs (best effort)
+    start()                 baseline probe, per-step watching and heap tracking
+                            on, drain gauges
+    sample()                a probe while the turn runs (best effort), and the
+                            probes the engine kept since (``watch``)
     barrier(t, reports)     drain to idle -> (flush) -> barrier probe, heap
                             sample, usage gauges per conversation; the turn's
                             samples go with it; the users' greedy requests
@@ -54,6 +56,14 @@ class ProbeSource(Protocol):
         """Evict everything unreferenced; False while requests still run."""
         ...
 
+    def watch(self) -> None:
+        """Have the engine probe after every step and keep what shows a finding."""
+        ...
+
+    def latched(self) -> list[ProbeReport]:
+        """The probes the engine kept since the previous call (see ``watch``)."""
+        ...
+
     def heap_start(self) -> None: ...
 
     def heap_sample(self, sites: int, top: int) -> HeapSample: ...
@@ -70,6 +80,7 @@ class ProbeSource(Protocol):
 @dataclass(frozen=True)
 class RecorderOptions:
     warmup: int = 2
+    watch: bool = False  # probes after every engine step, kept when they show a finding
     heap: bool = False  # heap samples at barriers (white-box only)
     flush_every_turn: bool = False  # flush the cache at every barrier (white-box only)
     drain_timeout: float = 120.0
@@ -120,6 +131,8 @@ class TurnRecorder:
     def start(self) -> None:
         if self.white_box:
             self.baseline = self.source.probe()
+            if self.options.watch:
+                self.source.watch()
             if self.options.heap:
                 self.source.heap_start()
         self.gauges_baseline = self._read(self.options.drain_gauges)
@@ -127,6 +140,7 @@ class TurnRecorder:
     def sample(self) -> None:
         """A probe while requests run; the next barrier keeps it with its turn."""
         if self.white_box:
+            self._collect_latched()
             self.sampled.append(self.source.probe())
 
     def barrier(self, turn: int, reports: Sequence[Mapping] = (), *, drain: bool = True) -> Turn:
@@ -136,7 +150,11 @@ class TurnRecorder:
         if self.white_box and self.options.flush_every_turn:
             self.source.flush()
         conversations = sum(r.get("conversations", 0) for r in reports)
-        probes = (*self.sampled, self.source.probe()) if self.white_box else ()
+        probes = ()
+        if self.white_box:
+            self._collect_latched()
+            self.sampled.sort(key=lambda p: p.step)
+            probes = (*self.sampled, self.source.probe())
         self.sampled = []
         heap = None
         if self.white_box and self.options.heap:
@@ -192,6 +210,10 @@ class TurnRecorder:
         )
 
     # -- pieces ---------------------------------------------------------------------------
+    def _collect_latched(self) -> None:
+        if self.options.watch:
+            self.sampled += self.source.latched()
+
     def _read(self, series: Sequence[str]) -> dict[str, float]:
         return self.source.gauges(series) if series else {}
 

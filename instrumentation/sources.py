@@ -53,6 +53,12 @@ class CallableSource:
             self._flush()
         return True
 
+    def watch(self) -> None:
+        pass  # the caller probes at its own barriers
+
+    def latched(self) -> list[ProbeReport]:
+        return []
+
     def heap_start(self) -> None:
         self._heap.start(self._frames)
 
@@ -100,6 +106,12 @@ class HttpSource:
             return False
         resp.raise_for_status()
         return True
+
+    def watch(self) -> None:
+        self._call("POST", "/debug/watch?on=true")
+
+    def latched(self) -> list[ProbeReport]:
+        return [ProbeReport.from_json(p) for p in self._call("GET", "/debug/latched")["probes"]]
 
     def heap_start(self) -> None:
         self._call("POST", f"/debug/tracemalloc/start?frames={HEAP_FRAMES}")

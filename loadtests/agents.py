@@ -32,6 +32,10 @@ from kvwatch.loadtests.barrier import END, START
 from kvwatch.loadtests.users import StreamingChatUser, sentence
 
 CLOSE_TRIES = 50  # x 0.1 s: a cut turn of a session may still be aborting
+# A hedged tool result is pushed out once it has computed two snapshot intervals
+# (the engine's 64-token big pages) past its cached prefix, so it owns state, and
+# held on the host tier long enough for its hedge to pass it.
+RETRACT_AFTER, HOLD_STEPS = 128, 256
 
 
 class TurnUser(StreamingChatUser):
@@ -204,8 +208,33 @@ class AgentTrieUser(TurnUser):
         def tool_result() -> None:  # a long one: still in prefill while the others commit
             tool_call(60, 90)
 
-        chats = (lambda c=c: step(c) for c in self.chats)
-        parallel(*chats, tool_call, tool_call, tool_result)
+        chats = [lambda c=c: step(c) for c in self.chats]
+        # The hedge needs the server's test controls to mean anything (a black-box
+        # target has none: there it would only be a duplicate request).
+        hedged = [self.hedged_result] if self.plan.probe else []
+        parallel(*chats, tool_call, tool_call, tool_result, *hedged)
+
+    def hedged_result(self) -> None:
+        """A long tool result sent twice, the hedge once the server has the first: a
+        client hedging a slow request. Against kvwatch's engine the first is pushed
+        out (scripted pool pressure) once it owns state past the shared prefix, and
+        the hedge computes on through the node the first will recover from, the
+        host-ref case of seed 000."""
+        prompt = [self.system, self.schema, {"role": "user", "content": sentence(self.rng, 60, 90)}]
+        controls = {"retract_after": RETRACT_AFTER, "hold_steps": HOLD_STEPS}
+        hedges = []
+
+        def hedge() -> None:
+            hedges.append(gevent.spawn(self.chat, prompt, name="hedge"))
+
+        self.stream_chat(
+            prompt,
+            name="hedged tool result",
+            max_tokens=8,
+            extra={"kvwatch": controls},
+            on_start=hedge,
+        )
+        gevent.joinall(hedges)
 
     def conversations(self) -> int:
         return len(self.chats)

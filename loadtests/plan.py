@@ -87,6 +87,7 @@ class RunPlan:
     probe: bool = True  # the embedded engine: /debug/* is there
     probe_token: str | None = None
     heap: bool = False  # tracemalloc samples at barriers (probe only)
+    watch: bool = True  # the server probes after every step and keeps findings (probe only)
     flush_every_turn: bool = False  # flush the cache at every barrier (probe only)
     sample_every: float = 0.1  # seconds between probes while a turn runs (0: barriers only)
     replays: int = 3  # greedy requests replayed on a cold cache at the end (probe only)

@@ -31,6 +31,7 @@ from kvwatch.loadtests.plan import RunPlan
 def recorder_options(plan: RunPlan) -> RecorderOptions:
     return RecorderOptions(
         warmup=plan.warmup,
+        watch=plan.watch and plan.probe,
         heap=plan.heap and plan.probe,
         flush_every_turn=plan.flush_every_turn and plan.probe,
         drain_timeout=plan.drain_timeout,

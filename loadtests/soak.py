@@ -154,7 +154,7 @@ class SoakLoad:
         source = HttpSource(server.url, white_box=True, token=server.token)
         self.recorder = TurnRecorder(
             source,
-            RecorderOptions(drain_timeout=opts.drain_timeout),
+            RecorderOptions(watch=True, drain_timeout=opts.drain_timeout),
             clock=lambda: round(time.monotonic() - self.begun, 3),
         )
         self.probe_errors: list[str] = []

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import random
 import time
+from collections.abc import Callable
 
 import gevent
 import requests
@@ -66,12 +67,16 @@ class StreamingChatUser(HttpUser):
         max_tokens: int | None = None,
         cut_after: int | None = None,
         stall: float = 0.0,
+        extra: dict | None = None,
+        on_start: Callable[[], object] | None = None,
     ) -> str:
         """One streamed completion; returns its text (empty on failure).
 
         ``cut_after``: the client leaves after that many content chunks (a
         disconnect mid-stream, which the server must turn into an abort).
         ``stall``: the client stops reading for that long after the first chunk.
+        ``extra``: fields added to the body. ``on_start``: called once the first
+        event arrives (the server has the request by then).
         """
         body = {
             "model": self.model,
@@ -79,6 +84,7 @@ class StreamingChatUser(HttpUser):
             "max_tokens": max_tokens or self.max_tokens,
             "temperature": 0,
             "stream": True,
+            **(extra or {}),
         }
         if session_id is not None:
             body["session_id"] = session_id
@@ -94,6 +100,9 @@ class StreamingChatUser(HttpUser):
                 line = raw.decode() if isinstance(raw, bytes) else raw
                 if not line.startswith("data: "):
                     continue
+                if on_start is not None:
+                    on_start()
+                    on_start = None
                 data = line[6:]
                 if data == "[DONE]":
                     done = True

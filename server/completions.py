@@ -22,7 +22,7 @@ from kvwatch.engine.model.tokenizer import ChatMessage, TextStream
 from kvwatch.engine.request import RequestOutput, SamplingParams
 from kvwatch.server.errors import ApiError, error_body
 from kvwatch.server.protocol import ChatCompletionRequest, CompletionRequest
-from kvwatch.server.worker import EngineWorker, Stream
+from kvwatch.server.worker import EngineWorker, RetractAfter, Stream
 
 DEFAULT_MAX_TOKENS = 256
 DISCONNECT_POLL_S = 0.2
@@ -78,13 +78,36 @@ async def _start(
 
     try:
         tokens, fitted = await worker.run(add)
-        return await worker.submit(tokens, fitted, session_id=body.session_id, labels=labels)
+        return await worker.submit(
+            tokens,
+            fitted,
+            session_id=body.session_id,
+            labels=labels,
+            retract_after=_controls(request, body),
+        )
     except ApiError:
         raise
     except ValueError as exc:  # the engine's own checks (EngineError is handled as itself)
         if hasattr(exc, "status"):
             raise
         raise ApiError(400, str(exc), code="invalid_prompt") from None
+
+
+def _controls(request: Request, body) -> RetractAfter | None:
+    """The request's test controls; refused unless the server runs with ``--enable-probe``."""
+    controls = body.kvwatch
+    if controls is None:
+        return None
+    if not request.app.state.settings.enable_probe:
+        raise ApiError(
+            400,
+            "the kvwatch test controls need a server started with --enable-probe",
+            code="test_controls_disabled",
+            param="kvwatch",
+        )
+    if controls.retract_after is None:
+        return None
+    return RetractAfter(controls.retract_after, controls.hold_steps)
 
 
 def _labels(request: Request, operation: str, body, text: str) -> dict[str, str]:

@@ -3,7 +3,8 @@
 With a probe token set, every call needs ``Authorization: Bearer TOKEN``.
 ``/debug/probe`` is ``Engine.probe()`` as JSON (DESIGN.md's probe shape);
 ``/debug/flush_cache`` evicts everything unreferenced and answers 409 while
-requests run; the tracemalloc pair starts heap tracking and reports the
+requests run; ``/debug/watch`` probes after every step and ``/debug/latched``
+hands over the probes that showed a finding; the tracemalloc pair starts heap tracking and reports the
 largest growth since the previous snapshot, by traceback. With
 ``scope=engine`` the snapshot counts only what the engine's own code
 allocated, and adds the live bytes of its largest allocation sites
@@ -67,6 +68,23 @@ async def flush_cache(request: Request):
         return {"flushed": True, "step": engine.step_count}
 
     return await worker.run(flush)
+
+
+@router.post("/watch")
+async def watch(request: Request, on: bool = True):
+    """Probe after every engine step and keep the probes with findings or exceeded
+    bounds for ``/debug/latched`` (a state that lasts a few steps is then seen)."""
+    worker = _worker(request)
+    await worker.run(worker.watch, on)
+    return {"watching": on}
+
+
+@router.get("/latched")
+async def latched(request: Request):
+    """The probes kept since the previous call (oldest first), and how many more
+    had a finding but were not kept."""
+    probes, dropped = await _worker(request).run(_worker(request).latched)
+    return {"probes": [p.to_json() for p in probes], "dropped": dropped}
 
 
 @router.post("/tracemalloc/start")

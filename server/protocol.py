@@ -3,7 +3,8 @@
 Validation failures become 400 errors in OpenAI's shape (see errors.py).
 Fields kvwatch adds to the OpenAI schema: ``session_id`` (a streaming
 session's next turn), ``return_routed_experts``, ``return_token_ids`` (the
-prompt's and the output's token ids, as vLLM offers) and ``ignore_eos``. Unknown
+prompt's and the output's token ids, as vLLM offers), ``ignore_eos``, and
+``kvwatch`` (test controls, accepted only with ``--enable-probe``). Unknown
 fields are ignored, as OpenAI-compatible servers commonly do.
 """
 
@@ -41,6 +42,18 @@ class StreamOptions(_Body):
     include_usage: bool = False
 
 
+class TestControls(_Body):
+    """A leak test's control over one request (``--enable-probe`` only).
+
+    ``retract_after``: once the request has computed this many tokens past the
+    prefix it found cached, push it out to the host tier as pool pressure
+    would, and hold it there for ``hold_steps`` engine steps.
+    """
+
+    retract_after: int | None = Field(default=None, ge=1, le=1_000_000)
+    hold_steps: int = Field(default=64, ge=0, le=100_000)
+
+
 class _Sampling(_Body):
     model: str = Field(min_length=1, max_length=256)
     max_tokens: int | None = Field(default=None, ge=1)
@@ -55,6 +68,7 @@ class _Sampling(_Body):
     return_routed_experts: bool = False
     return_token_ids: bool = False
     ignore_eos: bool = False
+    kvwatch: TestControls | None = None
 
     @field_validator("stop")
     @classmethod

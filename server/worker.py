@@ -16,6 +16,17 @@ is safe from any thread, and the worker hands pending aborts to the engine
 both between steps and right after a step's batch ran (``BatchComputed``).
 So a disconnect that arrives while a batch computes lands at the engine's
 own safe point inside that step: mid-prefill, mid-decode or mid-verify.
+
+Two debugging aids for leak tests (the server offers them only with
+``--enable-probe``), both applied between steps:
+
+* *scripted retraction*: a request submitted with ``RetractAfter`` is pushed
+  out, as pool pressure would, once it has computed that many tokens past its
+  cached prefix, and held on the host tier for the given steps;
+* *watching*: after every step the worker probes the engine and keeps each
+  probe that shows a finding or an exceeded bound the step before did not
+  (``latched``), so a state that lasts a few steps is seen however rarely a
+  client probes.
 """
 
 from __future__ import annotations
@@ -27,13 +38,20 @@ import traceback
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
+from kvwatch.contracts import ProbeReport
 from kvwatch.engine.engine import Completion, Engine
 from kvwatch.engine.events import BatchComputed
 from kvwatch.engine.request import RequestOutput, SamplingParams
 
 IDLE_WAIT_S = 0.05
+MAX_LATCHED = 16  # probes kept between two reads; later ones are counted, not kept
+
+
+class RetractAfter(NamedTuple):
+    tokens: int  # computed past the cached prefix
+    hold_steps: int
 
 
 class EngineStopped(RuntimeError):
@@ -63,6 +81,11 @@ class EngineWorker:
         self._wake = threading.Event()
         self._stopping = False
         self.failure: str | None = None  # set once a step raised; see EngineStopped
+        self._scripted: dict[str, RetractAfter] = {}
+        self._watching = False
+        self._latched: list[ProbeReport] = []
+        self._dropped = 0
+        self._last_seen: frozenset = frozenset()  # what the last step's probe showed
         self._thread = threading.Thread(target=self._run, name="kvwatch-engine", daemon=True)
         engine.events.subscribe(BatchComputed, lambda _: self._drain_aborts())
 
@@ -94,6 +117,7 @@ class EngineWorker:
         *,
         session_id: str | None = None,
         labels: Mapping[str, str] | None = None,
+        retract_after: RetractAfter | None = None,
     ) -> Stream:
         """Queue a request; raises what ``Engine.add_request`` raises (bad input)."""
         loop = asyncio.get_running_loop()
@@ -104,6 +128,8 @@ class EngineWorker:
             rid = self.engine.add_request(prompt, params, session_id=session_id, labels=labels)
             stream = Stream(rid, loop, asyncio.Queue())
             self._streams[rid] = stream
+            if retract_after is not None:
+                self._scripted[rid] = retract_after
             return stream
 
         return await self.run(add)
@@ -126,6 +152,47 @@ class EngineWorker:
         self._aborts.put(request_id)
         self._wake.set()
 
+    # -- watching (between steps, on the worker thread) ---------------------------------
+    def watch(self, on: bool) -> None:
+        self._watching, self._latched, self._dropped = on, [], 0
+        self._last_seen = frozenset()
+
+    def latched(self) -> tuple[list[ProbeReport], int]:
+        """The probes kept since the last call, and how many more were not kept."""
+        out, dropped = self._latched, self._dropped
+        self._latched, self._dropped = [], 0
+        return out, dropped
+
+    def _after_step(self) -> None:
+        for rid, script in list(self._scripted.items()):
+            done = computed = None
+            if rid in self.engine.requests:
+                computed = self.engine.computed_beyond_cache(rid)
+                done = self.engine.requests[rid].done
+            if done is None or done:
+                del self._scripted[rid]
+            elif computed is not None and computed >= script.tokens:
+                self.engine.retract(rid, hold_steps=script.hold_steps)
+                del self._scripted[rid]
+        if self._watching:
+            self._watch_step()
+
+    def _watch_step(self) -> None:
+        """Keep this step's probe if it shows a kind of finding (per group) or an
+        exceeded bound the previous step's did not: a state that lasts many steps,
+        growing or not, is kept once, where it began."""
+        report = self.engine.probe()
+        seen = frozenset(
+            [(f.kind, f.group) for f in report.findings]
+            + [("bound", b.group) for b in report.exceeded()]
+        )
+        if seen - self._last_seen:
+            if len(self._latched) < MAX_LATCHED:
+                self._latched.append(report)
+            else:
+                self._dropped += 1
+        self._last_seen = seen
+
     # -- the thread ---------------------------------------------------------------------
     def _run(self) -> None:
         while not self._stopping:
@@ -138,6 +205,7 @@ class EngineWorker:
                     self._stop_engine(exc)
                     continue
                 self._dispatch(outputs)
+                self._after_step()
             else:
                 self._wake.wait(IDLE_WAIT_S)
                 self._wake.clear()
