@@ -54,9 +54,10 @@ bench: $(STAMP)
 	$(BENCH_ENV) $(PY) -m pytest -q -m bench --benchmark-enable --benchmark-json=benchmarks.json tests
 	$(PY) tests/benchmarks_md.py benchmarks.json > BENCHMARKS.md
 
-# Regenerate docs/mutation-matrix.md (every fault x c = 1, 2, 4, 8, and clean runs).
+# Regenerate docs/mutation-matrix.{json,md}: every fault through `kvwatch gate` at
+# c = 1, 2, 4, 8, and clean runs (84 gate runs, two at a time; about half an hour).
 matrix: $(STAMP)
-	$(PY) -m kvwatch.instrumentation.matrix --out docs/mutation-matrix.md
+	$(PY) -m kvwatch.loadtests.matrix --out docs/mutation-matrix.md
 
 clean:
 	rm -rf $(VENV) kvwatch-out build *.egg-info .pytest_cache .ruff_cache .hypothesis .benchmarks

@@ -1,6 +1,6 @@
 """Gate verdicts: detector results per run -> summary.json, JUnit XML and an exit code.
 
-The shapes follow DESIGN.md's contract, which CI scripts read::
+The shapes follow docs/contracts.md, which CI scripts read::
 
     {"verdict": "pass|fail|error", "faults": [...],
      "detectors": {"allocator": "pass|fail|skipped", ...},

@@ -27,14 +27,16 @@ def _print_json(entries: list[dict]) -> int:
 
 def _faults(args: argparse.Namespace) -> int:
     from kvwatch.engine.faults import REGISTRY
+    from kvwatch.loadtests.profiles import CATCHES
 
-    entries = [info.as_dict() for info in REGISTRY.values()]
+    entries = [{**info.as_dict(), **CATCHES[info.name]._asdict()} for info in REGISTRY.values()]
     if args.json:
         return _print_json(entries)
     width = max(len(e["name"]) for e in entries)
-    print(f"{'fault':<{width}}  seed  summary")
+    print(f"{'fault':<{width}}  seed  summary (and what catches it)")
     for e in entries:
         print(f"{e['name']:<{width}}  {e['seed']:<4}  {e['summary']}")
+        print(f"{'':<{width}}        caught by {e['detector']} on profile {e['profile']}")
     return 0
 
 
@@ -88,7 +90,7 @@ def _profiles(args: argparse.Namespace) -> int:
     for e in entries:
         box = "yes" if e["black_box"] else "no"
         print(f"{e['name']:<{width}}  {box:<9}  {e['summary']}")
-        print(f"{'':<{width}}             exposes: {', '.join(e['faults'])}")
+        print(f"{'':<{width}}             exposes: {', '.join(e['faults']) or '-'}")
     return 0
 
 

@@ -227,6 +227,7 @@ def _run_one(
         late = [c for c in run.candidates if c.turn >= run.warmup][: plan.replays]
         run = run._replace(replays=reference.replay(late))
         record.write_text(json.dumps(run.to_json()))
+        opts.progress(f"    {len(late)} greedy requests replayed on a cache-off engine")
     sent = run.requests or Counts({}, 0, 0)
     requests, errors = sent.requests, sent.errors
     if run.error is None and (dead := no_service(requests, errors)):
@@ -271,12 +272,15 @@ def _follow(opts: GateOptions, progress: Path, seen: int) -> int:
     for line in lines[seen:]:
         p = json.loads(line)
         if p["turn"] == "end":
-            opts.progress(f"    drained and replayed ({p['elapsed']} s)")
-        else:
-            opts.progress(
-                f"    turn {p['turn'] + 1}/{opts.turns}: {p['conversations']} conversations, "
-                f"{p['findings']} probe findings ({p['elapsed']} s)"
-            )
+            opts.progress(f"    sessions closed, drained and flushed ({p['elapsed']} s)")
+            continue
+        probes = ""
+        if p["probes"]:
+            probes = f", {p['flagged']} of {p['probes']} probes with findings"
+        opts.progress(
+            f"    turn {p['turn'] + 1}/{opts.turns}: {p['conversations']} conversations"
+            f"{probes} ({p['elapsed']} s)"
+        )
     return len(lines)
 
 

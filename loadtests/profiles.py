@@ -1,10 +1,12 @@
 """The load profiles: what each one runs, against which engine setup, and why.
 
-A profile names its Locust user class (in ``agents.py``), the engine
+A profile names its Locust user class (in ``agents.py``) and the engine
 overrides the gate serves it with (small pools, so pressure, pruning and
-retraction happen within a few turns), and the faults it is there to expose.
-``kvwatch profiles`` prints this table. Importing this module pulls in
-neither Locust nor the engine.
+retraction happen within a few turns). ``CATCHES`` says, for every fault in
+the engine's registry, which profile reaches its code path and which detector
+must fail on it: the mutation matrix (``matrix.py``) runs exactly that through
+``kvwatch gate``. ``kvwatch profiles`` prints both. Importing this module
+pulls in neither Locust nor the engine.
 """
 
 from __future__ import annotations
@@ -33,11 +35,15 @@ class Profile(NamedTuple):
     name: str
     user: str  # the Locust user class in kvwatch.loadtests.agents
     summary: str
-    faults: tuple[str, ...]  # what it is there to expose
     engine: Mapping[str, Any] = {}  # overrides on top of BASE_ENGINE
     kvwatch_api: bool = False  # needs kvwatch's session API (not for any OpenAI server)
     heap: bool = False  # tracemalloc samples at barriers
     flush_every_turn: bool = False
+
+    @property
+    def faults(self) -> tuple[str, ...]:
+        """The faults this profile is there to expose (``CATCHES``)."""
+        return tuple(f for f, catch in CATCHES.items() if catch.profile == self.name)
 
     def engine_config(self) -> dict:
         return _merge(BASE_ENGINE, self.engine)
@@ -73,12 +79,6 @@ PROFILES: dict[str, Profile] = {
             "AgentTrieUser",
             "agents share a system prompt and tool schema, run multi-turn chats with parallel "
             "tool calls, and fork sub-agents from a chat's history",
-            (
-                "interior-snapshot-leak",
-                "snapshot-release-ignores-host-refs",
-                "history-only-anchor",
-                "root-ref-leak-on-miss",
-            ),
             # a retracted request waits 16 steps on the host tier: long enough for a
             # probe between two barriers to see what its host ref should protect
             engine={"scheduler": {"retract_every": 6, "retract_backoff": 16}},
@@ -88,7 +88,6 @@ PROFILES: dict[str, Profile] = {
             "StreamingSessionUser",
             "two kept session slots per agent, streamed side by side with speculative "
             "decoding and retract-retry mid-verify; one first turn is cut mid-stream",
-            ("spec-overalloc-leak", "session-tail-leak", "session-tail-unaligned-free"),
             engine={"scheduler": {"retract_every": 5}},
             kvwatch_api=True,
         ),
@@ -97,7 +96,6 @@ PROFILES: dict[str, Profile] = {
             "AbortStormUser",
             "long prompts cut mid-prefill, streams cut mid-decode, stalled readers; the cache "
             "is flushed at every barrier",
-            ("abort-state-buffer-leak", "root-in-evict-set"),
             flush_every_turn=True,
         ),
         Profile(
@@ -105,7 +103,6 @@ PROFILES: dict[str, Profile] = {
             "RolloutUser",
             "recorded sessions with routed experts, n sampled rollouts per prompt, rollback "
             "and a trajectory fetch every turn",
-            ("session-blob-retention", "session-tail-leak"),
             kvwatch_api=True,
             heap=True,
         ),
@@ -114,7 +111,6 @@ PROFILES: dict[str, Profile] = {
             "SlotCacheUser",
             "the seed-004 sequence on the snapshot-slot backend: follow-ups that shorten and "
             "lengthen, and tiny chats whose snapshots abort",
-            ("stale-slot-entry",),
             engine={"cache": {"mode": "slots", "slots": 2}},
         ),
         Profile(
@@ -122,9 +118,30 @@ PROFILES: dict[str, Profile] = {
             "BadInputUser",
             "malformed requests (bad JSON, types, ranges, token ids, sessions) mixed with valid "
             "chats and cold prompts that miss the cache",
-            ("root-ref-leak-on-miss",),
         ),
     )
+}
+
+
+class Catch(NamedTuple):
+    profile: str  # the profile whose conversations take the fault's code path
+    detector: str  # the detector that must fail the gate on it
+
+
+# Every fault in the engine's registry (kvwatch.engine.faults), the profile that
+# reaches it and the detector that must catch it: the mutation matrix's rows.
+CATCHES: dict[str, Catch] = {
+    "interior-snapshot-leak": Catch("agentic-trie", "allocator"),
+    "snapshot-release-ignores-host-refs": Catch("agentic-trie", "tree"),
+    "history-only-anchor": Catch("agentic-trie", "tree"),
+    "root-ref-leak-on-miss": Catch("agentic-trie", "refcount"),
+    "root-in-evict-set": Catch("abort-storm", "tree"),
+    "abort-state-buffer-leak": Catch("abort-storm", "allocator"),
+    "spec-overalloc-leak": Catch("streaming-session", "allocator"),
+    "session-tail-leak": Catch("streaming-session", "allocator"),
+    "session-tail-unaligned-free": Catch("streaming-session", "allocator"),
+    "session-blob-retention": Catch("rl-rollout", "heap"),
+    "stale-slot-entry": Catch("slot-cache", "slot-table"),
 }
 
 

@@ -68,11 +68,12 @@ class Recorder:
                 self._progress(turn="end", elapsed=self._elapsed())
             else:
                 entry = self.recorder.barrier(turn, reports)
-                findings = len(entry.barrier.findings) if entry.barrier else 0
+                flagged = sum(bool(p.findings or p.exceeded()) for p in entry.probes)
                 self._progress(
                     turn=turn,
                     conversations=entry.conversations,
-                    findings=findings,
+                    probes=len(entry.probes),
+                    flagged=flagged,
                     elapsed=self._elapsed(),
                 )
         except requests.ConnectionError as exc:

@@ -1,7 +1,7 @@
 """Probe endpoints: only mounted with ``--enable-probe``.
 
 With a probe token set, every call needs ``Authorization: Bearer TOKEN``.
-``/debug/probe`` is ``Engine.probe()`` as JSON (DESIGN.md's probe shape);
+``/debug/probe`` is ``Engine.probe()`` as JSON (docs/contracts.md has the shape);
 ``/debug/flush_cache`` evicts everything unreferenced and answers 409 while
 requests run; ``/debug/watch`` probes after every step and ``/debug/latched``
 hands over the probes that showed a finding; the tracemalloc pair starts heap tracking and reports the

@@ -31,14 +31,17 @@ def test_faults_json_lists_every_fault_with_its_seed():
     assert {name: e["seed"] for name, e in entries.items() if name in CACHE_FAULTS} == CACHE_FAULTS
     assert set(entries) == {f.value for f in Fault}
     assert all(e["summary"] and e["layer"] for e in entries.values())
+    assert entries["stale-slot-entry"]["profile"] == "slot-cache"
+    assert entries["stale-slot-entry"]["detector"] == "slot-table"
 
 
 def test_faults_table_is_human_readable():
     out = kvwatch("faults")
     assert out.returncode == 0
     header, *rows = out.stdout.splitlines()
-    assert header.split() == ["fault", "seed", "summary"]
+    assert header.split()[:3] == ["fault", "seed", "summary"]
     assert {tuple(row.split()[:2]) for row in rows} >= set(CACHE_FAULTS.items())
+    assert "caught by allocator on profile agentic-trie" in rows[1]  # interior-snapshot-leak
 
 
 def test_usage_errors_exit_2():

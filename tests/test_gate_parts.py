@@ -12,10 +12,11 @@ import pytest
 from kvwatch.engine import EngineConfig, SamplingParams
 from kvwatch.engine.config import PrefixCacheMode
 from kvwatch.engine.overrides import apply_overrides
+from kvwatch.instrumentation.detectors import IDS
 from kvwatch.instrumentation.record import Counts, merge_counts
 from kvwatch.instrumentation.scrape import parse_spec, read_series
 from kvwatch.loadtests.plan import PRESETS, RunPlan, preset
-from kvwatch.loadtests.profiles import PROFILES
+from kvwatch.loadtests.profiles import CATCHES, PROFILES
 from kvwatch.loadtests.statuses import StatusCounts
 
 DESIGN_PROFILES = (
@@ -41,15 +42,17 @@ def test_profiles_json_lists_the_six_profiles_with_valid_engine_configs():
     for entry in entries:
         config = apply_overrides(EngineConfig(), entry["engine"])  # raises if invalid
         assert config.cache.full_kv.capacity == 1024
-        assert entry["faults"], entry["name"]
+        assert entry["faults"] == list(PROFILES[entry["name"]].faults)
     slot = apply_overrides(EngineConfig(), PROFILES["slot-cache"].engine_config())
     assert slot.cache.mode is PrefixCacheMode.SLOTS
 
 
-def test_every_fault_has_a_profile_that_exposes_it():
+def test_every_fault_has_a_profile_and_a_detector_that_catch_it():
     out = json.loads(kvwatch("faults", "--json").stdout)
-    exposed = {f for p in PROFILES.values() for f in p.faults}
-    assert {e["name"] for e in out} == exposed
+    assert {e["name"] for e in out} == set(CATCHES)
+    for fault, catch in CATCHES.items():
+        assert catch.profile in PROFILES and catch.detector in IDS, fault
+        assert fault in PROFILES[catch.profile].faults
 
 
 def test_overrides_reject_unknown_fields_and_bad_values():

@@ -62,7 +62,7 @@ ENGINE_API = {
 
 def test_instrumentation_only_listens_to_the_engine():
     """Telemetry reads events, stats and names; detectors read probe JSON only;
-    the in-process harness drives the engine through its public API. Nothing
+    the recorder and the replay drive the engine through its public API. Nothing
     here reaches into the cache, the scheduler or the model."""
     for path, names in imports_of("instrumentation").items():
         engine = {n for n in names if n.startswith("kvwatch.engine")}
