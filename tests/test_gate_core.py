@@ -124,3 +124,16 @@ def test_a_run_whose_every_request_failed_was_not_served():
     assert no_service(0, 0) == "no request reached the server"
     assert "every one of the 12 requests failed" in no_service(12, 12)
     assert no_service(12, 11) is None
+
+
+def test_evidence_names_the_group_once():
+    """A detail that already names its group (the audit's "full.kv (host): ...") is not
+    prefixed again; one that does not gets the group in front."""
+    bare = Evidence("linear.state", (3,), "2 pages held by no live holder")
+    named = Evidence("full.kv", (7,), "full.kv (host): 1 pages held twice")
+    assert Verdict("allocator", "fail", 2, (bare,)).summary() == (
+        "turn 2: linear.state: 2 pages held by no live holder"
+    )
+    assert Verdict("allocator", "fail", 0, (named, bare)).summary() == (
+        "turn 0: full.kv (host): 1 pages held twice (+1 more)"
+    )

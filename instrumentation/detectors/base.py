@@ -46,7 +46,9 @@ class Verdict(NamedTuple):
         if not self.evidence:
             return self.note
         head = self.evidence[0]
-        where = f"{head.group}: " if head.group else ""
+        # Audit details name their group (and tier) already: "full.kv (host): ..."
+        named = head.group and head.detail.startswith(head.group)
+        where = f"{head.group}: " if head.group and not named else ""
         more = f" (+{len(self.evidence) - 1} more)" if len(self.evidence) > 1 else ""
         return f"turn {self.first_turn}: {where}{head.detail}{more}"
 
