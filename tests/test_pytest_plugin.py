@@ -1,4 +1,10 @@
-"""The pytest plugin: an engine team's own test fails with the detector's evidence."""
+"""The pytest plugin: an engine team's own test fails with the detector's evidence.
+
+The inner pytest runs in a subprocess: run in process, pytester restores
+``sys.modules`` afterwards, dropping numpy.fft if the inner run imported it
+first, and numpy's extension then refuses a second import in this worker
+(every later scipy.stats user on it failed).
+"""
 
 from __future__ import annotations
 
@@ -24,7 +30,7 @@ def test_leaky(leak_gate):
 
 def test_leak_gate_fails_the_leaky_test_with_evidence_and_passes_the_clean_one(pytester):
     pytester.makepyfile(test_engine_turns=TEST_FILE)
-    result = pytester.runpytest("-p", "no:cacheprovider")
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
     result.assert_outcomes(passed=1, failed=1)
     result.stdout.fnmatch_lines(
         ["*kvwatch detector 'refcount' failed at turn 0*", "*root refs 1, live holders imply 0*"]
@@ -57,7 +63,7 @@ def test_o_turns_times_prefix(leak_gate):
 
 def test_heap_true_samples_this_process_and_fails_on_growth_per_context_token(pytester):
     pytester.makepyfile(test_heap_turns=HEAP_TEST_FILE)
-    result = pytester.runpytest("-p", "no:cacheprovider")
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
     result.assert_outcomes(passed=1, failed=1)
     result.stdout.fnmatch_lines(
         ["*kvwatch detector 'heap' failed at turn*", "*retained bytes per context token rise*"]
