@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 
-from kvwatch.loadtests.agents import Chat, TurnUser, parallel
+from kvwatch.loadtests.turns import Chat, TurnUser, parallel
 from kvwatch.loadtests.users import sentence
 
 CHAT = "/v1/chat/completions"

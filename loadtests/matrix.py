@@ -19,6 +19,7 @@ same cells.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import shutil
 import subprocess
@@ -110,23 +111,25 @@ def run_cell(job: Job, root: Path) -> Cell:
     cmd = [sys.executable, "-m", "kvwatch", *job.argv(out)]
     log = root / f"{job.name}.log"
     with log.open("w") as sink:
-        code = subprocess.run(cmd, stdout=sink, stderr=subprocess.STDOUT, timeout=CELL_TIMEOUT_S)
+        proc = subprocess.run(cmd, stdout=sink, stderr=subprocess.STDOUT, timeout=CELL_TIMEOUT_S)
     elapsed = round(time.monotonic() - started, 1)
     summary_path = out / "summary.json"
     if not summary_path.exists():
-        return Cell(job, code.returncode, {}, 0, elapsed)
+        return Cell(job, proc.returncode, {}, 0, elapsed)
     run = json.loads(summary_path.read_text())["runs"][0]
     verdicts = {k: (v["verdict"], v["first_turn"]) for k, v in run["detectors"].items()}
-    return Cell(job, code.returncode, verdicts, run["requests"], elapsed)
+    return Cell(job, proc.returncode, verdicts, run["requests"], elapsed)
 
 
 def run_matrix(
     job_list: Sequence[Job],
     root: Path,
     workers: int = 2,
-    progress: Callable[[str], None] = print,
+    progress: Callable[[str], None] | None = None,
 ) -> list[Cell]:
-    """The cells in ``job_list`` order; the busiest (c = 8) start first."""
+    """The cells in ``job_list`` order; the busiest (c = 8) start first. Progress
+    lines go to stdout as cells end (flushed: `make matrix` is often piped)."""
+    progress = progress or functools.partial(print, flush=True)
     root.mkdir(parents=True, exist_ok=True)
     order = sorted(job_list, key=lambda j: -j.concurrency)
     done: dict[Job, Cell] = {}

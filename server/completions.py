@@ -71,6 +71,7 @@ async def _start(
     labels: dict[str, str],
 ) -> Stream:
     worker = _worker(request)
+    retract_after = _controls(request, body)  # refused before any work is done
 
     def add() -> tuple[list[int], SamplingParams]:
         tokens = prompt(worker.engine)
@@ -83,7 +84,7 @@ async def _start(
             fitted,
             session_id=body.session_id,
             labels=labels,
-            retract_after=_controls(request, body),
+            retract_after=retract_after,
         )
     except ApiError:
         raise

@@ -4,10 +4,10 @@ With a probe token set, every call needs ``Authorization: Bearer TOKEN``.
 ``/debug/probe`` is ``Engine.probe()`` as JSON (docs/contracts.md has the shape);
 ``/debug/flush_cache`` evicts everything unreferenced and answers 409 while
 requests run; ``/debug/watch`` probes after every step and ``/debug/latched``
-hands over the probes that showed a finding; the tracemalloc pair starts heap tracking and reports the
-largest growth since the previous snapshot, by traceback. With
-``scope=engine`` the snapshot counts only what the engine's own code
-allocated, and adds the live bytes of its largest allocation sites
+hands over the probes that showed a finding; the tracemalloc pair starts heap
+tracking and reports the largest growth since the previous snapshot, by
+traceback. With ``scope=engine`` the snapshot counts only what the engine's
+own code allocated, and adds the live bytes of its largest allocation sites
 (``by_site``, file:line), which is what the heap detector follows.
 """
 

@@ -165,11 +165,9 @@ class EngineWorker:
 
     def _after_step(self) -> None:
         for rid, script in list(self._scripted.items()):
-            done = computed = None
-            if rid in self.engine.requests:
-                computed = self.engine.computed_beyond_cache(rid)
-                done = self.engine.requests[rid].done
-            if done is None or done:
+            req = self.engine.requests.get(rid)
+            computed = self.engine.computed_beyond_cache(rid)  # None unless it runs
+            if req is None or req.done:
                 del self._scripted[rid]
             elif computed is not None and computed >= script.tokens:
                 self.engine.retract(rid, hold_steps=script.hold_steps)
