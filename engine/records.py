@@ -129,6 +129,9 @@ class Session:
 
 
 class SessionRegistry:
+    # ``closed`` keeps the last CLOSED_IDS_KEPT ids on purpose (registry walks skip it)
+    __bounded__ = ("closed",)
+
     def __init__(self, *, keep_every_blob: bool = False) -> None:
         self.open: dict[str, Session] = {}
         self.closed: OrderedDict[str, None] = OrderedDict()

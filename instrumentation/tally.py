@@ -26,6 +26,9 @@ def attr_key(attrs: dict[str, str]) -> AttrKey:
 
 
 class Tally:
+    # one sum per attribute set: bounded by the attributes' values (registry walks skip it)
+    __bounded__ = ("_sums",)
+
     def __init__(self, meter: Meter, name: str, unit: str) -> None:
         self._sums: dict[AttrKey, int] = {}
         self._lock = threading.Lock()

@@ -169,6 +169,9 @@ class ProbeReport(NamedTuple):
     stats: EngineStats
     findings: tuple[Finding, ...]
     bounds: dict[str, Bound]
+    # container sizes by attribute path (``kvwatch.registries``); a server's
+    # probe fills them in, an engine's own probe leaves them empty
+    registries: dict[str, int] = {}
 
     @property
     def clean(self) -> bool:
@@ -220,6 +223,7 @@ class ProbeReport(NamedTuple):
             "bounds": {
                 name: {**b._asdict(), "exceeded": b.exceeded} for name, b in self.bounds.items()
             },
+            "registries": dict(self.registries),
         }
 
     @classmethod
@@ -229,4 +233,5 @@ class ProbeReport(NamedTuple):
             for name, b in data.get("bounds", {}).items()
         }
         findings = tuple(Finding.from_json(f) for f in data.get("findings", ()))
-        return cls(EngineStats.from_json(data), findings, bounds)
+        registries = {str(k): int(v) for k, v in data.get("registries", {}).items()}
+        return cls(EngineStats.from_json(data), findings, bounds, registries)

@@ -31,6 +31,9 @@ class NotTracing(RuntimeError):
 
 
 class HeapTracker:
+    # one snapshot per scope (registry walks skip them)
+    __bounded__ = ("scopes", "last")
+
     def __init__(self, scopes: Mapping[str, str]) -> None:
         """``scopes``: name -> file glob, besides ``process`` (everything)."""
         self.scopes = {PROCESS: None, **scopes}

@@ -160,7 +160,10 @@ def problems(cells: Sequence[Cell]) -> list[str]:
 
 
 def render(cells: Sequence[Cell]) -> str:
-    """Markdown: one row per cell, the first failing turn of each detector."""
+    """Markdown: one row per cell, the first failing turn of each detector the
+    cells ran (a detector added since the cells were run has no column yet)."""
+    ran = {name for cell in cells for name in cell.verdicts}
+    ids = [name for name in IDS if name in ran]
     lines = [
         "# Mutation matrix",
         "",
@@ -173,12 +176,12 @@ def render(cells: Sequence[Cell]) -> str:
         "and every clean row exit 0. `sent`: requests the users sent. Turn 6 is the",
         "check after the last turn (sessions closed, cache drained and flushed).",
         "",
-        "| fault | profile | c | seed | exit | sent | " + " | ".join(IDS) + " |",
-        "|---|---|---|---|---|---|" + "---|" * len(IDS),
+        "| fault | profile | c | seed | exit | sent | " + " | ".join(ids) + " |",
+        "|---|---|---|---|---|---|" + "---|" * len(ids),
     ]
     for cell in cells:
         marks = []
-        for name in IDS:
+        for name in ids:
             verdict, turn = cell.verdicts.get(name, ("skipped", None))
             mark = str(turn) if verdict == "fail" else ("s" if verdict == "skipped" else "-")
             marks.append(f"**{mark}**" if name == cell.expected else mark)

@@ -20,7 +20,9 @@ from typing import Literal
 from fastapi import APIRouter, Depends, Request
 
 import kvwatch.engine
+from kvwatch.contracts import ProbeReport
 from kvwatch.heap import TRACE_FRAMES, HeapTracker, NotTracing
+from kvwatch.registries import module_roots, registry_sizes
 from kvwatch.server.errors import ApiError
 from kvwatch.server.worker import EngineWorker
 
@@ -52,8 +54,15 @@ def _worker(request: Request) -> EngineWorker:
 
 @router.get("/probe")
 async def probe(request: Request):
-    report = await _worker(request).run(_worker(request).engine.probe)
-    return report.to_json()
+    """The engine's probe, with the size of every registry the server and the engine
+    hold (``kvwatch.registries``), read on the engine thread between steps."""
+    worker, state = _worker(request), request.app.state
+
+    def take() -> ProbeReport:
+        roots = {**state._state, **module_roots()}
+        return worker.engine.probe()._replace(registries=registry_sizes(roots))
+
+    return (await worker.run(take)).to_json()
 
 
 @router.post("/flush_cache")

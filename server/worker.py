@@ -73,6 +73,9 @@ class Stream:
 
 
 class EngineWorker:
+    # the probes kept for /debug/latched: at most MAX_LATCHED (registry walks skip them)
+    __bounded__ = ("_latched",)
+
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
         self._calls: queue.SimpleQueue[tuple[Callable[[], Any], Future]] = queue.SimpleQueue()

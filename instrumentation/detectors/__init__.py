@@ -13,6 +13,7 @@ from kvwatch.instrumentation.detectors import (
     equivalence,
     gauge_trend,
     heap,
+    quiescence,
     refcount,
     requests,
     slot_table,
@@ -24,7 +25,17 @@ from kvwatch.instrumentation.record import HeapSample, Replay, RunRecord, Turn
 
 DETECTORS: Mapping[str, Callable[[RunRecord], Verdict]] = {
     m.ID: m.detect
-    for m in (allocator, refcount, tree, heap, gauge_trend, slot_table, equivalence, requests)
+    for m in (
+        allocator,
+        refcount,
+        tree,
+        heap,
+        gauge_trend,
+        slot_table,
+        equivalence,
+        requests,
+        quiescence,
+    )
 }
 IDS = tuple(DETECTORS)
 

@@ -112,7 +112,8 @@ def state_rule(run: RunRecord) -> Verdict | None:
 
 def drain_rule(run: RunRecord) -> Verdict | None:
     """After sessions close and the cache is flushed, every pool uses no more pages
-    than before the run, and no more requests or sessions are live."""
+    than before the run, no page is owned wrongly (a finding names the last
+    owners of what is left), and no more requests or sessions are live."""
     if run.drained is None or run.baseline is None:
         return None
     base, after = run.baseline, run.drained
@@ -127,6 +128,12 @@ def drain_rule(run: RunRecord) -> Verdict | None:
             {g: v.used for g, v in base.groups.items()},
             {g: v.used for g, v in after.groups.items()},
         )
+    ]
+    # who last owned what is left: the drained probe's ownership findings name them
+    left += [
+        Evidence(f.group, f.pages, f"after the run: {f.detail}")
+        for f in after.findings
+        if f.kind in OWNERSHIP
     ]
     live = ("live_requests", "live_sessions")
     left += [
