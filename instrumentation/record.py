@@ -27,23 +27,35 @@ from kvwatch.contracts import ProbeReport
 KEEP_5XX = 5
 
 
+class SiteGrowth(NamedTuple):
+    site: str  # file:line
+    size_diff: int  # bytes
+    count_diff: int  # live allocations
+
+
 class HeapSample(NamedTuple):
     traced_bytes: int  # bytes allocated in the sampled scope and still alive
     # (bytes grown, traceback) since the previous sample, largest first
     top: tuple[tuple[int, tuple[str, ...]], ...] = ()
     by_site: dict[str, int] | None = None  # live bytes per allocation site (file:line)
+    since_mark: tuple[SiteGrowth, ...] = ()  # growing sites since the sampler's mark
 
     @classmethod
     def from_sampler(cls, data: dict) -> HeapSample:
         """From the heap sampler's JSON (``kvwatch.heap``, the snapshot endpoint)."""
         top = tuple((g["size_diff"], tuple(g["traceback"])) for g in data.get("top_growth", ()))
-        return cls(data["traced_bytes"], top, data.get("by_site"))
+        since = tuple(
+            SiteGrowth(g["site"], g["size_diff"], g["count_diff"])
+            for g in data.get("since_mark", ())
+        )
+        return cls(data["traced_bytes"], top, data.get("by_site"), since)
 
     def to_json(self) -> dict:
         return {
             "traced_bytes": self.traced_bytes,
             "top": [[size, list(tb)] for size, tb in self.top],
             "by_site": self.by_site,
+            "since_mark": [list(g) for g in self.since_mark],
         }
 
     @classmethod
@@ -51,7 +63,8 @@ class HeapSample(NamedTuple):
         if not data:
             return None
         top = tuple((size, tuple(tb)) for size, tb in data.get("top", ()))
-        return cls(data["traced_bytes"], top, data.get("by_site"))
+        since = tuple(SiteGrowth(*g) for g in data.get("since_mark", ()))
+        return cls(data["traced_bytes"], top, data.get("by_site"), since)
 
 
 class Candidate(NamedTuple):
@@ -200,6 +213,9 @@ class RunRecord(NamedTuple):
     candidates: tuple[Candidate, ...] = ()  # greedy requests served, to replay
     requests: Counts | None = None  # what the clients sent (None: not counted)
     soak: Soak | None = None
+    # the heap once the run drained and flushed; its ``since_mark`` is the growth
+    # since the barrier that ended the warm-up
+    heap_end: HeapSample | None = None
 
     def to_json(self) -> dict:
         return {
@@ -218,6 +234,7 @@ class RunRecord(NamedTuple):
             ],
             "requests": self.requests.to_json() if self.requests is not None else None,
             "soak": self.soak.to_json() if self.soak is not None else None,
+            "heap_end": self.heap_end.to_json() if self.heap_end is not None else None,
         }
 
     @classmethod
@@ -242,6 +259,7 @@ class RunRecord(NamedTuple):
             candidates=candidates,
             requests=Counts.from_json(data["requests"]) if data.get("requests") else None,
             soak=Soak.from_json(data.get("soak")),
+            heap_end=HeapSample.from_json(data.get("heap_end")),
         )
 
 

@@ -12,9 +12,11 @@ HTTP probe endpoints)::
                             sample, usage gauges per conversation; the turn's
                             samples go with it; the users' greedy requests
                             become candidates for the equivalence replay,
-                            their request counts so far are kept
+                            their request counts so far are kept; the last
+                            warm-up barrier marks the heap
     finish(reports)         the users' request counts -> drain -> flush ->
-                            drained probe and drain gauges
+                            drained probe, drain gauges and the heap's growth
+                            since the mark (what the judged turns left behind)
     record()                the RunRecord so far
 
 A soak calls ``barrier(i, (), drain=False)`` for each probe it takes while the
@@ -43,6 +45,7 @@ from kvwatch.instrumentation.record import (
 
 HEAP_SITES = 40  # allocation sites followed per heap sample
 HEAP_TOP = 5  # growths by traceback kept as evidence
+HEAP_SINCE_MARK = 20  # growing sites kept at the end of a run
 
 
 class ProbeSource(Protocol):
@@ -65,6 +68,10 @@ class ProbeSource(Protocol):
         ...
 
     def heap_start(self) -> None: ...
+
+    def heap_mark(self) -> None:
+        """Keep the heap now as the reference of later samples' ``since_mark``."""
+        ...
 
     def heap_sample(self, sites: int, top: int) -> HeapSample: ...
 
@@ -121,6 +128,7 @@ class TurnRecorder:
         self.gauges_drained: dict[str, float] | None = None
         self.requests: Counts | None = None
         self.soak: Soak | None = None
+        self.heap_end: HeapSample | None = None
         self.error: str | None = None
 
     @property
@@ -159,6 +167,8 @@ class TurnRecorder:
         heap = None
         if self.white_box and self.options.heap:
             heap = self.source.heap_sample(HEAP_SITES, HEAP_TOP)
+            if drain and turn == self.options.warmup - 1:
+                self.source.heap_mark()
         gauges = self._read(self.options.usage_gauges)
         per_conversation = {
             f"{k}/conversation": v / max(conversations, 1) for k, v in gauges.items()
@@ -189,6 +199,8 @@ class TurnRecorder:
             while self._idle_by(deadline) and not self.source.flush():
                 pass  # a request arrived between idle and flush: wait again
             self.drained = self.source.probe()
+            if self.options.heap and self.turns:
+                self.heap_end = self.source.heap_sample(HEAP_SITES, HEAP_SINCE_MARK)
         self.gauges_drained = self._read(self.options.drain_gauges)
 
     def broke(self, reason: str) -> None:
@@ -207,6 +219,7 @@ class TurnRecorder:
             candidates=tuple(self.candidates),
             requests=self.requests,
             soak=self.soak,
+            heap_end=self.heap_end,
         )
 
     # -- pieces ---------------------------------------------------------------------------

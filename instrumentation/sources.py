@@ -24,6 +24,7 @@ from kvwatch.instrumentation.scrape import read_series
 
 TIMEOUT = 60.0
 HEAP_FRAMES = 1  # the remote sampler's frames: a deeper traceback costs every allocation
+HEAP_SCOPE = "kvwatch"  # what kvwatch's own code in the server process allocated
 
 
 class CallableSource:
@@ -61,6 +62,9 @@ class CallableSource:
 
     def heap_start(self) -> None:
         self._heap.start(self._frames)
+
+    def heap_mark(self) -> None:
+        self._heap.mark(self._scope)
 
     def heap_sample(self, sites: int, top: int) -> HeapSample:
         return HeapSample.from_sampler(self._heap.sample(self._scope, top, sites))
@@ -116,8 +120,11 @@ class HttpSource:
     def heap_start(self) -> None:
         self._call("POST", f"/debug/tracemalloc/start?frames={HEAP_FRAMES}")
 
+    def heap_mark(self) -> None:
+        self._call("POST", f"/debug/tracemalloc/mark?scope={HEAP_SCOPE}")
+
     def heap_sample(self, sites: int, top: int) -> HeapSample:
-        path = f"/debug/tracemalloc/snapshot?scope=engine&sites={sites}&top={top}"
+        path = f"/debug/tracemalloc/snapshot?scope={HEAP_SCOPE}&sites={sites}&top={top}"
         return HeapSample.from_sampler(self._call("GET", path))
 
     def gauges(self, series: Sequence[str]) -> dict[str, float]:

@@ -15,6 +15,7 @@ what the live holders imply, recomputed from them.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from enum import StrEnum
 from typing import Any, NamedTuple
 
@@ -171,7 +172,7 @@ class ProbeReport(NamedTuple):
     bounds: dict[str, Bound]
     # container sizes by attribute path (``kvwatch.registries``); a server's
     # probe fills them in, an engine's own probe leaves them empty
-    registries: dict[str, int] = {}
+    registries: Mapping[str, int] = {}
 
     @property
     def clean(self) -> bool:

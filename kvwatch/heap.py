@@ -2,7 +2,7 @@
 
 One sampler serves every path that watches a heap: ``GET
 /debug/tracemalloc/snapshot`` in the server, and runs recorded in process
-(the pytest plugin). A *scope* is a name and a file glob: a snapshot in that
+(the pytest plugin). A *scope* is a name and file globs: a snapshot in that
 scope counts only what code in those files allocated, and its sites
 (``by_site``, ``file:line``) are what the heap detector follows. The scope
 ``process`` counts everything.
@@ -12,13 +12,21 @@ A sample is JSON-ready, in the shape the snapshot endpoint answers::
     {"scope": "engine", "traced_bytes": 123456, "peak_bytes": 234567,
      "by_site": {"/.../records.py:88": 4096, ...},
      "top_growth": [{"size_diff": 512, "size": 4096, "count_diff": 2,
-                     "traceback": ["/.../records.py:88", ...]}, ...]}
+                     "traceback": ["/.../records.py:88", ...]}, ...],
+     "since_mark": [{"site": "/.../worker.py:120", "size_diff": 9000,
+                     "count_diff": 150}, ...]}
+
+``mark`` keeps a scope's snapshot as a fixed reference: every later sample
+also reports the growth by site since then (``since_mark``, growing sites
+only, largest first), which is what is left of a stretch of work between two
+quiet moments.
 
 Nothing here imports the engine or the instrumentation.
 """
 
 from __future__ import annotations
 
+import gc
 import tracemalloc
 from collections.abc import Mapping
 
@@ -32,12 +40,17 @@ class NotTracing(RuntimeError):
 
 class HeapTracker:
     # one snapshot per scope (registry walks skip them)
-    __bounded__ = ("scopes", "last")
+    __bounded__ = ("scopes", "last", "marks")
 
-    def __init__(self, scopes: Mapping[str, str]) -> None:
-        """``scopes``: name -> file glob, besides ``process`` (everything)."""
-        self.scopes = {PROCESS: None, **scopes}
+    def __init__(self, scopes: Mapping[str, str | tuple[str, ...]]) -> None:
+        """``scopes``: name -> file glob(s), besides ``process`` (everything); a
+        glob that starts with ``!`` leaves those files out."""
+        self.scopes = {
+            PROCESS: None,
+            **{k: (v,) if isinstance(v, str) else tuple(v) for k, v in scopes.items()},
+        }
         self.last: dict[str, tracemalloc.Snapshot] = {}
+        self.marks: dict[str, tracemalloc.Snapshot] = {}
 
     def start(self, frames: int = TRACE_FRAMES) -> dict:
         """Trace with ``frames`` frames per allocation (restarting if the depth
@@ -49,19 +62,29 @@ class HeapTracker:
             tracemalloc.start(frames)
         snap = _snapshot()
         self.last = {name: self._scoped(snap, name) for name in self.scopes}
+        self.marks = {}
         return {"tracing": True, "frames": tracemalloc.get_traceback_limit()}
 
     def stop(self) -> None:
         tracemalloc.stop()
-        self.last = {}
+        self.last, self.marks = {}, {}
 
-    def sample(self, scope: str = PROCESS, top: int = 10, sites: int = 0) -> dict:
-        """Live bytes in ``scope`` now, its ``sites`` largest allocation sites, and
-        the ``top`` largest growths by traceback since its previous sample."""
+    def mark(self, scope: str = PROCESS) -> dict:
+        """Keep ``scope``'s heap now as the reference of later samples' ``since_mark``."""
+        self._check(scope)
+        self.marks[scope] = self._scoped(_snapshot(), scope)
+        return {"scope": scope, "marked": True}
+
+    def _check(self, scope: str) -> None:
         if scope not in self.scopes:
             raise ValueError(f"unknown heap scope {scope!r}; scopes are {', '.join(self.scopes)}")
         if not tracemalloc.is_tracing():
             raise NotTracing("heap tracking is off")
+
+    def sample(self, scope: str = PROCESS, top: int = 10, sites: int = 0) -> dict:
+        """Live bytes in ``scope`` now, its ``sites`` largest allocation sites, and
+        the ``top`` largest growths by traceback since its previous sample."""
+        self._check(scope)
         snap = self._scoped(_snapshot(), scope)
         last = self.last.get(scope)
         growth = snap.compare_to(last, "traceback") if last else []
@@ -85,15 +108,38 @@ class HeapTracker:
                 }
                 for s in growth[:top]
             ],
+            "since_mark": self._since_mark(snap, scope, top),
         }
+
+    def _since_mark(self, snap: tracemalloc.Snapshot, scope: str, top: int) -> list[dict]:
+        mark = self.marks.get(scope)
+        if mark is None:
+            return []
+        grown = [s for s in snap.compare_to(mark, "lineno") if s.size_diff > 0]
+        return [
+            {
+                "site": f"{s.traceback[0].filename}:{s.traceback[0].lineno}",
+                "size_diff": s.size_diff,
+                "count_diff": s.count_diff,
+            }
+            for s in grown[:top]
+        ]
 
     def _scoped(self, snap: tracemalloc.Snapshot, scope: str) -> tracemalloc.Snapshot:
         files = self.scopes[scope]
-        return snap if files is None else snap.filter_traces([tracemalloc.Filter(True, files)])
+        if files is None:
+            return snap
+        return snap.filter_traces(
+            [tracemalloc.Filter(not f.startswith("!"), f.removeprefix("!")) for f in files]
+        )
 
 
 def _snapshot() -> tracemalloc.Snapshot:
-    """Everything but tracemalloc's own bookkeeping and frozen modules."""
+    """Everything but tracemalloc's own bookkeeping and frozen modules, after a
+    full collection: it frees unreachable cycles and empties CPython's free
+    lists (tuples, lists, dicts, floats), whose parked blocks tracemalloc would
+    otherwise still count against the site that first allocated them."""
+    gc.collect()
     return tracemalloc.take_snapshot().filter_traces(
         [tracemalloc.Filter(False, tracemalloc.__file__), tracemalloc.Filter(False, "<frozen *>")]
     )

@@ -37,7 +37,7 @@ class Profile(NamedTuple):
     summary: str
     engine: Mapping[str, Any] = {}  # overrides on top of BASE_ENGINE
     kvwatch_api: bool = False  # needs kvwatch's session API (not for any OpenAI server)
-    heap: bool = False  # tracemalloc samples at barriers
+    heap: bool = False  # heap samples at every concurrency (else up to gate.HEAP_UP_TO)
     flush_every_turn: bool = False
 
     @property

@@ -4,34 +4,54 @@ With a probe token set, every call needs ``Authorization: Bearer TOKEN``.
 ``/debug/probe`` is ``Engine.probe()`` as JSON (docs/contracts.md has the shape);
 ``/debug/flush_cache`` evicts everything unreferenced and answers 409 while
 requests run; ``/debug/watch`` probes after every step and ``/debug/latched``
-hands over the probes that showed a finding; the tracemalloc pair starts heap
-tracking and reports the largest growth since the previous snapshot, by
-traceback. With ``scope=engine`` the snapshot counts only what the engine's
-own code allocated, and adds the live bytes of its largest allocation sites
+hands over the probes that showed a finding; the tracemalloc endpoints start
+heap tracking, report the largest growth since the previous snapshot, by
+traceback, and (``mark``) keep a reference that later snapshots report their
+growth by site against. With ``scope=engine`` a snapshot counts only what the
+engine's own code allocated, with ``scope=kvwatch`` what any of kvwatch's code
+in the process did, and adds the live bytes of its largest allocation sites
 (``by_site``, file:line), which is what the heap detector follows.
 """
 
 from __future__ import annotations
 
 import hmac
+import importlib.util
 from pathlib import Path
 from typing import Literal
 
 from fastapi import APIRouter, Depends, Request
 
-import kvwatch.engine
 from kvwatch.contracts import ProbeReport
 from kvwatch.heap import TRACE_FRAMES, HeapTracker, NotTracing
 from kvwatch.registries import module_roots, registry_sizes
 from kvwatch.server.errors import ApiError
 from kvwatch.server.worker import EngineWorker
 
-ENGINE_FILES = str(Path(kvwatch.engine.__file__).parent / "*")
+
+def _files(package: str) -> str:
+    """A package's files as a glob, found without importing it."""
+    return str(Path(importlib.util.find_spec(package).origin).parent / "*")
+
+
+ENGINE_FILES = _files("kvwatch.engine")
+# Everything kvwatch runs in a server process (engine, server, listeners,
+# helpers) but the model: it keeps no state of its own, and torch's per-shape
+# caches, which grow with every new prompt length up to a bound, are counted
+# against the model's lines.
+KVWATCH_FILES = (
+    *(
+        _files(p)
+        for p in ("kvwatch", "kvwatch.engine", "kvwatch.server", "kvwatch.instrumentation")
+    ),
+    "!" + _files("kvwatch.engine.model"),
+)
 
 
 def heap_tracker() -> HeapTracker:
-    """The server's sampler: the whole process, or the engine's own code (``engine``)."""
-    return HeapTracker({"engine": ENGINE_FILES})
+    """The server's sampler: the whole process, the engine's own code (``engine``),
+    or all of kvwatch's code in the process (``kvwatch``)."""
+    return HeapTracker({"engine": ENGINE_FILES, "kvwatch": KVWATCH_FILES})
 
 
 def require_token(request: Request) -> None:
@@ -108,7 +128,7 @@ async def tracemalloc_start(request: Request, frames: int = TRACE_FRAMES):
 async def tracemalloc_snapshot(
     request: Request,
     top: int = 10,
-    scope: Literal["process", "engine"] = "process",
+    scope: Literal["process", "engine", "kvwatch"] = "process",
     sites: int = 0,
 ):
     if not 1 <= top <= 100:
@@ -116,12 +136,21 @@ async def tracemalloc_snapshot(
     if not 0 <= sites <= 200:
         raise ApiError(400, "sites must be in [0, 200]", code="invalid_value", param="sites")
 
-    def sample() -> dict:
-        try:
-            return request.app.state.heap.sample(scope, top, sites)
-        except NotTracing:
-            raise ApiError(
-                409, "heap tracking is off; POST /debug/tracemalloc/start first", code="not_tracing"
-            ) from None
+    return await _worker(request).run(_tracing, request.app.state.heap.sample, scope, top, sites)
 
-    return await _worker(request).run(sample)
+
+@router.post("/tracemalloc/mark")
+async def tracemalloc_mark(
+    request: Request, scope: Literal["process", "engine", "kvwatch"] = "process"
+):
+    """Keep the heap now as the reference of later snapshots' ``since_mark``."""
+    return await _worker(request).run(_tracing, request.app.state.heap.mark, scope)
+
+
+def _tracing(call, *args) -> dict:
+    try:
+        return call(*args)
+    except NotTracing:
+        raise ApiError(
+            409, "heap tracking is off; POST /debug/tracemalloc/start first", code="not_tracing"
+        ) from None

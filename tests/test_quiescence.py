@@ -13,6 +13,8 @@ from collections import Counter
 
 import httpx
 import pytest
+from inprocserver import serving
+from probes import make_probe
 
 from kvwatch.engine.engine import Engine
 from kvwatch.instrumentation.detectors import quiescence
@@ -21,8 +23,6 @@ from kvwatch.registries import module_roots, registry_sizes
 from kvwatch.serve import ServeOptions, build
 from kvwatch.server import ServerSettings
 from kvwatch.server.idle import SessionClock
-from inprocserver import serving
-from probes import make_probe
 
 
 class _Listener:

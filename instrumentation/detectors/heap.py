@@ -1,11 +1,19 @@
-"""heap: tracemalloc bytes retained per live context token must not rise with turns.
+"""heap: retained memory per live context token must not rise with turns, and a
+finished request must leave nothing behind.
 
-Retained memory that grows with the context (O(prefix)) keeps the ratio
-flat; memory that grows with turns times prefix makes it climb. The ratio is
-judged for all engine allocations and for each allocation site on its own,
-so a leak at one site is not drowned by memory that grows with the context.
-The evidence is that site and the top growth by traceback
-(``Snapshot.compare_to``) at the failing turn.
+* Per context token. Retained memory that grows with the context
+  (O(prefix)) keeps the ratio flat; memory that grows with turns times
+  prefix makes it climb. The ratio is judged for all of kvwatch's
+  allocations and for each allocation site on its own, so a leak at one site
+  is not drowned by memory that grows with the context. The evidence is that
+  site and the top growth by traceback (``Snapshot.compare_to``) at the
+  failing turn.
+* Per request. The heap is marked at the barrier that ends the warm-up and
+  sampled again once the run has drained, closed its sessions and flushed:
+  everything the judged turns built is gone by then. A site that kept about
+  one allocation and a few bytes per request served since the mark is a
+  leak (a per-request map never pruned, say); one-off growth (a table that
+  stays grown, a cache filled once) is neither.
 """
 
 from __future__ import annotations
@@ -23,13 +31,61 @@ ID = "heap"
 # context token a turn (a token list is 8 bytes per token all told).
 MIN_RELATIVE_SLOPE = 0.10
 MIN_BYTES_PER_TOKEN_TURN = 1.5
-TOTAL = "all engine allocations"
+TOTAL = "all kvwatch allocations"
+# Per request: a map entry costs a few dozen bytes (key, value, slot), and at
+# least one allocation of its own.
+MIN_BYTES_PER_REQUEST = 16
+MIN_ALLOCATIONS_PER_REQUEST = 0.5
+MIN_LEFT_BYTES = 4096
 
 
 def detect(run: RunRecord) -> Verdict:
     turns = [t for t in run.turns if t.heap is not None and t.context_tokens > 0]
-    if not turns:
+    if not turns and run.heap_end is None:
         return skipped(ID, "no heap samples (heap tracking off)")
+    per_token = token_rule(run, turns) if turns else None
+    if per_token is not None and per_token.failed:
+        return per_token
+    per_request = request_rule(run)
+    if per_request is not None and per_request.failed:
+        return per_request
+    notes = [v.note for v in (per_token, per_request) if v is not None]
+    return passed(ID, "; ".join(notes))
+
+
+def request_rule(run: RunRecord) -> Verdict | None:
+    """Sites that kept about an allocation and a few bytes for every request the
+    judged turns served, once the run is over (``heap_end.since_mark``)."""
+    end, mark = run.heap_end, run.warmup - 1
+    if end is None or run.requests is None or not 0 <= mark < len(run.turns):
+        return None
+    before = run.turns[mark].requests
+    served = run.requests.requests - (before.requests if before is not None else 0)
+    if served <= 0:
+        return None
+    left = [
+        g
+        for g in end.since_mark
+        if g.size_diff >= max(MIN_LEFT_BYTES, MIN_BYTES_PER_REQUEST * served)
+        and g.count_diff >= MIN_ALLOCATIONS_PER_REQUEST * served
+    ]
+    if not left:
+        kept = sum(g.size_diff for g in end.since_mark)
+        return passed(ID, f"{kept / served:.0f} bytes left per request after the run")
+    ev = [
+        Evidence(
+            None,
+            (),
+            f"{g.site}: {g.size_diff} bytes in {g.count_diff} allocations left after the run, "
+            f"{g.size_diff / served:.0f} bytes per request ({served} requests since turn {mark})",
+            (g.site,),
+        )
+        for g in left
+    ]
+    return fail(ID, run.turns[-1].turn + 1, ev)
+
+
+def token_rule(run: RunRecord, turns: list) -> Verdict:
     numbers = [t.turn for t in turns]
     judged = turns[min(run.warmup, max(0, len(turns) - 4)) :]
     series = {TOTAL: [t.heap.traced_bytes / t.context_tokens for t in turns]}

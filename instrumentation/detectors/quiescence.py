@@ -19,7 +19,14 @@ flush may drop cache the baseline held).
 
 from __future__ import annotations
 
-from kvwatch.instrumentation.detectors.base import Evidence, Verdict, fail, not_back, passed, skipped
+from kvwatch.instrumentation.detectors.base import (
+    Evidence,
+    Verdict,
+    fail,
+    not_back,
+    passed,
+    skipped,
+)
 from kvwatch.instrumentation.record import RunRecord
 
 ID = "quiescence"
