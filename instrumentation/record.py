@@ -68,12 +68,51 @@ class HeapSample(NamedTuple):
 
 
 class Candidate(NamedTuple):
-    """A greedy request the run served: equivalence replays its prompt."""
+    """A request the run served whose output its prompt and parameters decide
+    (greedy, or sampled with a seed): equivalence replays it."""
 
-    turn: int
+    turn: int  # the barrier after which it was collected
     prompt: tuple[int, ...]
     output: tuple[int, ...]  # what the run produced
     max_tokens: int
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+
+    @classmethod
+    def from_finished(cls, turn: int, data: dict) -> Candidate:
+        """From an entry of the server's ``GET /debug/finished``."""
+        return cls(
+            turn,
+            tuple(data["prompt"]),
+            tuple(data["output"]),
+            data["max_tokens"],
+            data.get("temperature", 0.0),
+            data.get("top_p", 1.0),
+            data.get("seed"),
+            tuple(data.get("stop_token_ids", ())),
+            data.get("ignore_eos", False),
+        )
+
+    def to_json(self) -> list:
+        params = {
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "seed": self.seed,
+            "stop_token_ids": list(self.stop_token_ids),
+            "ignore_eos": self.ignore_eos,
+        }
+        return [self.turn, list(self.prompt), list(self.output), self.max_tokens, params]
+
+    @classmethod
+    def from_json(cls, data: list) -> Candidate:
+        turn, prompt, output, max_tokens, *rest = data
+        params = rest[0] if rest else {}
+        return cls.from_finished(
+            turn, {"prompt": prompt, "output": output, "max_tokens": max_tokens, **params}
+        )
 
 
 class Replay(NamedTuple):
@@ -210,7 +249,8 @@ class RunRecord(NamedTuple):
     # black-box: drain gauges before the first turn and after the run ended
     gauges_baseline: dict[str, float] | None = None
     gauges_drained: dict[str, float] | None = None
-    candidates: tuple[Candidate, ...] = ()  # greedy requests served, to replay
+    candidates: tuple[Candidate, ...] = ()  # comparable requests served, to replay
+    finished: int = 0  # requests the engine finished, comparable or not
     requests: Counts | None = None  # what the clients sent (None: not counted)
     soak: Soak | None = None
     # the heap once the run drained and flushed; its ``since_mark`` is the growth
@@ -229,9 +269,8 @@ class RunRecord(NamedTuple):
             "error": self.error,
             "gauges_baseline": self.gauges_baseline,
             "gauges_drained": self.gauges_drained,
-            "candidates": [
-                [c.turn, list(c.prompt), list(c.output), c.max_tokens] for c in self.candidates
-            ],
+            "candidates": [c.to_json() for c in self.candidates],
+            "finished": self.finished,
             "requests": self.requests.to_json() if self.requests is not None else None,
             "soak": self.soak.to_json() if self.soak is not None else None,
             "heap_end": self.heap_end.to_json() if self.heap_end is not None else None,
@@ -243,10 +282,7 @@ class RunRecord(NamedTuple):
             Replay(turn, tuple(prompt), tuple(cached), tuple(reference))
             for turn, prompt, cached, reference in data.get("replays", ())
         )
-        candidates = tuple(
-            Candidate(turn, tuple(prompt), tuple(output), max_tokens)
-            for turn, prompt, output, max_tokens in data.get("candidates", ())
-        )
+        candidates = tuple(Candidate.from_json(c) for c in data.get("candidates", ()))
         return cls(
             turns=tuple(Turn.from_json(t) for t in data.get("turns", ())),
             warmup=data.get("warmup", 2),
@@ -257,6 +293,7 @@ class RunRecord(NamedTuple):
             gauges_baseline=data.get("gauges_baseline") or None,
             gauges_drained=data.get("gauges_drained") or None,
             candidates=candidates,
+            finished=data.get("finished", 0),
             requests=Counts.from_json(data["requests"]) if data.get("requests") else None,
             soak=Soak.from_json(data.get("soak")),
             heap_end=HeapSample.from_json(data.get("heap_end")),

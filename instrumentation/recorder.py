@@ -10,9 +10,10 @@ HTTP probe endpoints)::
                             probes the engine kept since (``watch``)
     barrier(t, reports)     drain to idle -> (flush) -> barrier probe, heap
                             sample, usage gauges per conversation; the turn's
-                            samples go with it; the users' greedy requests
-                            become candidates for the equivalence replay,
-                            their request counts so far are kept; the last
+                            samples go with it; the greedy and seeded
+                            requests the engine finished become candidates
+                            for the equivalence replay, the users' request
+                            counts so far are kept; the last
                             warm-up barrier marks the heap
     finish(reports)         the users' request counts -> drain -> flush ->
                             drained probe, drain gauges and the heap's growth
@@ -67,6 +68,11 @@ class ProbeSource(Protocol):
         """The probes the engine kept since the previous call (see ``watch``)."""
         ...
 
+    def finished(self) -> dict:
+        """The comparable requests finished since the last call (the server's
+        ``GET /debug/finished``: ``requests``, ``finished``, ``dropped``)."""
+        ...
+
     def heap_start(self) -> None: ...
 
     def heap_mark(self) -> None:
@@ -102,14 +108,6 @@ def _counts(reports: Sequence[Mapping]) -> Counts | None:
     return merge_counts(counted) if counted else None
 
 
-def _candidates(turn: int, reports: Sequence[Mapping]) -> list[Candidate]:
-    return [
-        Candidate(turn, tuple(prompt), tuple(output), max_tokens)
-        for r in reports
-        for prompt, output, max_tokens in r.get("replays", ())
-    ]
-
-
 class TurnRecorder:
     def __init__(
         self,
@@ -122,6 +120,7 @@ class TurnRecorder:
         self.turns: list[Turn] = []
         self.sampled: list[ProbeReport] = []
         self.candidates: list[Candidate] = []
+        self.finished = 0
         self.baseline: ProbeReport | None = None
         self.drained: ProbeReport | None = None
         self.gauges_baseline: dict[str, float] | None = None
@@ -184,7 +183,7 @@ class TurnRecorder:
             _counts(reports),
         )
         self.turns.append(entry)
-        self.candidates += _candidates(turn, reports)
+        self._collect_finished(turn)
         return entry
 
     def finish(self, reports: Sequence[Mapping] = ()) -> None:
@@ -199,6 +198,7 @@ class TurnRecorder:
             while self._idle_by(deadline) and not self.source.flush():
                 pass  # a request arrived between idle and flush: wait again
             self.drained = self.source.probe()
+            self._collect_finished(len(self.turns))
             if self.options.heap and self.turns:
                 self.heap_end = self.source.heap_sample(HEAP_SITES, HEAP_SINCE_MARK)
         self.gauges_drained = self._read(self.options.drain_gauges)
@@ -217,12 +217,20 @@ class TurnRecorder:
             gauges_baseline=self.gauges_baseline or None,
             gauges_drained=self.gauges_drained or None,
             candidates=tuple(self.candidates),
+            finished=self.finished,
             requests=self.requests,
             soak=self.soak,
             heap_end=self.heap_end,
         )
 
     # -- pieces ---------------------------------------------------------------------------
+    def _collect_finished(self, turn: int) -> None:
+        """The comparable requests finished since the last call, as candidates."""
+        if self.white_box:
+            done = self.source.finished()
+            self.finished += done["finished"]
+            self.candidates += [Candidate.from_finished(turn, r) for r in done["requests"]]
+
     def _collect_latched(self) -> None:
         if self.options.watch:
             self.sampled += self.source.latched()

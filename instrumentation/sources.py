@@ -36,10 +36,11 @@ class CallableSource:
         probe: Callable[[], Any],
         *,
         flush: Callable[[], object] | None = None,
+        finished: Callable[[], dict] | None = None,
         heap_scope: str | None = None,
         heap_frames: int = 8,
     ) -> None:
-        self._probe, self._flush = probe, flush
+        self._probe, self._flush, self._finished = probe, flush, finished
         self._scope = "scope" if heap_scope else "process"
         self._heap = HeapTracker({"scope": heap_scope} if heap_scope else {})
         self._frames = heap_frames
@@ -53,6 +54,11 @@ class CallableSource:
         if self._flush is not None:
             self._flush()
         return True
+
+    def finished(self) -> dict:
+        if self._finished is None:
+            return {"requests": [], "finished": 0, "dropped": 0}
+        return self._finished()
 
     def watch(self) -> None:
         pass  # the caller probes at its own barriers
@@ -113,6 +119,9 @@ class HttpSource:
 
     def watch(self) -> None:
         self._call("POST", "/debug/watch?on=true")
+
+    def finished(self) -> dict:
+        return self._call("GET", "/debug/finished")
 
     def latched(self) -> list[ProbeReport]:
         return [ProbeReport.from_json(p) for p in self._call("GET", "/debug/latched")["probes"]]

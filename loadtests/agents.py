@@ -28,9 +28,7 @@ class AgentTrieUser(TurnUser):
             self.chats.append(Chat(self.chats[0].messages))
 
         def step(chat: Chat) -> None:
-            data = chat.step(self, sentence(self.rng), name="agent turn")
-            if chat is self.chats[0]:
-                self.keep_for_replay(data, 8)
+            chat.step(self, sentence(self.rng), name="agent turn")
 
         def tool_call(lo: int = 2, hi: int = 5) -> None:
             words = sentence(self.rng, lo, hi)
@@ -210,8 +208,7 @@ class AbortStormUser(TurnUser):
             self.stream_chat(prompt, name="stalled reader", max_tokens=16, stall=0.3)
 
         def step() -> None:
-            data = self.chats[0].step(self, sentence(self.rng), name="agent turn")
-            self.keep_for_replay(data, 8)
+            self.chats[0].step(self, sentence(self.rng), name="agent turn")
 
         parallel(step, cut_in_prefill, cut_in_prefill, cut_in_decode, stalled_reader)
 
@@ -234,8 +231,7 @@ class SlotCacheUser(TurnUser):
             self.chat([{"role": "user", "content": sentence(self.rng, 1, 2)}], name="tiny chat")
             return
         lo, hi = (1, 3) if self.rng.random() < 0.5 else (12, 28)
-        data = self.chats[0].step(self, sentence(self.rng, lo, hi), name="follow-up")
-        self.keep_for_replay(data, 8)
+        self.chats[0].step(self, sentence(self.rng, lo, hi), name="follow-up")
 
     def conversations(self) -> int:
         return 1

@@ -47,8 +47,7 @@ class BadInputUser(TurnUser):
         picks = self.rng.sample(range(len(CASES)), 4)
 
         def step() -> None:
-            data = self.chats[0].step(self, sentence(self.rng), name="agent turn")
-            self.keep_for_replay(data, 8)
+            self.chats[0].step(self, sentence(self.rng), name="agent turn")
 
         def cold() -> None:  # shares nothing with the cache: a miss on every lookup
             prompt = [{"role": "user", "content": sentence(self.rng, 3, 12)}]

@@ -9,7 +9,7 @@
 
 The barrier and the probes happen inside the Locust run (see
 ``recorder.py``); this module starts processes, follows their progress,
-replays each run's greedy requests on a cache-off engine of the served model
+replays each run's greedy and seeded requests on a cache-off engine of the served model
 (``instrumentation/replay.py``) and judges what they recorded. With
 ``--target`` the engine is someone else's: nothing is injected, probed or
 replayed, and only black-box detectors run.
@@ -229,10 +229,13 @@ def _run_one(
         return _broken(profile.name, c, opts.turns, error)
     run = RunRecord.from_json(json.loads(record.read_text()))
     if reference is not None and run.error is None:
-        late = [c for c in run.candidates if c.turn >= run.warmup][: plan.replays]
-        run = run._replace(replays=reference.replay(late))
+        started = time.monotonic()
+        run = run._replace(replays=reference.replay(run.candidates))
         record.write_text(json.dumps(run.to_json()))
-        opts.progress(f"    {len(late)} greedy requests replayed on a cache-off engine")
+        opts.progress(
+            f"    {len(run.replays)} of {run.finished} finished requests (greedy or seeded) "
+            f"replayed on a cache-off engine ({time.monotonic() - started:.1f} s)"
+        )
     sent = run.requests or Counts({}, 0, 0)
     requests, errors = sent.requests, sent.errors
     if run.error is None and (dead := no_service(requests, errors)):

@@ -90,7 +90,6 @@ class RunPlan:
     watch: bool = True  # the server probes after every step and keeps findings (probe only)
     flush_every_turn: bool = False  # flush the cache at every barrier (probe only)
     sample_every: float = 0.1  # seconds between probes while a turn runs (0: barriers only)
-    replays: int = 3  # greedy requests replayed on a cold cache at the end (probe only)
     drain_timeout: float = 120.0
     turn_timeout: float = 180.0  # no barrier completes for this long: the run broke
     metrics_settle: float = 0.1  # seconds to wait before a scrape, past the gauges' caching

@@ -53,7 +53,6 @@ class TurnUser(StreamingChatUser):
         shared = random.Random(f"{plan.seed}:shared")
         self.system = {"role": "system", "content": sentence(shared, 14, 16)}
         self.schema = {"role": "tool", "content": sentence(shared, 16, 18)}
-        self.candidates: list[list] = []
         self.finished = False
         self.episode_turn = 0
         self.setup()
@@ -78,7 +77,7 @@ class TurnUser(StreamingChatUser):
         if self.episode_turn == self.plan.turns:  # the episode is over: start afresh
             self._finish()
             self.environment.kvwatch_status.episode_ended(self.index)
-            self.finished, self.episode_turn, self.candidates = False, 0, []
+            self.finished, self.episode_turn = False, 0
             self._safely(self.setup)
         self._safely(self.turn, self.episode_turn)
         self.episode_turn += 1
@@ -115,26 +114,17 @@ class TurnUser(StreamingChatUser):
             )
 
     def _barrier_report(self) -> dict:
-        report = {
+        return {
             "conversations": self.conversations(),
             "context_tokens": self.context_tokens(),
-            "replays": self.candidates[:1],
             **self._end_report(),
         }
-        self.candidates = []
-        return report
 
     def _end_report(self) -> dict:
         """This process's request counts so far: every request of this user's
         turn is done (the coordinator keeps each process's largest)."""
         process = str(getattr(self.environment.runner, "client_id", "local"))
         return {"process": process, "counts": self.environment.kvwatch_status.counts().to_json()}
-
-    def keep_for_replay(self, data: dict | None, max_tokens: int) -> None:
-        if data and "prompt_token_ids" in data:
-            self.candidates.append(
-                [data["prompt_token_ids"], data["choices"][0]["token_ids"], max_tokens]
-            )
 
     # -- what a profile fills in ----------------------------------------------------------
     def setup(self) -> None:

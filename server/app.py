@@ -17,6 +17,7 @@ from fastapi.responses import JSONResponse, Response
 
 from kvwatch.server import completions, debug, errors, sessions
 from kvwatch.server.debug import heap_tracker
+from kvwatch.server.finished import FinishedLog
 from kvwatch.server.idle import IdleReaper, SessionClock
 from kvwatch.server.limits import RequestLimits
 from kvwatch.server.settings import ServerSettings
@@ -60,6 +61,7 @@ def create_app(
     app.include_router(completions.router)
     app.include_router(sessions.router)
     if settings.enable_probe:
+        worker.finished = FinishedLog()
         app.include_router(debug.router)
 
     @app.get("/health")

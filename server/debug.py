@@ -4,7 +4,8 @@ With a probe token set, every call needs ``Authorization: Bearer TOKEN``.
 ``/debug/probe`` is ``Engine.probe()`` as JSON (docs/contracts.md has the shape);
 ``/debug/flush_cache`` evicts everything unreferenced and answers 409 while
 requests run; ``/debug/watch`` probes after every step and ``/debug/latched``
-hands over the probes that showed a finding; the tracemalloc endpoints start
+hands over the probes that showed a finding; ``/debug/finished`` the greedy
+and seeded requests finished since the last call, for the equivalence replay; the tracemalloc endpoints start
 heap tracking, report the largest growth since the previous snapshot, by
 traceback, and (``mark``) keep a reference that later snapshots report their
 growth by site against. With ``scope=engine`` a snapshot counts only what the
@@ -114,6 +115,13 @@ async def latched(request: Request):
     had a finding but were not kept."""
     probes, dropped = await _worker(request).run(_worker(request).latched)
     return {"probes": [p.to_json() for p in probes], "dropped": dropped}
+
+
+@router.get("/finished")
+async def finished(request: Request):
+    """The comparable requests finished since the previous call (``finished.py``)."""
+    worker = _worker(request)
+    return worker.finished.take()
 
 
 @router.post("/tracemalloc/start")

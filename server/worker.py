@@ -44,6 +44,7 @@ from kvwatch.contracts import ProbeReport
 from kvwatch.engine.engine import Completion, Engine
 from kvwatch.engine.events import BatchComputed
 from kvwatch.engine.request import RequestOutput, SamplingParams
+from kvwatch.server.finished import FinishedLog
 
 IDLE_WAIT_S = 0.05
 MAX_LATCHED = 16  # probes kept between two reads; later ones are counted, not kept
@@ -89,6 +90,7 @@ class EngineWorker:
         self._latched: list[ProbeReport] = []
         self._dropped = 0
         self._last_seen: frozenset = frozenset()  # what the last step's probe showed
+        self.finished: FinishedLog | None = None  # set with --enable-probe
         self._thread = threading.Thread(target=self._run, name="kvwatch-engine", daemon=True)
         engine.events.subscribe(BatchComputed, lambda _: self._drain_aborts())
 
@@ -254,6 +256,9 @@ class EngineWorker:
     def _finish(self, request_id: str) -> None:
         stream = self._streams.pop(request_id, None)
         if request_id in self.engine.requests and self.engine.requests[request_id].done:
+            params = self.engine.requests[request_id].params
             completion = self.engine.take(request_id)
+            if self.finished is not None and completion.finish_reason in ("stop", "length"):
+                self.finished.add(completion.prompt_token_ids, completion.token_ids, params)
             if stream is not None:
                 stream.put(completion)

@@ -1,4 +1,5 @@
-"""equivalence: greedy outputs replayed with the cache off must equal the cached run's."""
+"""equivalence: every comparable request (greedy, or sampled with a seed) replayed
+with the cache off must give the tokens the cached run gave."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ def detect(run: RunRecord) -> Verdict:
         return skipped(ID, "no replays")
     bad = sorted((r for r in run.replays if r.cached != r.reference), key=lambda r: r.turn)
     if not bad:
-        return passed(ID, f"{len(run.replays)} replays equal the cache-off outputs")
+        of = f" of {run.finished} finished requests" if run.finished else ""
+        return passed(ID, f"{len(run.replays)}{of} equal their cache-off replays")
     ev = []
     for r in bad:
         at = next(
