@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import httpx
 import pytest
+from inprocserver import serving
 
 from kvwatch.engine import EngineConfig
 from kvwatch.engine.runner import ModelRunner
@@ -20,7 +21,6 @@ from kvwatch.instrumentation.replay import Reference
 from kvwatch.instrumentation.sources import HttpSource
 from kvwatch.serve import ServeOptions, build
 from kvwatch.server import ServerSettings
-from inprocserver import serving
 
 MODEL = "kvwatch-tiny-hybrid"
 
