@@ -24,7 +24,13 @@ import torch
 from kvwatch.engine.cache.hybrid import HybridPrefixCache
 from kvwatch.engine.config import MAX_ROLLBACK, EngineConfig
 from kvwatch.engine.errors import SessionError, busy_session
-from kvwatch.engine.events import BatchComputed, EventBus
+from kvwatch.engine.events import (
+    BatchComputed,
+    EventBus,
+    SessionClosed,
+    SessionOpened,
+    SessionRolledBack,
+)
 from kvwatch.engine.faults import Fault
 from kvwatch.engine.model.model import HybridModel
 from kvwatch.engine.model.paged import page_layouts
@@ -227,9 +233,11 @@ class Engine:
     ) -> str:
         """A streaming session: its turns keep one cache slot; with ``record``, each
         finished turn leaves a record (and its routed-expert blob with ``routed_experts``)."""
-        return self.sessions.create(session_id, record=record, routed_experts=routed_experts).id
+        sid = self.sessions.create(session_id, record=record, routed_experts=routed_experts).id
+        self.events.emit(SessionOpened(sid))
+        return sid
 
-    def close_session(self, session_id: str) -> None:
+    def close_session(self, session_id: str, *, reason: str = "closed") -> None:
         """Insert the session's tokens into the tree and give its slot back.
 
         The session is closed even when its cache state is broken (an injected
@@ -238,6 +246,7 @@ class Engine:
         """
         session = self._idle_session(session_id)
         self.sessions.forget(session)
+        self.events.emit(SessionClosed(session_id, reason))
         if session.holder is None:
             return
         try:
@@ -262,6 +271,7 @@ class Engine:
             session.records.rollback(steps)
         if session.holder is not None:  # the slot's state must not outrun its tokens
             self.cache.settle(session.holder, len(session.tokens))
+        self.events.emit(SessionRolledBack(session_id, steps))
 
     def trajectory(self, session_id: str) -> Trajectory:
         session = self.sessions.get(session_id)

@@ -106,6 +106,13 @@ class RequestAdded(NamedTuple):
     labels: tuple[tuple[str, str], ...] = ()
 
 
+class RequestWaiting(NamedTuple):
+    """Queued behind a running request that is computing the prefix it shares."""
+
+    request_id: str
+    step: int
+
+
 class RequestScheduled(NamedTuple):
     """First admission: the request leaves the queue with this much served from cache."""
 
@@ -139,6 +146,7 @@ class SpecVerified(NamedTuple):
 class RequestRetracted(NamedTuple):
     request_id: str
     computed_tokens: int
+    stage: str = ""  # "prefill", "decode" or "verify": what its in-flight work was
 
 
 class RequestRecovered(NamedTuple):
@@ -174,3 +182,18 @@ class BatchComputed(NamedTuple):
     step: int
     request_ids: tuple[str, ...]
     tokens: int
+
+
+# -- sessions ---------------------------------------------------------------------------
+class SessionOpened(NamedTuple):
+    session_id: str
+
+
+class SessionRolledBack(NamedTuple):
+    session_id: str
+    steps: int
+
+
+class SessionClosed(NamedTuple):
+    session_id: str
+    reason: str  # "closed" (a client asked) or "idle timeout"

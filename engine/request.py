@@ -69,6 +69,7 @@ class Request:
     routed_experts: torch.Tensor | None = None  # (computed tokens, n_layers, top_k), when asked
     generator: torch.Generator | None = None
     admitted: bool = False
+    waiting_for_prefix: bool = False  # a RequestWaiting went out and it is not admitted yet
     not_before: int = 0  # engine step before which it is not admitted (retraction backoff)
     session: Session | None = None  # a streaming-session turn; tokens is then the session's list
     labels: tuple[tuple[str, str], ...] = ()  # passed on in RequestAdded, never read

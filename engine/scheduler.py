@@ -40,6 +40,7 @@ from kvwatch.engine.events import (
     RequestRecovered,
     RequestRetracted,
     RequestScheduled,
+    RequestWaiting,
     SpecVerified,
     TokensGenerated,
 )
@@ -120,8 +121,8 @@ class Scheduler:
             return
         prefilling = [r for r in placed if r.holder.computed_len < r.prompt_len - 1]
         victim = (prefilling or placed)[-1]
-        works.pop(victim.id)
-        self._retract(victim)
+        work = works.pop(victim.id)
+        self._retract(victim, stage="verify" if work.drafts else None)
 
     # -- one step ----------------------------------------------------------------------
     def schedule(self, step: int) -> list[Work]:
@@ -138,8 +139,13 @@ class Scheduler:
         for req in list(self.waiting):
             if len(self.running) >= self.cfg.max_running or budget <= 0:
                 break
-            if req.not_before > step or (waits is not None and waits.waits(req)):
-                continue  # backing off after a retraction, or waiting for a sharer
+            if req.not_before > step:
+                continue  # backing off after a retraction
+            if waits is not None and waits.waits(req):
+                if not req.waiting_for_prefix:
+                    req.waiting_for_prefix = True
+                    self.events.emit(RequestWaiting(req.id, step))
+                continue  # waiting for a sharer
             try:
                 admitted = self._admit(req)
             except Exception as exc:  # a cache broken past repair (an injected fault, say)
@@ -295,7 +301,7 @@ class Scheduler:
                 self.fail(req, f"request cannot be admitted even into an idle cache: {exc}")
             return False
         self.waiting.remove(req)
-        req.status = Status.RUNNING
+        req.status, req.waiting_for_prefix = Status.RUNNING, False
         bisect.insort(self.running, req, key=lambda r: r.arrival)
         if recovering:
             self.events.emit(RequestRecovered(req.id, match.resume_len))
@@ -345,8 +351,12 @@ class Scheduler:
                     queue.remove(req)
         self._failed(req, error)
 
-    def _retract(self, req: Request, hold_steps: int | None = None) -> None:
-        computed = req.holder.computed_len
+    def _retract(
+        self, req: Request, hold_steps: int | None = None, stage: str | None = None
+    ) -> None:
+        """``stage``: what the request was about to do when pushed out (default: what
+        it did last), for the ``RequestRetracted`` event."""
+        computed, stage = req.holder.computed_len, stage or self._stage(req)
         if req.session is not None:  # a session slot is pinned: the turn steps back, the slot stays
             self.cache.park(req.holder)
             req.holder = None
@@ -357,7 +367,7 @@ class Scheduler:
         hold = self.cfg.retract_backoff if hold_steps is None else hold_steps
         req.not_before = self.step + 1 + hold
         self.waiting.appendleft(req)
-        self.events.emit(RequestRetracted(req.id, computed))
+        self.events.emit(RequestRetracted(req.id, computed, stage))
 
     def _unpin_retracted(self) -> bool:
         """Give up the recovery point of the newest retracted request; False if none has one.

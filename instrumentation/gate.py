@@ -25,6 +25,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import NamedTuple
 
+from kvwatch.instrumentation.coverage import coverage, merge
 from kvwatch.instrumentation.detectors import (
     FAIL,
     IDS,
@@ -48,6 +49,7 @@ class RunResult(NamedTuple):
     error: str | None = None  # the run itself broke
     timeline: tuple[tuple[int, float], ...] = ()  # (turn, epoch seconds at its barrier)
     heap_per_token: tuple[tuple[int, float], ...] = ()  # (turn, traced bytes / context token)
+    coverage: Mapping[str, Mapping[str, int]] = {}  # lifecycle transitions taken, per machine
 
     def as_dict(self) -> dict:
         out = {
@@ -63,6 +65,8 @@ class RunResult(NamedTuple):
             out["heap_bytes_per_context_token"] = [
                 {"turn": t, "value": round(v, 3)} for t, v in self.heap_per_token
             ]
+        if self.coverage:
+            out["coverage"] = {m: dict(edges) for m, edges in self.coverage.items()}
         if self.error:
             out["error"] = self.error
         return out
@@ -95,6 +99,7 @@ def judge(
         record.error,
         timeline,
         heap,
+        record.coverage,
     )
 
 
@@ -118,12 +123,38 @@ def summarize(runs: Sequence[RunResult], faults: Iterable[str] = ()) -> dict:
         verdict = "error"
     else:
         verdict = PASS
-    return {
+    summary = {
         "verdict": verdict,
         "faults": sorted(faults),
         "detectors": detectors,
         "runs": [r.as_dict() for r in runs],
     }
+    if any(r.coverage for r in runs):
+        summary["coverage"] = coverage_summary(runs)
+    return summary
+
+
+def coverage_summary(runs: Sequence[RunResult]) -> dict:
+    """Lifecycle coverage in total and per profile: per machine, transitions taken
+    (with counts), never taken, and seen but not in the machine."""
+    profiles = sorted({r.profile for r in runs})
+    return {
+        "total": coverage(merge(*(r.coverage for r in runs))),
+        "profiles": {
+            p: coverage(merge(*(r.coverage for r in runs if r.profile == p))) for p in profiles
+        },
+    }
+
+
+def coverage_line(summary: Mapping) -> str | None:
+    """One line for the console: taken of total per machine, and what was never taken."""
+    total = summary.get("coverage", {}).get("total")
+    if not total:
+        return None
+    parts = [f"{m} {len(c['taken'])}/{c['total']}" for m, c in total.items()]
+    never = [f"{m}: {t}" for m, c in total.items() for t in c["never"]]
+    tail = f"; never taken: {', '.join(never)}" if never else "; every transition taken"
+    return f"lifecycle transitions taken: {', '.join(parts)}{tail}"
 
 
 def exit_code(summary: Mapping) -> int:

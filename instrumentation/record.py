@@ -19,7 +19,7 @@ the users' episodes ended (the usage trend is judged over whole episodes).
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import NamedTuple
 
 from kvwatch.contracts import ProbeReport
@@ -256,6 +256,8 @@ class RunRecord(NamedTuple):
     # the heap once the run drained and flushed; its ``since_mark`` is the growth
     # since the barrier that ended the warm-up
     heap_end: HeapSample | None = None
+    # lifecycle transitions the run took, per machine (``lifecycle.py``)
+    coverage: Mapping[str, Mapping[str, int]] = {}
 
     def to_json(self) -> dict:
         return {
@@ -274,6 +276,7 @@ class RunRecord(NamedTuple):
             "requests": self.requests.to_json() if self.requests is not None else None,
             "soak": self.soak.to_json() if self.soak is not None else None,
             "heap_end": self.heap_end.to_json() if self.heap_end is not None else None,
+            "coverage": {m: dict(edges) for m, edges in self.coverage.items()},
         }
 
     @classmethod
@@ -297,6 +300,7 @@ class RunRecord(NamedTuple):
             requests=Counts.from_json(data["requests"]) if data.get("requests") else None,
             soak=Soak.from_json(data.get("soak")),
             heap_end=HeapSample.from_json(data.get("heap_end")),
+            coverage=data.get("coverage") or {},
         )
 
 

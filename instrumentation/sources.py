@@ -123,6 +123,10 @@ class HttpSource:
     def finished(self) -> dict:
         return self._call("GET", "/debug/finished")
 
+    def coverage(self) -> dict:
+        """Lifecycle transitions the server has taken since it started, per machine."""
+        return self._call("GET", "/debug/coverage")
+
     def latched(self) -> list[ProbeReport]:
         return [ProbeReport.from_json(p) for p in self._call("GET", "/debug/latched")["probes"]]
 

@@ -18,6 +18,7 @@ from kvwatch.engine.config import CacheConfig, PrefixCacheMode
 from kvwatch.engine.faults import faults_from_env, parse_faults
 from kvwatch.engine.overrides import apply_overrides
 from kvwatch.instrumentation import Telemetry, instrument
+from kvwatch.instrumentation.lifecycle import LifecycleCounter
 from kvwatch.server import EngineWorker, ServerSettings, create_app
 from kvwatch.sockets import listen_socket, socket_url
 
@@ -70,7 +71,10 @@ def build(options: ServeOptions, config: EngineConfig | None = None):
         telemetry,
         stats_max_age=STATS_MAX_AGE_S,
     )
-    app = create_app(worker, options.settings, metrics=telemetry.render_metrics)
+    lifecycle = LifecycleCounter(engine.events)
+    app = create_app(
+        worker, options.settings, metrics=telemetry.render_metrics, coverage=lifecycle.taken
+    )
     return app, worker, telemetry
 
 

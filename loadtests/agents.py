@@ -221,7 +221,9 @@ class AbortStormUser(TurnUser):
 
 class SlotCacheUser(TurnUser):
     """slot-cache: seed 004's sequence on the snapshot-slot backend. Follow-ups
-    shorten and lengthen; tiny chats have a boundary too short to snapshot."""
+    shorten and lengthen; tiny chats have a boundary too short to snapshot; every
+    other turn the client retries its follow-up, a prompt shorter than the
+    snapshot that follow-up left."""
 
     def setup(self) -> None:
         self.chats = [Chat([self.system])]
@@ -232,6 +234,8 @@ class SlotCacheUser(TurnUser):
             return
         lo, hi = (1, 3) if self.rng.random() < 0.5 else (12, 28)
         self.chats[0].step(self, sentence(self.rng, lo, hi), name="follow-up")
+        if t % 2 == 1:
+            self.chat(self.chats[0].messages[:-1], name="retried follow-up")
 
     def conversations(self) -> int:
         return 1

@@ -34,8 +34,10 @@ from urllib.parse import urlparse
 
 from kvwatch.engine.faults import parse_faults
 from kvwatch.instrumentation import gate as verdicts
+from kvwatch.instrumentation.coverage import since
 from kvwatch.instrumentation.detectors import IDS, MIN_JUDGED_TURNS, RunRecord
 from kvwatch.instrumentation.record import Counts
+from kvwatch.instrumentation.sources import HttpSource
 from kvwatch.loadtests import outputs
 from kvwatch.loadtests import profiles as catalog
 from kvwatch.loadtests.plan import RunPlan, preset
@@ -142,6 +144,8 @@ def run_gate(opts: GateOptions) -> tuple[dict, int]:
 
         write_report(summary, opts.out)
     code = verdicts.exit_code(summary)
+    if line := verdicts.coverage_line(summary):
+        opts.progress(line)
     opts.progress(f"verdict: {summary['verdict']} ({summary['elapsed_s']} s) -> {opts.out}")
     return summary, code
 
@@ -181,7 +185,7 @@ def _start_server(opts: GateOptions, profile: catalog.Profile) -> EngineServer:
     config = where / "engine.json"
     config.write_text(json.dumps(profile.engine_config(), indent=2))
     spans = outputs.child(opts.out, "spans", profile.name)
-    return EngineServer(config, opts.faults, where / "server.log", spans)
+    return EngineServer(config, opts.faults, where / "server.log", spans, profile.serve_flags)
 
 
 def profile_engine(profile: catalog.Profile):
@@ -220,6 +224,8 @@ def _run_one(
         gauges=preset(opts.gauges, opts.extra_gauges),
     )
     (where / "plan.json").write_text(plan.to_json())
+    counted = HttpSource(server.url, white_box=True, token=server.token) if server else None
+    before = counted.coverage() if counted else {}
     error = _locust(opts, profile, c, target, where, record)
     if server is not None and (gone := server.exited()):
         return _broken(profile.name, c, opts.turns, gone)  # a partial record is not judged
@@ -228,6 +234,8 @@ def _run_one(
     if error is not None:
         return _broken(profile.name, c, opts.turns, error)
     run = RunRecord.from_json(json.loads(record.read_text()))
+    if counted is not None:  # everything the server did for this run, its users' setup too
+        run = run._replace(coverage=since(before, counted.coverage()))
     if reference is not None and run.error is None:
         started = time.monotonic()
         run = run._replace(replays=reference.replay(run.candidates))

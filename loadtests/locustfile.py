@@ -28,6 +28,7 @@ from kvwatch.loadtests.agents import (
 )
 from kvwatch.loadtests.badinput import BadInputUser
 from kvwatch.loadtests.barrier import END, TurnBarrier
+from kvwatch.loadtests.chaos import ChaosUser
 from kvwatch.loadtests.plan import RunPlan
 from kvwatch.loadtests.users import AgentUser, StreamingChatUser, sentence
 
@@ -35,6 +36,7 @@ __all__ = [
     "AbortStormUser",
     "AgentTrieUser",
     "BadInputUser",
+    "ChaosUser",
     "ChatUser",
     "RolloutUser",
     "SessionAgent",

@@ -39,6 +39,7 @@ class Profile(NamedTuple):
     kvwatch_api: bool = False  # needs kvwatch's session API (not for any OpenAI server)
     heap: bool = False  # heap samples at every concurrency (else up to gate.HEAP_UP_TO)
     flush_every_turn: bool = False
+    serve_flags: tuple[str, ...] = ()  # kvwatch serve options the profile needs
 
     @property
     def faults(self) -> tuple[str, ...]:
@@ -57,6 +58,7 @@ class Profile(NamedTuple):
             "black_box": not self.kvwatch_api,
             "heap": self.heap,
             "flush_every_turn": self.flush_every_turn,
+            "serve_flags": list(self.serve_flags),
             "engine": self.engine_config(),
         }
 
@@ -110,8 +112,22 @@ PROFILES: dict[str, Profile] = {
             "slot-cache",
             "SlotCacheUser",
             "the seed-004 sequence on the snapshot-slot backend: follow-ups that shorten and "
-            "lengthen, and tiny chats whose snapshots abort",
-            engine={"cache": {"mode": "slots", "slots": 2}},
+            "lengthen, retried follow-ups, and tiny chats whose snapshots abort",
+            # a full.kv pool that a few running requests and two slots overfill:
+            # slots are evicted under pressure
+            engine={"cache": {"mode": "slots", "slots": 2, "full_kv": {"capacity": 128}}},
+        ),
+        Profile(
+            "chaos",
+            "ChaosUser",
+            "session and request transitions the other profiles leave out, mixed from the "
+            "seed: sessions opened and closed at once, closed after a cut turn or a rollback, "
+            "left to the idle timeout; requests aborted while retracted or recovering",
+            kvwatch_api=True,
+            # its aborted retractions leave host-tier cache each turn: flushed at the
+            # barrier, so usage gauges show what is held, not what is cached
+            flush_every_turn=True,
+            serve_flags=("--session-idle-timeout", "15"),  # chaos.IDLE_TIMEOUT_S
         ),
         Profile(
             "bad-input",

@@ -33,7 +33,7 @@ def write_report(summary: dict, out: Path) -> Path:
         (r["profile"], r["concurrency"]): _load(out, r["profile"], r["concurrency"]) for r in runs
     }
     profiles = list(dict.fromkeys(r["profile"] for r in runs))
-    parts = [_head(summary), _table(summary)]
+    parts = [_head(summary), _table(summary), _coverage(summary)]
     for profile in profiles:
         records = {c: rec for (p, c), rec in loaded.items() if p == profile}
         parts.append(f"<h2>{html.escape(profile)}</h2>")
@@ -97,6 +97,30 @@ def _table(summary: dict) -> str:
             row += f"<td style='background:#f6c9c9'>{html.escape(run['error'])}</td>"
         rows.append(f"<tr>{row}</tr>")
     rows.append("</table><p>Hover a cell for its evidence; summary.json has all of it.</p>")
+    return "".join(rows)
+
+
+def _coverage(summary: dict) -> str:
+    """Lifecycle transitions taken, per profile and machine, and the ones never taken."""
+    cov = summary.get("coverage")
+    if not cov:
+        return ""
+    machines = list(cov["total"])
+    rows = ["<h2>lifecycle coverage</h2><table><tr><th>profile</th>"]
+    rows += [f"<th>{html.escape(m)}</th>" for m in machines] + ["</tr>"]
+    for name, per in [*cov["profiles"].items(), ("all runs", cov["total"])]:
+        cells = "".join(f"<td>{len(per[m]['taken'])} of {per[m]['total']}</td>" for m in machines)
+        rows.append(f"<tr><td>{html.escape(name)}</td>{cells}</tr>")
+    rows.append("</table>")
+    never = [f"{m}: {t}" for m in machines for t in cov["total"][m]["never"]]
+    unlisted = [f"{m}: {t}" for m in machines for t in cov["total"][m]["unlisted"]]
+    rows.append(
+        "<p>Never taken: " + html.escape(", ".join(never)) + "</p>"
+        if never
+        else "<p>Every transition was taken at least once.</p>"
+    )
+    if unlisted:
+        rows.append("<p>Seen but not in the machines: " + html.escape(", ".join(unlisted)) + "</p>")
     return "".join(rows)
 
 

@@ -78,12 +78,21 @@ def _announced_url(proc: subprocess.Popen, log: Path, deadline: float) -> str:
 class EngineServer:
     """``kvwatch serve --enable-probe`` with an engine config file, until ``stop``."""
 
-    def __init__(self, config: Path, faults: tuple[str, ...], log: Path, run_dir: Path) -> None:
+    def __init__(
+        self,
+        config: Path,
+        faults: tuple[str, ...],
+        log: Path,
+        run_dir: Path,
+        extra: tuple[str, ...] = (),
+    ) -> None:
+        """``extra``: further ``kvwatch serve`` flags (a profile's ``serve_flags``)."""
         self.token = secrets.token_hex(16)
         flags = [
             *("--config", str(config), "--enable-probe", f"--probe-token={self.token}"),
             *("--run-dir", str(run_dir)),
             *(a for f in faults for a in ("--inject", f)),
+            *extra,
         ]
         self.log = log
         # exactly the faults asked for, whatever the environment says

@@ -32,8 +32,10 @@ def create_app(
     *,
     metrics: Callable[[], tuple[bytes, str]] | None = None,
     clock: SessionClock | None = None,
+    coverage: Callable[[], dict] | None = None,
 ) -> FastAPI:
-    """``clock`` times idle sessions (default: monotonic seconds); tests pass their own."""
+    """``clock`` times idle sessions (default: monotonic seconds); tests pass their own.
+    ``coverage`` counts the lifecycle transitions taken (``GET /debug/coverage``)."""
     settings = settings or ServerSettings()
 
     @asynccontextmanager
@@ -53,6 +55,7 @@ def create_app(
     app.state.worker = worker
     app.state.settings = settings
     app.state.heap = heap_tracker()
+    app.state.coverage = coverage
     app.state.clock = clock or SessionClock()
     app.state.clock.follow(worker.engine.events)
     timeout = settings.session_idle_timeout_s

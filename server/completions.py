@@ -107,8 +107,12 @@ def _controls(request: Request, body) -> RetractAfter | None:
             param="kvwatch",
         )
     if controls.retract_after is None:
+        if controls.abort_in is not None:
+            raise ApiError(
+                400, "abort_in needs retract_after", code="invalid_value", param="kvwatch"
+            )
         return None
-    return RetractAfter(controls.retract_after, controls.hold_steps)
+    return RetractAfter(controls.retract_after, controls.hold_steps, controls.abort_in)
 
 
 def _labels(request: Request, operation: str, body, text: str) -> dict[str, str]:

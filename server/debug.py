@@ -117,6 +117,16 @@ async def latched(request: Request):
     return {"probes": [p.to_json() for p in probes], "dropped": dropped}
 
 
+@router.get("/coverage")
+async def coverage(request: Request):
+    """Lifecycle transitions taken since the server started, per machine
+    (``{"request": {"new -> queued": 5, ...}, "session": {...}, "slot": {...}}``)."""
+    counted = request.app.state.coverage
+    if counted is None:
+        raise ApiError(404, "this server does not count lifecycle transitions", code="not_found")
+    return await _worker(request).run(counted)
+
+
 @router.get("/finished")
 async def finished(request: Request):
     """The comparable requests finished since the previous call (``finished.py``)."""

@@ -131,7 +131,7 @@ def close_if_idle(
         if session is None:  # closed some other way meanwhile
             clock.forget(sid)
         elif session.in_flight is None and clock.is_unused_for(sid, timeout):
-            engine.close_session(sid)
+            engine.close_session(sid, reason="idle timeout")
             clock.forget(sid)
             closed.append(sid)
     return closed

@@ -22,7 +22,8 @@ Two debugging aids for leak tests (the server offers them only with
 
 * *scripted retraction*: a request submitted with ``RetractAfter`` is pushed
   out, as pool pressure would, once it has computed that many tokens past its
-  cached prefix, and held on the host tier for the given steps;
+  cached prefix, and held on the host tier for the given steps (and, asked
+  to, aborted once retracted or once recovering);
 * *watching*: after every step the worker probes the engine and keeps each
   probe that shows a finding or an exceeded bound the step before did not
   (``latched``), so a state that lasts a few steps is seen however rarely a
@@ -43,7 +44,7 @@ from typing import Any, NamedTuple
 from kvwatch.contracts import ProbeReport
 from kvwatch.engine.engine import Completion, Engine
 from kvwatch.engine.events import BatchComputed
-from kvwatch.engine.request import RequestOutput, SamplingParams
+from kvwatch.engine.request import RequestOutput, SamplingParams, Status
 from kvwatch.server.finished import FinishedLog
 
 IDLE_WAIT_S = 0.05
@@ -53,6 +54,7 @@ MAX_LATCHED = 16  # probes kept between two reads; later ones are counted, not k
 class RetractAfter(NamedTuple):
     tokens: int  # computed past the cached prefix
     hold_steps: int
+    abort_in: str | None = None  # then abort it once "retracted" or "recovering"
 
 
 class EngineStopped(RuntimeError):
@@ -86,6 +88,7 @@ class EngineWorker:
         self._stopping = False
         self.failure: str | None = None  # set once a step raised; see EngineStopped
         self._scripted: dict[str, RetractAfter] = {}
+        self._abort_in: dict[str, str] = {}  # retracted by a script, to abort in that state
         self._watching = False
         self._latched: list[ProbeReport] = []
         self._dropped = 0
@@ -177,6 +180,17 @@ class EngineWorker:
             elif computed is not None and computed >= script.tokens:
                 self.engine.retract(rid, hold_steps=script.hold_steps)
                 del self._scripted[rid]
+                if script.abort_in is not None:
+                    self._abort_in[rid] = script.abort_in
+        for rid, state in list(self._abort_in.items()):
+            req = self.engine.requests.get(rid)
+            if req is None or req.done:
+                del self._abort_in[rid]
+            elif (state == "retracted" and req.status is Status.RETRACTED) or (
+                state == "recovering" and req.status is Status.RUNNING
+            ):
+                self.engine.abort(rid)
+                del self._abort_in[rid]
         if self._watching:
             self._watch_step()
 

@@ -25,6 +25,7 @@ DESIGN_PROFILES = (
     "abort-storm",
     "rl-rollout",
     "slot-cache",
+    "chaos",
     "bad-input",
 )
 
@@ -34,14 +35,14 @@ def kvwatch(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, capture_output=True, text=True, timeout=120)
 
 
-def test_profiles_json_lists_the_six_profiles_with_valid_engine_configs():
+def test_profiles_json_lists_the_seven_profiles_with_valid_engine_configs():
     out = kvwatch("profiles", "--json")
     assert out.returncode == 0, out.stderr
     entries = json.loads(out.stdout)
     assert tuple(e["name"] for e in entries) == DESIGN_PROFILES
     for entry in entries:
         config = apply_overrides(EngineConfig(), entry["engine"])  # raises if invalid
-        assert config.cache.full_kv.capacity == 1024
+        assert config.cache.full_kv.capacity <= 1024  # small pools: pressure within a run
         assert entry["faults"] == list(PROFILES[entry["name"]].faults)
     slot = apply_overrides(EngineConfig(), PROFILES["slot-cache"].engine_config())
     assert slot.cache.mode is PrefixCacheMode.SLOTS

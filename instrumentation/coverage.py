@@ -1,0 +1,140 @@
+"""The lifecycle state machines of a request, a session and a snapshot slot, as
+data, and coverage: which transitions a run took and which it never took.
+
+A leak hides on a transition no load ever takes, so a gate run says which
+ones it took (``lifecycle.LifecycleCounter`` counts them in the server from
+the engine's events). Transitions are ``"from -> to"``::
+
+    request  new -> queued -> (waiting ->) prefilling -> decoding <-> verifying
+                                   \\            \\            \\
+                                    aborted      retracted -> recovering -> decoding
+                                                              ... -> finished | aborted
+    session  new -> open -> running -> parked | cut -> running | rolled back
+                                                     -> closed | timed out
+    slot     empty -> prepared -> filled | aborted;  filled -> prepared (reused),
+             restored, evicted (pressure | flush)
+
+A slot lookup that finds an entry whose slot no longer holds its content
+(``SlotMissed``) is not a transition of a correct engine: confirming a
+snapshot erases the entries of the slot it reuses. It shows as unlisted.
+
+A transition the events show that a machine does not list is kept under its
+own name (``unlisted``), so a gap in the model is visible. This module
+imports nothing of the engine.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping
+from typing import NamedTuple
+
+NEW = "new"
+
+
+class Machine(NamedTuple):
+    name: str
+    states: tuple[str, ...]
+    transitions: tuple[str, ...]  # "from -> to"
+
+
+def _edges(*pairs: tuple[str, str]) -> tuple[str, ...]:
+    return tuple(f"{a} -> {b}" for a, b in pairs)
+
+
+_LIVE = ("queued", "waiting", "prefilling", "decoding", "verifying", "retracted", "recovering")
+REQUEST = Machine(
+    "request",
+    (NEW, *_LIVE, "finished", "aborted"),
+    _edges(
+        (NEW, "queued"),
+        ("queued", "waiting"),  # behind a sharer that computes its prefix
+        ("queued", "prefilling"),
+        ("waiting", "prefilling"),
+        ("prefilling", "decoding"),
+        ("decoding", "verifying"),  # a step with drafts
+        ("prefilling", "verifying"),  # a one-token prefill with drafts (a parked session's turn)
+        ("recovering", "verifying"),
+        ("verifying", "decoding"),
+        ("prefilling", "retracted"),
+        ("decoding", "retracted"),
+        ("verifying", "retracted"),
+        ("recovering", "retracted"),
+        ("retracted", "recovering"),
+        ("recovering", "decoding"),
+        ("decoding", "finished"),
+        *((s, "aborted") for s in _LIVE),  # an abort at each stage
+    ),
+)
+
+SESSION = Machine(
+    "session",
+    (NEW, "open", "running", "parked", "cut", "rolled back", "closed", "timed out"),
+    _edges(
+        (NEW, "open"),
+        ("open", "running"),
+        ("running", "parked"),  # the turn finished; the session keeps its cache slot
+        ("running", "cut"),  # the turn was aborted
+        ("parked", "running"),
+        ("cut", "running"),
+        ("parked", "rolled back"),
+        ("rolled back", "running"),
+        ("open", "closed"),
+        ("parked", "closed"),
+        ("cut", "closed"),
+        ("rolled back", "closed"),
+        ("parked", "timed out"),
+    ),
+)
+
+SLOT = Machine(
+    "slot",
+    ("empty", "prepared", "filled", "aborted", "restored", "missed", "evicted"),
+    _edges(
+        ("empty", "prepared"),
+        ("filled", "prepared"),  # a filled slot handed out again
+        ("prepared", "filled"),
+        ("prepared", "aborted"),
+        ("filled", "restored"),
+        ("filled", "evicted (pressure)"),
+        ("filled", "evicted (flush)"),
+    ),
+)
+
+MACHINES: Mapping[str, Machine] = {m.name: m for m in (REQUEST, SESSION, SLOT)}
+
+
+def coverage(taken: Mapping[str, Mapping[str, int]]) -> dict[str, dict]:
+    """Per machine: the transitions it lists, which were taken (with counts),
+    which never were, and transitions seen that it does not list."""
+    out = {}
+    for name, machine in MACHINES.items():
+        seen = taken.get(name, {})
+        out[name] = {
+            "taken": {t: seen[t] for t in machine.transitions if seen.get(t)},
+            "never": [t for t in machine.transitions if not seen.get(t)],
+            "unlisted": {t: n for t, n in seen.items() if t not in machine.transitions},
+            "total": len(machine.transitions),
+        }
+    return out
+
+
+def merge(*taken: Mapping[str, Mapping[str, int]]) -> dict[str, dict[str, int]]:
+    """Counts of several runs added up."""
+    out: dict[str, Counter] = {}
+    for t in taken:
+        for machine, edges in t.items():
+            out.setdefault(machine, Counter()).update(edges)
+    return {m: dict(c) for m, c in out.items()}
+
+
+def since(before: Mapping[str, Mapping[str, int]], after: Mapping[str, Mapping[str, int]]):
+    """What ``after`` counted beyond ``before`` (two readings of one counter)."""
+    return {
+        m: {
+            t: n - before.get(m, {}).get(t, 0)
+            for t, n in edges.items()
+            if n > before.get(m, {}).get(t, 0)
+        }
+        for m, edges in after.items()
+    }

@@ -1,0 +1,136 @@
+"""The chaos profile's user: every session and request transition the other
+profiles leave out, mixed from the run's seed.
+
+One turn runs these side by side:
+
+* the agent's main session: a streamed turn, cut mid-stream on some turns
+  (running -> cut -> running), rolled back after others (parked -> rolled
+  back -> running);
+* a short-lived session that is opened and closed with no turn, closed right
+  after a cut turn, or closed after a rollback (open, cut, rolled back ->
+  closed), by turn;
+* a long stateless request that the server's test controls push out to the
+  host tier and then abort while it waits there, or while it recovers
+  (retracted, recovering -> aborted): timings no client can hit on purpose;
+* in the first turn, a session left idle: the server's idle timeout closes
+  it (parked -> timed out), and the agent waits for that at the end.
+"""
+
+from __future__ import annotations
+
+import time
+
+import gevent
+
+from kvwatch.loadtests.agents import SessionUser
+from kvwatch.loadtests.turns import parallel
+from kvwatch.loadtests.users import sentence
+
+IDLE_TIMEOUT_S = 15  # the chaos server's --session-idle-timeout
+IDLE_TIMEOUT_S = 15  # the chaos server's --session-idle-timeout (profiles.py)
+CHECKS = 8  # looks at the abandoned session, one idle timeout apart, before giving up
+# Pushed out 8 tokens into a ~300-token prompt: its recovery computes the rest
+# over several steps, so "recovering" lasts past a step boundary.
+SCRIPTED = {
+    "retracted": {"retract_after": 8, "hold_steps": 100_000, "abort_in": "retracted"},
+    "recovering": {"retract_after": 8, "hold_steps": 2, "abort_in": "recovering"},
+}
+
+
+class ChaosUser(SessionUser):
+    def setup(self) -> None:
+        super().setup()
+        self.main = self.open_session()
+        self.abandoned: str | None = None
+
+    def turn(self, t: int) -> None:
+        jobs = [lambda: self._main_turn(t), lambda: self._brief_session(t), self._scripted_abort]
+        if t == 0:
+            jobs.append(self._abandon_one)
+        parallel(*jobs)
+
+    def _main_turn(self, t: int) -> None:
+        if self.main is None:
+            return
+        first = [self.system] if t == 0 else []
+        cut = self.rng.randint(1, 3) if t % 3 == 1 else None
+        self.stream_chat(
+            [*first, {"role": "user", "content": sentence(self.rng)}],
+            name="chaos session turn",
+            session_id=self.main,
+            max_tokens=16,
+            cut_after=cut,
+        )
+        if t % 3 == 2:
+            self._rollback(self.main)
+
+    def _brief_session(self, t: int) -> None:
+        sid = self.open_session()
+        if sid is None:
+            return
+        if t % 3 == 1:  # a turn the client cuts, then the session closes at once
+            self.stream_chat(
+                [{"role": "user", "content": sentence(self.rng, 20, 30)}],
+                name="brief session turn",
+                session_id=sid,
+                max_tokens=32,
+                cut_after=1,
+            )
+        elif t % 3 == 2:  # a turn, rolled back, then closed
+            self.chat(
+                [{"role": "user", "content": sentence(self.rng)}],
+                name="brief session turn",
+                session_id=sid,
+            )
+            self._rollback(sid)
+        self.sessions.remove(sid)
+        self._close(sid)
+
+    def _rollback(self, sid: str) -> None:
+        self.client.post(
+            f"/v1/sessions/{sid}/rollback", json={"steps": 1}, name="/v1/sessions/[id]/rollback"
+        )
+
+    def _scripted_abort(self) -> None:
+        """A long request the server pushes out and aborts in the state picked from
+        the seed; the client sees a stream that ends early, which is its answer."""
+        state = self.rng.choice(sorted(SCRIPTED))
+        prompt = [self.system, {"role": "user", "content": sentence(self.rng, 50, 60)}]
+        self.stream_chat(
+            prompt, name=f"aborted while {state}", max_tokens=8, extra={"kvwatch": SCRIPTED[state]}
+        )
+
+    def _abandon_one(self) -> None:
+        """A session with one turn that the client never uses again."""
+        sid = self.open_session()
+        if sid is None:
+            return
+        self.chat(
+            [{"role": "user", "content": sentence(self.rng)}], name="abandoned turn", session_id=sid
+        )
+        self.sessions.remove(sid)
+        self.abandoned = (sid, time.monotonic())
+
+    def finish(self) -> None:
+        super().finish()
+        if self.abandoned is not None:
+            self._await_timeout(*self.abandoned)
+
+    def _await_timeout(self, sid: str, since: float) -> None:
+        """Until the server has closed the abandoned session (409 session_closed).
+
+        A look is a use that restarts its idle clock, so the agent looks only
+        once a whole timeout (and a margin) has passed since its last use.
+        """
+        last = since
+        for _ in range(CHECKS):
+            gevent.sleep(max(0.0, last + IDLE_TIMEOUT_S + 2 - time.monotonic()))
+            with self.client.get(
+                f"/v1/sessions/{sid}", name="abandoned session", catch_response=True
+            ) as resp:
+                if resp.status_code == 409 and "session_closed" in resp.text:
+                    resp.success()
+                    return
+                if resp.status_code == 200:
+                    resp.success()  # not closed yet: look again
+            last = time.monotonic()
