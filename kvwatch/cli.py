@@ -128,6 +128,7 @@ def _duration(text: str) -> float:
 # gate flags a soak has no use for, by the argparse dest that holds them
 NOT_FOR_SOAK = {
     "turns": "--turns",
+    "max_replays": "--max-replays",
     "target": "--target",
     "metrics_url": "--metrics-url",
     "gauges": "--gauges",
@@ -180,6 +181,7 @@ def _gate(args: argparse.Namespace) -> int:
         locust_workers=args.locust_workers or 0,
         seed=args.seed,
         model=args.model,
+        max_replays=args.max_replays,
         report=not args.no_report,
         pushgateway=args.pushgateway,
         grafana_url=args.grafana_url,
@@ -334,6 +336,13 @@ def build_parser() -> argparse.ArgumentParser:
     gate.add_argument("--locust-workers", type=int, default=None, metavar="N", help="default: 0")
     gate.add_argument("--seed", type=int, default=0)
     gate.add_argument("--model", default="kvwatch-tiny-hybrid", help="the model name to ask for")
+    gate.add_argument(
+        "--max-replays",
+        type=int,
+        default=None,
+        metavar="N",
+        help="replay at most N comparable requests per run, spread over the run (default: all)",
+    )
     gate.add_argument("--no-report", action="store_true", help="skip report.html")
     gate.add_argument(
         "--pushgateway", default=None, metavar="URL", help="push the verdict metrics here"

@@ -48,7 +48,7 @@ BLACK_BOX_DETECTORS = ("gauge-trend",)
 # to this concurrency, and at every one for profiles that ask (``Profile.heap``):
 # tracing costs every allocation, and at c = 8 the agentic-trie profile's
 # per-step probes ran 3.4x slower with it (144 s against 42 s).
-HEAP_UP_TO = 4
+HEAP_UP_TO = 2
 
 
 @dataclass(frozen=True)
@@ -67,6 +67,7 @@ class GateOptions:
     locust_workers: int = 0
     seed: int = 0
     model: str = "kvwatch-tiny-hybrid"
+    max_replays: int | None = None  # None: every comparable request
     run_timeout: float = 600.0
     report: bool = True
     pushgateway: str | None = None  # push the verdict metrics here
@@ -91,6 +92,8 @@ class GateOptions:
             raise ValueError("--target and --metrics-url go together")
         if self.target is not None and self.faults:
             raise ValueError("--inject needs the embedded engine; it cannot reach a --target")
+        if self.max_replays is not None and self.max_replays < 1:
+            raise ValueError("--max-replays must be >= 1")
         if self.locust_workers < 0:
             raise ValueError("--locust-workers must be >= 0")
         for flag, url in (("--pushgateway", self.pushgateway), ("--grafana-url", self.grafana_url)):
@@ -238,7 +241,7 @@ def _run_one(
         run = run._replace(coverage=since(before, counted.coverage()))
     if reference is not None and run.error is None:
         started = time.monotonic()
-        run = run._replace(replays=reference.replay(run.candidates))
+        run = run._replace(replays=reference.replay(spread(run.candidates, opts.max_replays)))
         record.write_text(json.dumps(run.to_json()))
         opts.progress(
             f"    {len(run.replays)} of {run.finished} finished requests (greedy or seeded) "
@@ -298,6 +301,16 @@ def _follow(opts: GateOptions, progress: Path, seen: int) -> int:
             f"{probes} ({p['elapsed']} s)"
         )
     return len(lines)
+
+
+def spread(items: list, most: int | None) -> list:
+    """All of ``items``, or ``most`` of them evenly spread (first and last kept)."""
+    if most is None or len(items) <= most:
+        return list(items)
+    if most == 1:
+        return [items[-1]]
+    step = (len(items) - 1) / (most - 1)
+    return [items[round(i * step)] for i in range(most)]
 
 
 def no_service(requests: int, errors: int) -> str | None:

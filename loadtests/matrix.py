@@ -103,12 +103,13 @@ def jobs(
     return out
 
 
-def run_cell(job: Job, root: Path) -> Cell:
-    """One ``kvwatch gate`` process; its outputs stay in ``root/job.name``."""
+def run_cell(job: Job, root: Path, extra: Sequence[str] = ()) -> Cell:
+    """One ``kvwatch gate`` process (``extra``: more gate flags); its outputs stay
+    in ``root/job.name``."""
     out = root / job.name
     shutil.rmtree(out, ignore_errors=True)
     started = time.monotonic()
-    cmd = [sys.executable, "-m", "kvwatch", *job.argv(out)]
+    cmd = [sys.executable, "-m", "kvwatch", *job.argv(out), *extra]
     log = root / f"{job.name}.log"
     with log.open("w") as sink:
         proc = subprocess.run(cmd, stdout=sink, stderr=subprocess.STDOUT, timeout=CELL_TIMEOUT_S)

@@ -26,7 +26,8 @@ def cells_on(*profiles: str) -> list[matrix.Job]:
 def assert_caught(job: matrix.Job, tmp_path: Path) -> None:
     """The gate exits 1 with the fault's own detector failing, with evidence, and
     says so on its console."""
-    cell = matrix.run_cell(job, tmp_path)
+    # CI-sized: a spread of 24 requests is replayed (make matrix replays them all)
+    cell = matrix.run_cell(job, tmp_path, ("--max-replays", "24"))
     log = (tmp_path / f"{job.name}.log").read_text()
     assert cell.holds, f"{matrix.problems([cell])}\n{log[-3000:]}"
     summary = json.loads((tmp_path / job.name / "summary.json").read_text())

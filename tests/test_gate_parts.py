@@ -252,3 +252,12 @@ def test_request_counts_come_from_request_events_and_merge_by_process():
     assert total.status == {"2xx": 8, "4xx": 1, "5xx": 1, "none": 1}
     assert (total.requests, total.errors) == (12, 4)
     assert Counts.from_json(total.to_json()) == total  # the record's JSON round trip
+
+
+def test_max_replays_spreads_over_the_run_and_keeps_both_ends():
+    from kvwatch.loadtests.gate import spread
+
+    items = list(range(10))
+    assert spread(items, None) == items and spread(items, 20) == items
+    assert spread(items, 4) == [0, 3, 6, 9]
+    assert spread(items, 1) == [9]
