@@ -19,7 +19,7 @@ pytestmark = pytest.mark.e2e
 
 
 def test_the_default_gate_at_c8_takes_every_transition(tmp_path):
-    code, summary, err = gate(tmp_path, "-c", "8", timeout=1500)
+    code, summary, err = gate(tmp_path, "-c", "8")
     assert code == 0, err[-3000:]
     assert summary["verdict"] == "pass" and failing(summary) == set()
     assert [r["profile"] for r in summary["runs"]] == list(PROFILES)

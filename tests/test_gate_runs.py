@@ -23,7 +23,7 @@ from kvwatch.loadtests.profiles import PROFILES
 pytestmark = pytest.mark.e2e
 
 
-def gate(out: Path, *args: str, timeout: float = 600) -> tuple[int, dict, str]:
+def gate(out: Path, *args: str, timeout: float = 2400) -> tuple[int, dict, str]:
     cmd = [sys.executable, "-m", "kvwatch", "gate", "--out", str(out), *args]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     summary_path = out / "summary.json"
