@@ -130,11 +130,8 @@ def merge(*taken: Mapping[str, Mapping[str, int]]) -> dict[str, dict[str, int]]:
 
 def since(before: Mapping[str, Mapping[str, int]], after: Mapping[str, Mapping[str, int]]):
     """What ``after`` counted beyond ``before`` (two readings of one counter)."""
-    return {
-        m: {
-            t: n - before.get(m, {}).get(t, 0)
-            for t, n in edges.items()
-            if n > before.get(m, {}).get(t, 0)
-        }
-        for m, edges in after.items()
-    }
+    out = {}
+    for machine, edges in after.items():
+        was = before.get(machine, {})
+        out[machine] = {t: n - was.get(t, 0) for t, n in edges.items() if n > was.get(t, 0)}
+    return out

@@ -97,6 +97,7 @@ class RecorderOptions:
     heap: bool = False  # heap samples at barriers (white-box only)
     flush_every_turn: bool = False  # flush the cache at every barrier (white-box only)
     drain_timeout: float = 120.0
+    replays: bool = True  # collect finished comparable requests for the equivalence replay
     usage_gauges: tuple[str, ...] = ()  # trended at barriers, per live conversation
     busy_gauges: tuple[str, ...] = ()  # their sum is 0 when the engine is idle
     drain_gauges: tuple[str, ...] = ()  # back at their starting value after the run
@@ -226,7 +227,7 @@ class TurnRecorder:
     # -- pieces ---------------------------------------------------------------------------
     def _collect_finished(self, turn: int) -> None:
         """The comparable requests finished since the last call, as candidates."""
-        if self.white_box:
+        if self.white_box and self.options.replays:
             done = self.source.finished()
             self.finished += done["finished"]
             self.candidates += [Candidate.from_finished(turn, r) for r in done["requests"]]

@@ -154,7 +154,8 @@ class SoakLoad:
         source = HttpSource(server.url, white_box=True, token=server.token)
         self.recorder = TurnRecorder(
             source,
-            RecorderOptions(watch=True, drain_timeout=opts.drain_timeout),
+            # nothing replays a soak's requests: the recorder does not collect them
+            RecorderOptions(watch=True, drain_timeout=opts.drain_timeout, replays=False),
             clock=lambda: round(time.monotonic() - self.begun, 3),
         )
         self.probe_errors: list[str] = []
