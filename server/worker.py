@@ -189,7 +189,7 @@ class EngineWorker:
             elif (state == "retracted" and req.status is Status.RETRACTED) or (
                 state == "recovering" and req.status is Status.RUNNING
             ):
-                self.engine.abort(rid)
+                self.abort_now(rid)  # the engine's abort, and the request's stream ends with it
                 del self._abort_in[rid]
         if self._watching:
             self._watch_step()
