@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test test-fast lint bench matrix clean prometheus
+.PHONY: run test test-fast lint bench matrix mutate clean prometheus
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -58,6 +58,12 @@ bench: $(STAMP)
 # c = 1, 2, 4, 8, and clean runs (84 gate runs, two at a time; about half an hour).
 matrix: $(STAMP)
 	$(PY) -m kvwatch.loadtests.matrix --out docs/mutation-matrix.md
+
+# Score the gate on generated mutants: docs/mutation-score.{json,md}. MUTATE_ARGS picks
+# them (default: 64 drawn in proportion per operator; MUTATE_ARGS= runs all of them).
+MUTATE_ARGS ?= --sample 64 --seed 0
+mutate: $(STAMP)
+	$(PY) -m kvwatch.mutation.score $(MUTATE_ARGS)
 
 clean:
 	rm -rf $(VENV) kvwatch-out build *.egg-info .pytest_cache .ruff_cache .hypothesis .benchmarks

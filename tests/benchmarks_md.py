@@ -11,7 +11,10 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import NamedTuple
+
+MUTATION_SCORE = Path(__file__).resolve().parents[1] / "docs" / "mutation-score.json"
 
 
 class Target(NamedTuple):
@@ -142,7 +145,30 @@ def render(data: dict) -> str:
             lines.append(
                 f"| {i['profile']} | {i['concurrency']} | {i['turns']} | {i['wall_s']} s | {i['gate_s']} s |"
             )
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + mutation_section(MUTATION_SCORE)) + "\n"
+
+
+def mutation_section(path: Path) -> list[str]:
+    """The gate's score on generated mutants (``make mutate``), from its JSON."""
+    if not path.exists():
+        return []
+    data = json.loads(path.read_text())
+    mutants = data["mutants"]
+    alive = [m for m in mutants if m["alive"]]
+    caught = [m for m in alive if m["caught_by"]]
+    share = f"{100 * len(caught) / len(alive):.0f}%" if alive else "-"
+    sample = data["meta"].get("sample")
+    judged = f"{len(mutants)} of {data['meta']['sites']}" if sample else str(len(mutants))
+    return [
+        "",
+        "## Mutation score",
+        "",
+        "Mutants generated from the lifecycle code (`make mutate`, docs/mutation-score.md).",
+        "",
+        "| mutants judged | alive | caught by the gate | score | survivors |",
+        "|---|---|---|---|---|",
+        f"| {judged} | {len(alive)} | {len(caught)} | {share} | {len(alive) - len(caught)} |",
+    ]
 
 
 def main(argv: list[str]) -> int:

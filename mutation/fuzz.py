@@ -1,0 +1,254 @@
+"""The engine program: a seeded random run of the engine, judged by oracles
+that know nothing about any particular bug.
+
+A program adds requests that share prefixes (greedy, and sampled with a
+seed), runs session turns, closes and rolls back sessions, steps, aborts,
+pauses, resumes and retracts, on a few engine setups (radix with drafts
+under pool pressure, roomy radix, the snapshot-slot backend). It observes:
+
+* after every operation, the audit (ownership, refs, tree invariants) and the
+  root's refs against the live holders;
+* at the end, once the engine drained, every session closed and the cache
+  flushed: every pool empty on device and host, and every registry the
+  engine holds back at its size when it was built (quiescence);
+* every request that finished (stop or length) equal, token for token, to
+  the same prompt on a cache-off engine (equivalence);
+* no request failed, and the engine drained.
+
+The same seed gives the same program, so a mutant is judged on exactly the
+operations the clean engine passes.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from dataclasses import replace
+from typing import NamedTuple
+
+from kvwatch.engine import (
+    CacheConfig,
+    Engine,
+    EngineConfig,
+    SamplingParams,
+    SchedulerConfig,
+    SpecConfig,
+)
+from kvwatch.engine.config import PrefixCacheMode
+from kvwatch.engine.model.tokenizer import USER
+from kvwatch.engine.request import Status
+from kvwatch.instrumentation.record import Candidate
+from kvwatch.instrumentation.replay import Reference
+from kvwatch.registries import registry_sizes
+
+ALPHABET = [*range(32, 41), USER]  # few tokens, so prompts share pages; turn markers for slots
+DRAIN_STEPS = 5000
+LIVE = (Status.WAITING, Status.RUNNING, Status.RETRACTED, Status.PAUSED)
+
+
+def _cache(full: int, swa: int, state: int, host: int, **kw) -> CacheConfig:
+    base = CacheConfig(**kw)
+    return replace(
+        base,
+        full_kv=replace(base.full_kv, capacity=full),
+        swa_kv=replace(base.swa_kv, capacity=swa),
+        swa_window=replace(base.swa_window, capacity=state, host_capacity=host),
+        linear_state=replace(base.linear_state, capacity=state, host_capacity=host),
+    )
+
+
+SETUPS: dict[str, EngineConfig] = {
+    "radix-pressure": EngineConfig(
+        cache=_cache(full=48, swa=40, state=12, host=6),
+        scheduler=SchedulerConfig(
+            max_running=4, chunk_size=16, max_batch_tokens=48, spec=SpecConfig(num_drafts=3)
+        ),
+    ),
+    "radix-roomy": EngineConfig(
+        cache=_cache(full=512, swa=128, state=48, host=24),
+        scheduler=SchedulerConfig(max_running=8, chunk_size=40, max_batch_tokens=120),
+    ),
+    "slots": EngineConfig(
+        cache=_cache(
+            full=96, swa=48, state=14, host=6, mode=PrefixCacheMode.SLOTS, slot_min_tokens=8
+        ),
+        scheduler=SchedulerConfig(max_running=4, chunk_size=24, max_batch_tokens=72),
+    ),
+}
+
+
+class Program(NamedTuple):
+    setup: str
+    seed: int
+    operations: int = 90
+
+
+PROGRAMS = tuple(Program(setup, seed) for seed in (0, 1) for setup in SETUPS)
+
+
+class Observation(NamedTuple):
+    """Something a program saw that a correct engine never shows."""
+
+    program: Program
+    oracle: str  # audit, quiescence, equivalence, failure, drain
+    detail: str
+
+    def __str__(self) -> str:
+        return f"{self.program.setup}/seed {self.program.seed}: {self.oracle}: {self.detail}"
+
+
+def run(program: Program) -> list[Observation]:
+    """Run one program; what its oracles saw (nothing on a correct engine)."""
+    return _Run(program).run()
+
+
+class _Run:
+    def __init__(self, program: Program) -> None:
+        self.program = program
+        self.rng = random.Random(program.seed)
+        self.engine = Engine(SETUPS[program.setup])
+        self.baseline = registry_sizes({"engine": self.engine})
+        self.prompts: list[list[int]] = [[]]
+        self.done: list[Candidate] = []
+
+    # -- operations -------------------------------------------------------------
+    def _ids(self, *statuses: Status) -> list[str]:
+        return sorted(r.id for r in self.engine.requests.values() if r.status in statuses)
+
+    def _idle_sessions(self) -> list[str]:
+        return sorted(s for s, x in self.engine.sessions.open.items() if x.in_flight is None)
+
+    def _more(self, most: int) -> list[int]:
+        return [self.rng.choice(ALPHABET) for _ in range(self.rng.randint(1, most))]
+
+    def add(self) -> None:
+        base = self.rng.choice(self.prompts[-5:])
+        prompt = base[: self.rng.randint(0, len(base))] + self._more(60)
+        self.prompts.append(prompt)
+        sampled = self.rng.random() < 0.3
+        params = SamplingParams(
+            max_tokens=self.rng.randint(1, 10), temperature=0.8 if sampled else 0.0, seed=1
+        )
+        self.engine.add_request(prompt, params)
+
+    def session_turn(self) -> None:
+        idle = self._idle_sessions()
+        if len(self.engine.sessions.open) < 3 and (not idle or self.rng.random() < 0.3):
+            record = self.rng.random() < 0.5
+            self.engine.open_session(record=record, routed_experts=record)
+            return
+        if idle:
+            sid = self.rng.choice(idle)
+            tokens = self.engine.sessions.get(sid).tokens
+            params = SamplingParams(max_tokens=self.rng.randint(1, 8))
+            self.engine.add_request([*tokens, *self._more(30)], params, session_id=sid)
+
+    def close_or_roll_back(self) -> None:
+        idle = self._idle_sessions()
+        if not idle:
+            return
+        sid = self.rng.choice(idle)
+        if self.rng.random() < 0.4:
+            self.engine.close_session(sid)
+        elif len(self.engine.sessions.get(sid).turn_ends) > 1:
+            self.engine.rollback_session(sid, 1)
+
+    def step(self) -> None:
+        for _ in range(self.rng.randint(1, 4)):
+            self.engine.step()
+
+    def abort(self) -> None:
+        if live := self._ids(*LIVE):
+            self.engine.abort(self.rng.choice(live))
+
+    def pause_or_resume(self) -> None:
+        if live := self._ids(*LIVE):
+            rid = self.rng.choice(live)
+            paused = self.engine.requests[rid].status is Status.PAUSED
+            (self.engine.resume if paused else self.engine.pause)(rid)
+
+    def retract(self) -> None:
+        running = self._ids(Status.RUNNING)
+        if len(running) > 1:
+            self.engine.retract(self.rng.choice(running))
+
+    OPERATIONS = (
+        (add, 6),
+        (session_turn, 3),
+        (close_or_roll_back, 1),
+        (step, 7),
+        (abort, 1),
+        (pause_or_resume, 1),
+        (retract, 1),
+    )
+
+    # -- oracles ------------------------------------------------------------------
+    def audit(self, after: str) -> Iterator[Observation]:
+        report = self.engine.probe()
+        for finding in report.findings:
+            yield Observation(self.program, "audit", f"after {after}: {finding}")
+        for bound in report.bounds.values():
+            if bound.exceeded:
+                detail = f"after {after}: {bound.group} pins {bound.pinned} pages, live holders justify {bound.limit}"
+                yield Observation(self.program, "bound", detail)
+        if report.root_refs.actual != report.root_refs.expected:
+            detail = f"after {after}: root refs {report.root_refs.actual}, expected {report.root_refs.expected}"
+            yield Observation(self.program, "audit", detail)
+
+    def collect(self) -> Iterator[Observation]:
+        for rid in self._ids(Status.FINISHED, Status.ABORTED, Status.FAILED):
+            p = self.engine.requests[rid].params
+            done = self.engine.take(rid)
+            if done.error is not None:
+                yield Observation(self.program, "failure", f"{rid}: {done.error}")
+            elif done.finish_reason in ("stop", "length"):
+                prompt, output = tuple(done.prompt_token_ids), tuple(done.token_ids)
+                self.done.append(
+                    Candidate(0, prompt, output, p.max_tokens, p.temperature, p.top_p, p.seed)
+                )
+
+    def run(self) -> list[Observation]:
+        """The program, then drain, close, flush and the end-state oracles."""
+        ops, weights = zip(*self.OPERATIONS, strict=True)
+        for _ in range(self.program.operations):
+            op = self.rng.choices(ops, weights)[0]
+            op(self)
+            if seen := list(self.audit(op.__name__)):
+                return seen
+        return list(self.finish())
+
+    def finish(self) -> Iterator[Observation]:
+        engine = self.engine
+        for rid in self._ids(Status.PAUSED):
+            engine.resume(rid)
+        for _ in range(DRAIN_STEPS):
+            if not engine.has_unfinished():
+                break
+            engine.step()
+        if engine.has_unfinished():
+            yield Observation(self.program, "drain", f"still running after {DRAIN_STEPS} steps")
+            return
+        yield from self.collect()
+        for sid in list(engine.sessions.open):
+            engine.close_session(sid)
+        engine.flush_cache()
+        yield from self.audit("the flush")
+        report = engine.probe()
+        for name, group in report.groups.items():
+            host = group.by_owner.get("host", 0)
+            if group.free != group.capacity or host:
+                detail = f"{name}: {group.used} device and {host} host pages held after the flush"
+                yield Observation(self.program, "quiescence", detail)
+        after = registry_sizes({"engine": engine})
+        for path, size in sorted(after.items()):
+            if size != self.baseline.get(path, 0):
+                detail = f"{path} holds {size} entries, {self.baseline.get(path, 0)} when built"
+                yield Observation(self.program, "quiescence", detail)
+        yield from self.equivalence()
+
+    def equivalence(self) -> Iterator[Observation]:
+        replays = Reference(SETUPS[self.program.setup]).replay(self.done)
+        for r in replays:
+            if r.cached != r.reference:
+                detail = f"{len(r.prompt)}-token prompt: {list(r.cached)} != cache-off {list(r.reference)}"
+                yield Observation(self.program, "equivalence", detail)

@@ -1,0 +1,213 @@
+"""Score the gate on mutants nobody wrote by hand: ``make mutate``.
+
+    python -m kvwatch.mutation.score [--sample N --seed S] [--only ID ...]
+
+For every mutant (``catalog.py``), on its own copy of the package:
+
+  1. alive?   the engine and server programs (``alive.py``); a mutant no
+              oracle sees is counted equivalent and goes no further;
+  2. fast     ``kvwatch gate --profile P -c 2`` (6 turns) profile by
+              profile, stopping at the first that fails (exit 1, or 3 when
+              the run itself broke);
+  3. default  a mutant the fast gate missed gets the default gate's
+              concurrency extremes, every profile at c = 1 and 8.
+
+Two mutants run at a time (both cores). The verdicts go to
+``docs/mutation-score.json`` and ``docs/mutation-score.md`` is rendered from
+that file alone (``report.py``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import NamedTuple
+
+from kvwatch.mutation.catalog import Mutant, catalog, materialize, sample
+from kvwatch.mutation.report import DOC, save
+
+ALIVE_TIMEOUT_S = 600  # a mutant that hangs the programs is alive (it hangs the engine)
+GATE_TIMEOUT_S = 1800
+FAST_PROFILES = (
+    "agentic-trie",
+    "streaming-session",
+    "abort-storm",
+    "slot-cache",
+    "chaos",
+    "rl-rollout",
+    "bad-input",
+)
+FAST_FLAGS = ("-c", "2", "--max-replays", "16")
+DEFAULT_FLAGS = ("-c", "1,8", "--max-replays", "24")
+
+
+class Verdict(NamedTuple):
+    """What happened to one mutant."""
+
+    mutant: Mutant
+    alive: bool
+    oracle: str | None  # the oracle that showed it alive
+    detail: str
+    caught_by: str | None  # "fast: <profile>" or "default"; None: the gate missed it
+    detectors: tuple[str, ...]  # the detectors that failed, or ("run broke",)
+    elapsed_s: float
+
+    @property
+    def outcome(self) -> str:
+        if not self.alive:
+            return "equivalent"
+        return "caught" if self.caught_by else "survived"
+
+    def to_json(self) -> dict:
+        return {
+            **self.mutant._asdict(),
+            "alive": self.alive,
+            "oracle": self.oracle,
+            "detail": self.detail,
+            "caught_by": self.caught_by,
+            "detectors": list(self.detectors),
+            "elapsed_s": self.elapsed_s,
+        }
+
+    @classmethod
+    def from_json(cls, d: dict) -> Verdict:
+        mutant = Mutant(d["file"], d["ordinal"], d["operator"], d["line"], d["before"], d["after"])
+        return cls(
+            mutant, d["alive"], d["oracle"], d["detail"], d["caught_by"],
+            tuple(d["detectors"]), d["elapsed_s"],
+        )  # fmt: skip
+
+
+def _env(tree: Path) -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(tree), "PYTHONDONTWRITEBYTECODE": "1"}
+
+
+def _alive(tree: Path) -> dict:
+    cmd = [sys.executable, "-m", "kvwatch.mutation.alive"]
+    try:
+        proc = subprocess.run(
+            cmd, cwd=tree, env=_env(tree), capture_output=True, text=True, timeout=ALIVE_TIMEOUT_S
+        )
+    except subprocess.TimeoutExpired:
+        return {"alive": True, "oracle": "hang", "detail": f"no end in {ALIVE_TIMEOUT_S} s"}
+    lines = proc.stdout.strip().splitlines()
+    if proc.returncode != 0 or not lines:
+        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        return {"alive": True, "oracle": "raised", "detail": tail[:300]}
+    return json.loads(lines[-1])
+
+
+def _gate(tree: Path, out: Path, flags: Sequence[str]) -> tuple[int, tuple[str, ...]]:
+    """One gate process on the mutant: its exit code and the detectors that failed."""
+    shutil.rmtree(out, ignore_errors=True)
+    cmd = [sys.executable, "-m", "kvwatch", "gate", *flags, "--seed", "0"]
+    cmd += ["--out", str(out), "--no-report"]
+    log = out.with_suffix(".log")
+    try:
+        with log.open("w") as sink:
+            proc = subprocess.run(
+                cmd, cwd=tree, env=_env(tree), stdout=sink, stderr=subprocess.STDOUT,
+                timeout=GATE_TIMEOUT_S,
+            )  # fmt: skip
+    except subprocess.TimeoutExpired:
+        return 3, ("run hung",)
+    summary = out / "summary.json"
+    failed: list[str] = []
+    if summary.exists():
+        for run in json.loads(summary.read_text())["runs"]:
+            failed += [k for k, v in run["detectors"].items() if v["verdict"] == "fail"]
+    if proc.returncode == 3:
+        failed.append("run broke")
+    elif proc.returncode not in (0, 1):
+        raise RuntimeError(f"kvwatch gate exited {proc.returncode} (see {log})")
+    return proc.returncode, tuple(dict.fromkeys(failed))
+
+
+def judge(mutant: Mutant, work: Path) -> Verdict:
+    """Steps 1-3 for one mutant, in its own directory under ``work``."""
+    started = time.monotonic()
+    tree = work / mutant.id.replace("/", "_").replace(":", "-")
+    shutil.rmtree(tree, ignore_errors=True)
+    materialize(mutant, tree / "src")
+    src = tree / "src"
+    alive = _alive(src)
+
+    def verdict(caught_by: str | None, detectors: tuple[str, ...] = ()) -> Verdict:
+        elapsed = round(time.monotonic() - started, 1)
+        return Verdict(
+            mutant, alive["alive"], alive["oracle"], alive["detail"], caught_by, detectors, elapsed
+        )
+
+    try:
+        if not alive["alive"]:
+            return verdict(None)
+        for profile in FAST_PROFILES:
+            code, failed = _gate(src, tree / f"fast-{profile}", ("--profile", profile, *FAST_FLAGS))
+            if code in (1, 3):
+                return verdict(f"fast: {profile}", failed)
+        code, failed = _gate(src, tree / "default", DEFAULT_FLAGS)
+        return verdict("default" if code in (1, 3) else None, failed)
+    finally:
+        shutil.rmtree(src, ignore_errors=True)
+
+
+def run_all(
+    mutants: Sequence[Mutant],
+    work: Path,
+    workers: int = 2,
+    progress: Callable[[str], None] | None = None,
+) -> list[Verdict]:
+    progress = progress or functools.partial(print, flush=True)
+    work.mkdir(parents=True, exist_ok=True)
+    done: dict[Mutant, Verdict] = {}
+
+    def one(mutant: Mutant) -> None:
+        v = judge(mutant, work)
+        done[mutant] = v
+        how = f" by {v.caught_by} ({', '.join(v.detectors)})" if v.caught_by else ""
+        progress(
+            f"[{len(done)}/{len(mutants)}] {mutant.id} {mutant.operator}: {v.outcome}{how} ({v.elapsed_s} s)"
+        )
+
+    with ThreadPoolExecutor(workers) as pool:
+        list(pool.map(one, mutants))
+    return [done[m] for m in mutants]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=DOC, help="default: docs/mutation-score.md")
+    parser.add_argument("--sample", type=int, help="this many mutants, in proportion per operator")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--only", action="append", help="just this mutant id (file:ordinal)")
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--work", type=Path, default=None, help="default: a temporary directory")
+    args = parser.parse_args(argv)
+    every = catalog()
+    chosen = (
+        [m for m in every if m.id in args.only]
+        if args.only
+        else sample(every, args.sample, args.seed)
+    )
+    work = args.work or Path(tempfile.mkdtemp(prefix="kvwatch-mutants-"))
+    verdicts = run_all(chosen, work, args.workers)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    save(verdicts, args.out, sites=len(every), sample=args.sample, seed=args.seed)
+    caught = sum(v.outcome == "caught" for v in verdicts)
+    alive = sum(v.alive for v in verdicts)
+    print(f"wrote {args.out}: {len(verdicts)} mutants, {alive} alive, {caught} caught")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

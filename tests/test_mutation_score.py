@@ -1,0 +1,103 @@
+"""The mutation tooling: operators, mutant trees, the alive oracles (they fail on a
+real bug and pass on the clean engine) and the score document."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from dataclasses import replace
+
+import pytest
+
+from kvwatch.mutation import fuzz, serverfuzz
+from kvwatch.mutation.catalog import REPO, catalog, materialize, sample
+from kvwatch.mutation.operators import OPERATORS, mutate, sites
+
+SOURCE = """
+def release(self, holder, pages):
+    try:
+        self.pool.free(pages[1:n])
+    except KeyError:
+        self.log(holder)
+        raise
+    if holder.aborted:
+        return
+    del self.table[holder.id]
+    node = self.owners.pop(holder.id)
+    self.tree.unlock(node)
+"""
+
+
+def test_every_operator_finds_its_sites():
+    found = {s.operator: s for s in sites(SOURCE)}
+    assert set(found) == set(OPERATORS)
+    by_op = {op: [i for i, s in enumerate(sites(SOURCE)) if s.operator == op] for op in OPERATORS}
+    dec = mutate(SOURCE, by_op["unlock-to-dec"][0])
+    assert "self.tree.dec(node)" in dec and "unlock" not in dec
+    assert "self.owners.get(holder.id)" in mutate(SOURCE, by_op["pop-to-get"][0])
+    deleted = [mutate(SOURCE, i) for i in by_op["release-call"]]
+    assert any("del self.table" not in m for m in deleted)
+    assert any("self.pool.free" not in m for m in deleted)
+    moved = {mutate(SOURCE, i).split("free(")[1].split(")")[0] for i in by_op["slice-bound"]}
+    assert moved == {"pages[1 - 1:n]", "pages[1 + 1:n]", "pages[1:n - 1]", "pages[1:n + 1]"}
+    cleanup = mutate(SOURCE, by_op["skip-cleanup"][0])
+    assert "self.log(holder)" not in cleanup and "raise" in cleanup
+    assert "if False:" in mutate(SOURCE, by_op["skip-branch"][0])
+    for i in range(len(sites(SOURCE))):  # every mutant is valid Python
+        ast.parse(mutate(SOURCE, i))
+    with pytest.raises(IndexError):
+        mutate(SOURCE, len(sites(SOURCE)))
+
+
+def test_the_catalog_is_stable_and_samples_every_operator():
+    first, again = catalog(), catalog()
+    assert first == again and len({m.id for m in first}) == len(first)
+    assert {m.operator for m in first} == set(OPERATORS)
+    drawn = sample(first, 30, seed=3)
+    assert len(drawn) <= 32 and {m.operator for m in drawn} == set(OPERATORS)
+    assert drawn == sample(first, 30, seed=3)
+
+
+def test_a_mutant_tree_runs_the_mutated_file(tmp_path):
+    mutant = next(m for m in catalog() if m.operator == "unlock-to-dec")
+    tree = materialize(mutant, tmp_path)
+    code = "import kvwatch.engine.cache.hybrid as h; print(h.__file__)"
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=tree, env={"PYTHONPATH": str(tree)},
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    assert out.strip().startswith(str(tree))
+    text = (tree / "kvwatch/engine/cache/hybrid.py").read_text()
+    assert text.count(".dec(") == (REPO / mutant.file).read_text().count(".dec(") + 1
+
+
+@pytest.mark.slow
+def test_the_engine_program_passes_clean_and_sees_a_root_ref_leak():
+    for program in fuzz.PROGRAMS:
+        assert fuzz.run(program) == [], program
+    leaky = replace(fuzz.SETUPS["radix-pressure"], faults=frozenset({"root-ref-leak-on-miss"}))
+    fuzz.SETUPS["leaky"] = leaky
+    try:
+        seen = fuzz.run(fuzz.Program("leaky", 0))
+    finally:
+        del fuzz.SETUPS["leaky"]
+    assert seen and seen[0].oracle == "audit" and "root" in seen[0].detail
+
+
+def test_the_server_program_passes_clean_and_sees_a_stream_kept(monkeypatch):
+    program = serverfuzz.PROGRAMS[0]
+    assert serverfuzz.run(program) == []
+    from kvwatch.server.worker import EngineWorker
+
+    finish = EngineWorker._finish
+
+    def finish_keeping_the_stream(self, request_id):
+        stream = self._streams.get(request_id)
+        finish(self, request_id)
+        if stream is not None:  # ended, but never dropped: a registry that only grows
+            self._streams[request_id] = stream
+
+    monkeypatch.setattr(EngineWorker, "_finish", finish_keeping_the_stream)
+    seen = serverfuzz.run(program)
+    assert any(o.oracle == "quiescence" and "_streams" in o.detail for o in seen), seen
