@@ -26,7 +26,7 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
+import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -167,20 +167,33 @@ def run_all(
     workers: int = 2,
     progress: Callable[[str], None] | None = None,
 ) -> list[Verdict]:
+    """Every mutant's verdict, in ``mutants`` order. Each verdict is appended to
+    ``work/verdicts.jsonl`` as it comes; a mutant already there is not run again,
+    so a run that was stopped resumes where it was."""
     progress = progress or functools.partial(print, flush=True)
     work.mkdir(parents=True, exist_ok=True)
+    journal = work / "verdicts.jsonl"
     done: dict[Mutant, Verdict] = {}
+    if journal.exists():
+        for line in journal.read_text().splitlines():
+            v = Verdict.from_json(json.loads(line))
+            done[v.mutant] = v
+    lock = threading.Lock()
 
     def one(mutant: Mutant) -> None:
         v = judge(mutant, work)
-        done[mutant] = v
+        with lock:
+            done[mutant] = v
+            with journal.open("a") as f:
+                f.write(json.dumps(v.to_json()) + "\n")
         how = f" by {v.caught_by} ({', '.join(v.detectors)})" if v.caught_by else ""
         progress(
-            f"[{len(done)}/{len(mutants)}] {mutant.id} {mutant.operator}: {v.outcome}{how} ({v.elapsed_s} s)"
+            f"[{len(done)}/{len(mutants)}] {mutant.id} {mutant.operator}: "
+            f"{v.outcome}{how} ({v.elapsed_s} s)"
         )
 
     with ThreadPoolExecutor(workers) as pool:
-        list(pool.map(one, mutants))
+        list(pool.map(one, [m for m in mutants if m not in done]))
     return [done[m] for m in mutants]
 
 
@@ -191,7 +204,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--only", action="append", help="just this mutant id (file:ordinal)")
     parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--work", type=Path, default=None, help="default: a temporary directory")
+    parser.add_argument(
+        "--work", type=Path, default=Path("kvwatch-out/mutants"),
+        help="mutant trees, gate outputs and verdicts.jsonl (a rerun resumes from it)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     every = catalog()
     chosen = (
@@ -199,8 +215,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.only
         else sample(every, args.sample, args.seed)
     )
-    work = args.work or Path(tempfile.mkdtemp(prefix="kvwatch-mutants-"))
-    verdicts = run_all(chosen, work, args.workers)
+    verdicts = run_all(chosen, args.work, args.workers)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     save(verdicts, args.out, sites=len(every), sample=args.sample, seed=args.seed)
     caught = sum(v.outcome == "caught" for v in verdicts)

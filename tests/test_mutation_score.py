@@ -101,3 +101,21 @@ def test_the_server_program_passes_clean_and_sees_a_stream_kept(monkeypatch):
     monkeypatch.setattr(EngineWorker, "_finish", finish_keeping_the_stream)
     seen = serverfuzz.run(program)
     assert any(o.oracle == "quiescence" and "_streams" in o.detail for o in seen), seen
+
+
+def test_a_stopped_run_resumes_from_its_journal(tmp_path, monkeypatch):
+    from kvwatch.mutation import score
+
+    mutants = catalog()[:3]
+    judged = []
+
+    def judge(mutant, work):
+        judged.append(mutant.id)
+        return score.Verdict(mutant, True, "audit", "seen", "fast: chaos", ("tree",), 1.0)
+
+    monkeypatch.setattr(score, "judge", judge)
+    first = score.run_all(mutants[:2], tmp_path, workers=1, progress=lambda _: None)
+    assert judged == [m.id for m in mutants[:2]]
+    again = score.run_all(mutants, tmp_path, workers=1, progress=lambda _: None)
+    assert judged == [m.id for m in mutants]  # only the third ran again
+    assert again[:2] == first and again[2].mutant == mutants[2]
