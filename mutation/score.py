@@ -171,6 +171,7 @@ def run_all(
     ``work/verdicts.jsonl`` as it comes; a mutant already there is not run again,
     so a run that was stopped resumes where it was."""
     progress = progress or functools.partial(print, flush=True)
+    work = work.resolve()  # the gates run from the mutant's tree
     work.mkdir(parents=True, exist_ok=True)
     journal = work / "verdicts.jsonl"
     done: dict[Mutant, Verdict] = {}

@@ -7,6 +7,7 @@ import ast
 import subprocess
 import sys
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -110,12 +111,14 @@ def test_a_stopped_run_resumes_from_its_journal(tmp_path, monkeypatch):
     judged = []
 
     def judge(mutant, work):
+        assert work.is_absolute()  # the gates run from the mutant's tree, not from here
         judged.append(mutant.id)
         return score.Verdict(mutant, True, "audit", "seen", "fast: chaos", ("tree",), 1.0)
 
     monkeypatch.setattr(score, "judge", judge)
-    first = score.run_all(mutants[:2], tmp_path, workers=1, progress=lambda _: None)
+    monkeypatch.chdir(tmp_path)
+    first = score.run_all(mutants[:2], Path("mutants"), workers=1, progress=lambda _: None)
     assert judged == [m.id for m in mutants[:2]]
-    again = score.run_all(mutants, tmp_path, workers=1, progress=lambda _: None)
+    again = score.run_all(mutants, Path("mutants"), workers=1, progress=lambda _: None)
     assert judged == [m.id for m in mutants]  # only the third ran again
     assert again[:2] == first and again[2].mutant == mutants[2]
