@@ -8,7 +8,7 @@ before any tensor is allocated.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
 FULL_KV = "full.kv"
@@ -142,6 +142,19 @@ class CacheConfig:
                     f"{spec.name} capacity ({spec.capacity}) must hold at least a working "
                     f"state and one snapshot ({2 * self.pages_per_snapshot(spec.name)} pages)"
                 )
+
+    @classmethod
+    def sized(cls, full: int, swa: int, state: int, host: int, **kw) -> CacheConfig:
+        """The default geometry with these capacities (pages): ``full`` for full.kv,
+        ``swa`` for swa.kv, ``state`` and ``host`` (host tier) for both state groups."""
+        base = cls(**kw)
+        return replace(
+            base,
+            full_kv=replace(base.full_kv, capacity=full),
+            swa_kv=replace(base.swa_kv, capacity=swa),
+            swa_window=replace(base.swa_window, capacity=state, host_capacity=host),
+            linear_state=replace(base.linear_state, capacity=state, host_capacity=host),
+        )
 
     @property
     def page_size(self) -> int:

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import random
 from collections.abc import Iterator
-from dataclasses import replace
 from typing import NamedTuple
 
 from kvwatch.engine import (
@@ -46,30 +45,19 @@ DRAIN_STEPS = 5000
 LIVE = (Status.WAITING, Status.RUNNING, Status.RETRACTED, Status.PAUSED)
 
 
-def _cache(full: int, swa: int, state: int, host: int, **kw) -> CacheConfig:
-    base = CacheConfig(**kw)
-    return replace(
-        base,
-        full_kv=replace(base.full_kv, capacity=full),
-        swa_kv=replace(base.swa_kv, capacity=swa),
-        swa_window=replace(base.swa_window, capacity=state, host_capacity=host),
-        linear_state=replace(base.linear_state, capacity=state, host_capacity=host),
-    )
-
-
 SETUPS: dict[str, EngineConfig] = {
     "radix-pressure": EngineConfig(
-        cache=_cache(full=48, swa=40, state=12, host=6),
+        cache=CacheConfig.sized(full=48, swa=40, state=12, host=6),
         scheduler=SchedulerConfig(
             max_running=4, chunk_size=16, max_batch_tokens=48, spec=SpecConfig(num_drafts=3)
         ),
     ),
     "radix-roomy": EngineConfig(
-        cache=_cache(full=512, swa=128, state=48, host=24),
+        cache=CacheConfig.sized(full=512, swa=128, state=48, host=24),
         scheduler=SchedulerConfig(max_running=8, chunk_size=40, max_batch_tokens=120),
     ),
     "slots": EngineConfig(
-        cache=_cache(
+        cache=CacheConfig.sized(
             full=96, swa=48, state=14, host=6, mode=PrefixCacheMode.SLOTS, slot_min_tokens=8
         ),
         scheduler=SchedulerConfig(max_running=4, chunk_size=24, max_batch_tokens=72),

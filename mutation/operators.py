@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import ast
 import re
-from collections.abc import Callable, Iterator
 from typing import NamedTuple
 
 RELEASE_NAMES = frozenset(
@@ -201,5 +200,3 @@ OPERATORS: tuple[str, ...] = (
     "skip-cleanup",
     "skip-branch",
 )
-
-Visit = Callable[[str], Iterator[Site]]

@@ -69,7 +69,12 @@ def render(verdicts: Sequence[Verdict], meta: dict) -> str:
         lines.append(
             f"| {op} | {len(mine)} | {alive_n} | {n['caught']} | {n['survived']} | {n['equivalent']} |"
         )
-    lines += ["", "## Survivors", ""]
+    return "\n".join(lines + _survivors(alive) + _every_mutant(verdicts)) + "\n"
+
+
+def _survivors(alive: Sequence[Verdict]) -> list[str]:
+    """Each alive mutant the gate let through, with what would catch it."""
+    lines = ["", "## Survivors", ""]
     survivors = [v for v in alive if not v.caught_by]
     if not survivors:
         lines.append("None.")
@@ -80,7 +85,11 @@ def render(verdicts: Sequence[Verdict], meta: dict) -> str:
             f"  Seen by {v.oracle}: {v.detail}",
             f"  What would catch it: {NOTES.get(m.id, '(not yet written)')}",
         ]
-    lines += [
+    return lines
+
+
+def _every_mutant(verdicts: Sequence[Verdict]) -> list[str]:
+    lines = [
         "",
         "## Every mutant",
         "",
@@ -94,7 +103,7 @@ def render(verdicts: Sequence[Verdict], meta: dict) -> str:
         lines.append(
             f"| `{m.id}` | {m.line} | {m.operator} | {change} | {v.outcome} | {v.oracle or '-'} | {gate} |"
         )
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def save(

@@ -9,7 +9,7 @@ with the chat template's turn markers.
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from functools import lru_cache
 
 from kvwatch.engine import CacheConfig, Engine, EngineConfig, SamplingParams, SchedulerConfig
@@ -23,14 +23,7 @@ PARAMS = SamplingParams(max_tokens=16)
 def small_cache(
     full: int = 512, swa: int = 128, state: int = 48, host: int = 24, **kw
 ) -> CacheConfig:
-    base = CacheConfig(**kw)
-    return replace(
-        base,
-        full_kv=replace(base.full_kv, capacity=full),
-        swa_kv=replace(base.swa_kv, capacity=swa),
-        swa_window=replace(base.swa_window, capacity=state, host_capacity=host),
-        linear_state=replace(base.linear_state, capacity=state, host_capacity=host),
-    )
+    return CacheConfig.sized(full, swa, state, host, **kw)
 
 
 @lru_cache(maxsize=1)
