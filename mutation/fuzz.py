@@ -98,6 +98,7 @@ class _Run:
         self.baseline = registry_sizes({"engine": self.engine})
         self.prompts: list[list[int]] = [[]]
         self.done: list[Candidate] = []
+        self.doomed: set[str] = set()  # prompts longer than the device pools hold
 
     # -- operations -------------------------------------------------------------
     def _ids(self, *statuses: Status) -> list[str]:
@@ -107,7 +108,10 @@ class _Run:
         return sorted(s for s, x in self.engine.sessions.open.items() if x.in_flight is None)
 
     def _more(self, most: int) -> list[int]:
-        return [self.rng.choice(ALPHABET) for _ in range(self.rng.randint(1, most))]
+        return self._tokens(self.rng.randint(1, most))
+
+    def _tokens(self, n: int) -> list[int]:
+        return [self.rng.choice(ALPHABET) for _ in range(n)]
 
     def add(self) -> None:
         base = self.rng.choice(self.prompts[-5:])
@@ -130,6 +134,43 @@ class _Run:
             tokens = self.engine.sessions.get(sid).tokens
             params = SamplingParams(max_tokens=self.rng.randint(1, 8))
             self.engine.add_request([*tokens, *self._more(30)], params, session_id=sid)
+
+    def _room(self) -> int:
+        """Tokens full.kv holds."""
+        cache = SETUPS[self.program.setup].cache
+        return cache.full_kv.capacity * cache.page_size
+
+    def oversize(self) -> None:
+        """A prompt longer than full.kv holds: it must fail with an error, and only it.
+
+        As a session's turn, it runs alone (the engine drains first) and the
+        session closes after it: a retracted turn keeps its session's slot,
+        and a slot that size would starve every other request (they fail for
+        want of pages: the engine's policy, not a leak).
+        """
+        length = self._room() + self.rng.randint(1, 64)
+        if length >= SETUPS[self.program.setup].model.max_model_len:
+            return
+        params = SamplingParams(max_tokens=self.rng.randint(1, 4))
+        if not self._idle_sessions() or self.rng.random() < 0.5:
+            self.doomed.add(self.engine.add_request(self._tokens(length), params))
+            return
+        self._drain()
+        sid = self.rng.choice(self._idle_sessions())
+        tokens = self.engine.sessions.get(sid).tokens
+        more = self._tokens(max(1, length - len(tokens)))
+        self.doomed.add(self.engine.add_request([*tokens, *more], params, session_id=sid))
+        self._drain()
+        self.engine.close_session(sid)  # its next turn could not fit either
+
+    def _drain(self) -> None:
+        """Step until every request ended (paused ones resume first)."""
+        for rid in self._ids(Status.PAUSED):
+            self.engine.resume(rid)
+        for _ in range(DRAIN_STEPS):
+            if not self.engine.has_unfinished():
+                break
+            self.engine.step()
 
     def close_or_roll_back(self) -> None:
         idle = self._idle_sessions()
@@ -163,6 +204,7 @@ class _Run:
     OPERATIONS = (
         (add, 6),
         (session_turn, 3),
+        (oversize, 1),
         (close_or_roll_back, 1),
         (step, 7),
         (abort, 1),
@@ -187,7 +229,13 @@ class _Run:
         for rid in self._ids(Status.FINISHED, Status.ABORTED, Status.FAILED):
             p = self.engine.requests[rid].params
             done = self.engine.take(rid)
-            if done.error is not None:
+            if rid in self.doomed:
+                if done.error is None and done.finish_reason != "abort":
+                    detail = (
+                        f"{rid}: a prompt longer than the pools hold ended {done.finish_reason!r}"
+                    )
+                    yield Observation(self.program, "failure", detail)
+            elif done.error is not None:
                 yield Observation(self.program, "failure", f"{rid}: {done.error}")
             elif done.finish_reason in ("stop", "length"):
                 prompt, output = tuple(done.prompt_token_ids), tuple(done.token_ids)
@@ -207,12 +255,7 @@ class _Run:
 
     def finish(self) -> Iterator[Observation]:
         engine = self.engine
-        for rid in self._ids(Status.PAUSED):
-            engine.resume(rid)
-        for _ in range(DRAIN_STEPS):
-            if not engine.has_unfinished():
-                break
-            engine.step()
+        self._drain()
         if engine.has_unfinished():
             yield Observation(self.program, "drain", f"still running after {DRAIN_STEPS} steps")
             return
