@@ -44,8 +44,10 @@ class RequestSpans:
         self.tracer = tracer
         self.live: dict[str, _Live] = {}
         self.by_holder: dict[int, str] = {}
-        # Cache events fire inside admission, before RequestScheduled names the holder.
+        # Cache events fire inside admission, before RequestScheduled names the
+        # holder: they wait here while some request is queued, and no longer.
         self.early: dict[int, list[tuple[str, dict]]] = {}
+        self.queued = 0  # live requests not yet scheduled
         subs = [
             (ev.RequestAdded, self._added),
             (ev.RequestScheduled, self._scheduled),
@@ -82,18 +84,19 @@ class RequestSpans:
         live = _Live(root)
         live.child = self._child(live, n.SPAN_QUEUE, live.mark)
         self.live[e.request_id] = live
+        self.queued += 1
 
     def _scheduled(self, e: ev.RequestScheduled) -> None:
         live = self.live.get(e.request_id)
         if live is None:
             return
         live.child.end()
-        live.queued = False
         live.mark = time.time_ns()
         live.holder = e.holder_id
         self.by_holder[e.holder_id] = e.request_id
         for name, attrs in self.early.pop(e.holder_id, ()):
             live.root.add_event(name, attrs)
+        self._dequeue(live)
         live.root.set_attribute(n.CACHE_READ_TOKENS, e.cached_tokens)
         live.root.set_attribute(n.HIT_TOKENS, e.hit_tokens)
 
@@ -122,10 +125,20 @@ class RequestSpans:
             live.decode.end()
         if live.queued:
             live.child.end()
+            self._dequeue(live)
         live.root.set_attributes(attrs)
         if error is not None:
             live.root.set_status(Status(StatusCode.ERROR, error))
         live.root.end()
+
+    def _dequeue(self, live: _Live) -> None:
+        """A request left the queue. With none queued, no admission is under way,
+        so cache events still waiting belong to holders no request will name: a
+        failed admission's, or a session slot's between its turns."""
+        live.queued = False
+        self.queued -= 1
+        if not self.queued:
+            self.early.clear()
 
     def _finished(self, e: ev.RequestFinished) -> None:
         self._end(e.request_id, {n.OUTPUT_TOKENS: e.output_tokens, n.FINISH_REASONS: [e.reason]})
@@ -153,7 +166,7 @@ class RequestSpans:
             rid = self.by_holder.get(e.holder_id)
             if rid is not None and (live := self.live.get(rid)) is not None:
                 live.root.add_event(name, attrs)
-            elif e.holder_id in self.early or len(self.early) < PENDING_HOLDERS:
+            elif self.queued and (e.holder_id in self.early or len(self.early) < PENDING_HOLDERS):
                 self.early.setdefault(e.holder_id, []).append((name, attrs))
 
         return handler

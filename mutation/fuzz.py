@@ -10,7 +10,7 @@ under pool pressure, roomy radix, the snapshot-slot backend). It observes:
   root's refs against the live holders;
 * at the end, once the engine drained, every session closed and the cache
   flushed: every pool empty on device and host, and every registry the
-  engine holds back at its size when it was built (quiescence);
+  engine and its span listener hold back at its size when built (quiescence);
 * every request that finished (stop or length) equal, token for token, to
   the same prompt on a cache-off engine (equivalence);
 * no request failed, and the engine drained.
@@ -25,6 +25,8 @@ import random
 from collections.abc import Iterator
 from typing import NamedTuple
 
+from opentelemetry.sdk.trace import TracerProvider
+
 from kvwatch.engine import (
     CacheConfig,
     Engine,
@@ -38,6 +40,7 @@ from kvwatch.engine.model.tokenizer import USER
 from kvwatch.engine.request import Status
 from kvwatch.instrumentation.record import Candidate
 from kvwatch.instrumentation.replay import Reference
+from kvwatch.instrumentation.spans import RequestSpans
 from kvwatch.registries import registry_sizes
 
 ALPHABET = [*range(32, 41), USER]  # few tokens, so prompts share pages; turn markers for slots
@@ -95,6 +98,8 @@ class _Run:
         self.program = program
         self.rng = random.Random(program.seed)
         self.engine = Engine(SETUPS[program.setup])
+        # the span listener rides along: its per-request maps must drain too
+        self.spans = RequestSpans(TracerProvider().get_tracer(__name__), self.engine.events)
         self.baseline = registry_sizes({"engine": self.engine})
         self.prompts: list[list[int]] = [[]]
         self.done: list[Candidate] = []
