@@ -255,7 +255,16 @@ def build_parser() -> argparse.ArgumentParser:
     faults = sub.add_parser("faults", help="list the fault registry")
     faults.add_argument("--json", action="store_true", help="print the registry as JSON")
     faults.set_defaults(run=_faults)
+    _add_serve(sub)
+    profiles = sub.add_parser("profiles", help="list the load profiles")
+    profiles.add_argument("--json", action="store_true", help="print the profiles as JSON")
+    profiles.set_defaults(run=_profiles)
+    _add_gate(sub)
+    _add_dashboards(sub)
+    return parser
 
+
+def _add_serve(sub: argparse._SubParsersAction) -> None:
     serve = sub.add_parser("serve", help="run the reference engine behind an OpenAI-compatible API")
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument(
@@ -296,10 +305,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--log-level", default="warning")
     serve.set_defaults(run=_serve)
 
-    profiles = sub.add_parser("profiles", help="list the load profiles")
-    profiles.add_argument("--json", action="store_true", help="print the profiles as JSON")
-    profiles.set_defaults(run=_profiles)
 
+def _add_gate(sub: argparse._SubParsersAction) -> None:
     gate = sub.add_parser(
         "gate",
         help="run the load profiles in turns and judge them with the leak detectors",
@@ -355,6 +362,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     gate.set_defaults(run=_gate)
 
+
+def _add_dashboards(sub: argparse._SubParsersAction) -> None:
     dashboards = sub.add_parser("dashboards", help="the Grafana dashboards: build or push")
     dash = dashboards.add_subparsers(dest="action", required=True)
     build = dash.add_parser("build", help="regenerate the dashboard JSON")
@@ -371,7 +380,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
     push.add_argument("--folder", default="kvwatch", metavar="UID", help="the folder's uid")
     push.set_defaults(run=_dashboards_push)
-    return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
