@@ -86,6 +86,26 @@ def test_the_engine_program_passes_clean_and_sees_a_root_ref_leak():
     assert seen and seen[0].oracle == "audit" and "root" in seen[0].detail
 
 
+def test_the_engine_program_sees_span_events_kept_for_holders_no_request_names(monkeypatch):
+    """The span listener holds a cache event until its holder's request is
+    scheduled; a failed admission's events, or a session slot's between turns,
+    are never claimed. Kept past the queue's last request, they only grow."""
+    from kvwatch.instrumentation.spans import RequestSpans
+
+    program = fuzz.Program("slots", 0)
+    assert fuzz.run(program) == []
+    dequeue = RequestSpans._dequeue
+
+    def dequeue_keeping_early_events(self, live):
+        early = dict(self.early)
+        dequeue(self, live)
+        self.early.update(early)
+
+    monkeypatch.setattr(RequestSpans, "_dequeue", dequeue_keeping_early_events)
+    seen = fuzz.run(program)
+    assert any(o.oracle == "quiescence" and "RequestSpans.early" in o.detail for o in seen), seen
+
+
 def test_the_server_program_passes_clean_and_sees_a_stream_kept(monkeypatch):
     program = serverfuzz.PROGRAMS[0]
     assert serverfuzz.run(program) == []
