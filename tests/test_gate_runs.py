@@ -35,12 +35,14 @@ def failing(summary: dict) -> set[str]:
     return {name for name, verdict in summary["detectors"].items() if verdict == "fail"}
 
 
-def test_a_clean_gate_passes_at_every_concurrency_and_writes_its_outputs(tmp_path):
+def test_a_clean_gate_passes_at_each_concurrency_and_writes_its_outputs(tmp_path):
+    """c = 1, 2 and 4; test_gate_coverage runs every profile at c = 8 and replays
+    every comparable request there."""
     junit = tmp_path / "junit.xml"
     code, summary, err = gate(
         tmp_path,
-        *("--profile", "agentic-trie", "-c", "1,2,4,8", "--junit", str(junit)),
-        *("--max-replays", "24"),  # CI-sized; test_gate_coverage replays every one
+        *("--profile", "agentic-trie", "-c", "1,2,4", "--junit", str(junit)),
+        *("--max-replays", "12"),
     )
     assert code == 0, err[-3000:]
     assert summary["verdict"] == "pass" and summary["faults"] == []
@@ -48,7 +50,7 @@ def test_a_clean_gate_passes_at_every_concurrency_and_writes_its_outputs(tmp_pat
     assert summary["detectors"]["equivalence"] == "pass"  # replays really ran
     runs = summary["runs"]
     assert [(r["profile"], r["concurrency"]) for r in runs] == [
-        ("agentic-trie", c) for c in (1, 2, 4, 8)
+        ("agentic-trie", c) for c in (1, 2, 4)
     ]
     for run in runs:
         assert run["turns"] == 6 and run["requests"] >= 4 * run["concurrency"] * 6
