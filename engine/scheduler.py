@@ -268,7 +268,7 @@ class Scheduler:
                     continue
                 if len(self.running) > 1:
                     self._retract(req)  # the newest steps back for older requests
-                elif self._unpin_retracted():
+                elif self._unpin():
                     continue
                 else:
                     self.fail(req, f"request needs more pages than the cache can free: {exc}")
@@ -297,7 +297,7 @@ class Scheduler:
         try:
             match = match or self.cache.match(req.holder)
         except PoolExhausted as exc:
-            if not self.running and not self._unpin_retracted():  # nothing will free pages
+            if not self.running and not self._unpin():  # nothing will free pages
                 self.fail(req, f"request cannot be admitted even into an idle cache: {exc}")
             return False
         self.waiting.remove(req)
@@ -369,21 +369,22 @@ class Scheduler:
         self.waiting.appendleft(req)
         self.events.emit(RequestRetracted(req.id, computed, stage))
 
-    def _unpin_retracted(self) -> bool:
-        """Give up the recovery point of the newest retracted request; False if none has one.
+    def _unpin(self) -> bool:
+        """Give up one thing that pins pages nobody is computing with; False if none.
 
-        A retracted request's host ref keeps its path in the tree, so a few of
-        them can pin a pool that any one request would fit in alone. Before a
-        request fails for want of pages, they let go one at a time: each is
-        then admitted again like a new request (recomputing what the tree no
-        longer holds). A session turn keeps its slot: it belongs to the session.
+        A retracted request's host ref keeps its path in the tree, and a
+        session's parked slot keeps its pages, so a few of them can pin a pool
+        that any one request would fit in alone. Before a request fails for
+        want of pages they let go one at a time: first the newest retracted
+        request's recovery point (it is admitted again like a new request),
+        then a parked slot (its session's next turn recomputes from the tree).
         """
         for req in reversed(self.waiting):
             if req.status is Status.RETRACTED and req.session is None and req.holder is not None:
                 self.cache.release(req.holder, commit=False)
                 req.holder = None
                 return True
-        return False
+        return self.cache.drop_parked()
 
     def _let_go(self, req: Request, *, commit: bool) -> None:
         """Take the request out of every queue and give its cache holder back."""

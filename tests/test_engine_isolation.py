@@ -105,3 +105,39 @@ def test_retracted_requests_give_up_their_recovery_points_before_a_request_fails
     assert [c.token_ids for c in got] == [c.token_ids for c in want]
     assert len(retracted) >= 3
     assert_drained_and_clean(engine)
+
+
+def run_turn(engine: Engine, tokens: list[int], params, session_id: str | None = None):
+    rid = engine.add_request(tokens, params, session_id=session_id)
+    while not engine.requests[rid].done:
+        engine.step()
+    return engine.take(rid)
+
+
+def test_parked_session_slots_give_their_pages_up_before_a_request_fails():
+    """Two idle sessions park 10-page slots on a 24-page pool: a 10-page request fits
+    only if one lets go, and that session recomputes its next turn from the tree."""
+    params = SamplingParams(max_tokens=8, ignore_eos=True)
+
+    def conversation(engine: Engine) -> list:
+        sids = [engine.open_session() for _ in range(2)]
+        tokens = {sid: engine.tokenizer.encode(c * 150) for sid, c in zip(sids, "ac", strict=True)}
+        outputs = []
+        for sid in sids:
+            outputs.append(run_turn(engine, tokens[sid], params, sid))
+            tokens[sid] += outputs[-1].token_ids
+        parked = engine.probe().groups["full.kv"].by_owner["session"]
+        outputs.append(run_turn(engine, engine.tokenizer.encode("e" * 150), params))
+        for sid, c in zip(sids, "bd", strict=True):
+            tokens[sid] += engine.tokenizer.encode(c * 20)
+            outputs.append(run_turn(engine, tokens[sid], params, sid))
+            engine.close_session(sid)
+        return [parked, *outputs]
+
+    want = conversation(Engine(EngineConfig(cache=small_cache(full=512))))
+    engine = Engine(EngineConfig(cache=small_cache(full=24)))
+    got = conversation(engine)
+    assert got[0] >= 20  # the parked slots hold most of the pool
+    assert [c.error for c in got[1:]] == [None] * 5
+    assert [c.token_ids for c in got[1:]] == [c.token_ids for c in want[1:]]
+    assert_drained_and_clean(engine)

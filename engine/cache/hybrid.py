@@ -307,6 +307,19 @@ class HybridPrefixCache(WorkingState, CachePressure):
         self._require(holder, HolderStatus.PARKED)
         return sessions.resume(self, holder)
 
+    def drop_parked(self) -> bool:
+        """Under pressure, empty the parked slot held longest; False if none is parked.
+
+        A session's slot keeps its pages between turns and while its turn is
+        retracted, so parked slots alone can fill a pool that a new request
+        would fit in; a dropped slot costs its session a recompute, not a turn.
+        """
+        for holder in self.holders.values():  # opened first, first
+            if holder.status is HolderStatus.PARKED:
+                sessions.drop(self, holder)
+                return True
+        return False
+
     def settle(self, holder: Holder, limit: int) -> None:
         if holder.status is HolderStatus.PARKED:
             sessions.settle(self, holder, limit)

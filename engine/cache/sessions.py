@@ -78,6 +78,12 @@ def settle(cache: HybridPrefixCache, holder: Holder, limit: int) -> None:
             cache.restore_state(holder, holder.pending[b].pages, b)
             free_tail(cache, holder, b)
             return
+    drop(cache, holder)
+
+
+def drop(cache: HybridPrefixCache, holder: Holder) -> None:
+    """Empty a parked slot: every page goes back and the slot is NEW, so its
+    session's next turn matches the tree like a new request."""
     cache.drop_everything(holder)
     holder.status = HolderStatus.NEW
 
