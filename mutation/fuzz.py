@@ -104,13 +104,18 @@ class _Run:
         self.prompts: list[list[int]] = [[]]
         self.done: list[Candidate] = []
         self.doomed: set[str] = set()  # prompts longer than the device pools hold
+        self.doomed_sessions: set[str] = set()  # too long for another turn
 
     # -- operations -------------------------------------------------------------
     def _ids(self, *statuses: Status) -> list[str]:
         return sorted(r.id for r in self.engine.requests.values() if r.status in statuses)
 
     def _idle_sessions(self) -> list[str]:
-        return sorted(s for s, x in self.engine.sessions.open.items() if x.in_flight is None)
+        """Open sessions with no turn in flight that can take another turn."""
+        sessions = self.engine.sessions.open.items()
+        return sorted(
+            s for s, x in sessions if x.in_flight is None and s not in self.doomed_sessions
+        )
 
     def _more(self, most: int) -> list[int]:
         return self._tokens(self.rng.randint(1, most))
@@ -148,10 +153,9 @@ class _Run:
     def oversize(self) -> None:
         """A prompt longer than full.kv holds: it must fail with an error, and only it.
 
-        As a session's turn, it runs alone (the engine drains first) and the
-        session closes after it: a retracted turn keeps its session's slot,
-        and a slot that size would starve every other request (they fail for
-        want of pages: the engine's policy, not a leak).
+        As a session's turn, the session takes no other turn (its tokens stay
+        in the session, so its next turn could not fit either) and its slot
+        stays parked until the end: pressure has to make it let go.
         """
         length = self._room() + self.rng.randint(1, 64)
         if length >= SETUPS[self.program.setup].model.max_model_len:
@@ -160,13 +164,11 @@ class _Run:
         if not self._idle_sessions() or self.rng.random() < 0.5:
             self.doomed.add(self.engine.add_request(self._tokens(length), params))
             return
-        self._drain()
         sid = self.rng.choice(self._idle_sessions())
         tokens = self.engine.sessions.get(sid).tokens
         more = self._tokens(max(1, length - len(tokens)))
         self.doomed.add(self.engine.add_request([*tokens, *more], params, session_id=sid))
-        self._drain()
-        self.engine.close_session(sid)  # its next turn could not fit either
+        self.doomed_sessions.add(sid)
 
     def _drain(self) -> None:
         """Step until every request ended (paused ones resume first)."""
