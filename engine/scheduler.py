@@ -73,7 +73,9 @@ class Scheduler:
 
     @property
     def has_work(self) -> bool:
-        return bool(self.waiting or self.running)
+        """Requests to run, or outputs to hand over: an abort between steps leaves
+        its output for the next step, which an idle loop would never take."""
+        return bool(self.waiting or self.running or self.outputs)
 
     # -- intake and control ------------------------------------------------------------
     def add(self, req: Request) -> None:

@@ -225,6 +225,22 @@ def test_abort_of_retracted_and_paused_requests():
     assert a not in engine.requests
 
 
+def test_an_abort_on_an_idle_engine_is_handed_over_by_the_next_step():
+    """The last request aborted between steps: its output waits for a step, so the
+    engine has work until a step returned it (a loop that steps only while there
+    is work would otherwise keep it for good)."""
+    engine = make_engine()
+    rid = engine.add_request(words(40), SamplingParams(max_tokens=20))
+    engine.step()
+    engine.abort(rid)
+    assert engine.has_unfinished()
+    outputs = []
+    while engine.has_unfinished():
+        outputs += engine.step()
+    assert [(o.request_id, o.finish_reason) for o in outputs] == [(rid, "abort")]
+    assert engine.scheduler.outputs == []
+
+
 def test_pause_and_resume_give_the_same_output():
     prompt = words(60, 5)
     want = make_engine().generate([prompt], SamplingParams(max_tokens=12))[0].token_ids
