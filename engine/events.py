@@ -150,6 +150,8 @@ class RequestRetracted(NamedTuple):
 
 
 class RequestRecovered(NamedTuple):
+    """Admitted again after a retraction or a pause; it recomputes past ``resume_len``."""
+
     request_id: str
     resume_len: int
 

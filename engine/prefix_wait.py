@@ -117,5 +117,11 @@ class PrefixWaits:
 
 def _may_wait(req: Request) -> bool:
     """A fresh request: not a session turn (its slot has its own pages), not
-    one recovering or resuming with a holder of its own."""
-    return req.status is Status.WAITING and req.holder is None and req.session is None
+    one recovering or resumed after a pause (it ran before; it takes what the
+    cache holds now, as a retracted one does)."""
+    return (
+        req.status is Status.WAITING
+        and not req.admitted
+        and req.holder is None
+        and req.session is None
+    )

@@ -291,7 +291,6 @@ class Scheduler:
             )
             if session is not None:
                 session.holder = req.holder
-        recovering = req.status is Status.RETRACTED
         match = None
         if req.holder.status is HolderStatus.PARKED:
             resumed = self.cache.resume(req.holder)  # None: the slot starts over
@@ -305,9 +304,9 @@ class Scheduler:
         self.waiting.remove(req)
         req.status, req.waiting_for_prefix = Status.RUNNING, False
         bisect.insort(self.running, req, key=lambda r: r.arrival)
-        if recovering:
+        if req.admitted:  # retracted or paused before: it recomputes what it gave up
             self.events.emit(RequestRecovered(req.id, match.resume_len))
-        elif not req.admitted:
+        else:
             req.cached_tokens = min(match.resume_len, req.prompt_len)
             hit = min(match.hit_len, req.prompt_len)
             scheduled = RequestScheduled(req.id, self.step, hit, req.cached_tokens, req.holder.id)

@@ -8,6 +8,7 @@ the engine's events). Transitions are ``"from -> to"``::
     request  new -> queued -> (waiting ->) prefilling -> decoding <-> verifying
                                    \\            \\            \\
                                     aborted      retracted -> recovering -> decoding
+                                                 (decoding ->) paused -> recovering
                                                               ... -> finished | aborted
     session  new -> open -> running -> parked | cut -> running | rolled back
                                                      -> closed | timed out
@@ -42,7 +43,16 @@ def _edges(*pairs: tuple[str, str]) -> tuple[str, ...]:
     return tuple(f"{a} -> {b}" for a, b in pairs)
 
 
-_LIVE = ("queued", "waiting", "prefilling", "decoding", "verifying", "retracted", "recovering")
+_LIVE = (
+    "queued",
+    "waiting",
+    "prefilling",
+    "decoding",
+    "verifying",
+    "retracted",
+    "paused",
+    "recovering",
+)
 REQUEST = Machine(
     "request",
     (NEW, *_LIVE, "finished", "aborted"),
@@ -61,6 +71,8 @@ REQUEST = Machine(
         ("verifying", "retracted"),
         ("recovering", "retracted"),
         ("retracted", "recovering"),
+        ("decoding", "paused"),  # let go without a commit, to be resumed
+        ("paused", "recovering"),
         ("recovering", "decoding"),
         ("decoding", "finished"),
         *((s, "aborted") for s in _LIVE),  # an abort at each stage

@@ -67,6 +67,25 @@ def test_retraction_recovery_and_an_abort_while_retracted():
     assert taken.get("recovering -> decoding", 0) + taken.get("recovering -> verifying", 0) == 1
 
 
+def test_a_pause_then_a_resume_and_a_pause_then_an_abort():
+    engine = Engine()
+    counter = LifecycleCounter(engine.events)
+    rids = [engine.add_request(f"prompt {i} " * 8, SamplingParams(max_tokens=6)) for i in (0, 1)]
+    while any(len(engine.requests[r].output_ids) < 2 for r in rids):
+        engine.step()
+    for rid in rids:
+        engine.pause(rid)
+    engine.resume(rids[0])
+    _run(engine, rids[0])
+    engine.abort(rids[1])
+    taken = counter.taken()["request"]
+    assert taken["decoding -> paused"] == 2
+    assert taken["paused -> recovering"] == 1 and taken["paused -> aborted"] == 1
+    assert taken["decoding -> finished"] == 1
+    assert coverage(counter.taken())["request"]["unlisted"] == {}
+    assert counter.requests == {}
+
+
 def test_a_slot_is_prepared_filled_restored_and_flushed():
     config = apply_overrides(EngineConfig(), {"cache": {"mode": "slots", "slots": 2}})
     engine = Engine(config)
