@@ -1,8 +1,9 @@
 """The server program: seeded random traffic through the real app, in process.
 
 Chat and text completions (greedy, seeded and unseeded sampling, streamed and
-not), session turns, rollbacks and closes, requests the engine retracts and
-then aborts (the ``kvwatch`` test controls), streams read half-way, and bad
+not), session turns, rollbacks and closes, requests the engine retracts or pauses
+and then resumes or aborts (the ``kvwatch`` test controls), streams read
+half-way, and bad
 input of every kind, through FastAPI's test client. It observes:
 
 * no answer is a 5xx, and no malformed request gets a 2xx;
@@ -69,9 +70,12 @@ class _Traffic:
         system = {"role": "system", "content": "shared system prompt for every agent"}
         body = {**self._sampling(), "messages": [system, {"role": "user", "content": self._text()}]}
         if self.rng.random() < 0.25:
-            body["kvwatch"] = {"retract_after": 2, "hold_steps": 3}
+            how, after, held = self.rng.choice(
+                [("retract_after", 2, "retracted"), ("pause_after_output", 1, "paused")]
+            )
+            body["kvwatch"] = {how: after, "hold_steps": 3}
             if self.rng.random() < 0.5:
-                body["kvwatch"]["abort_in"] = self.rng.choice(["retracted", "recovering"])
+                body["kvwatch"]["abort_in"] = self.rng.choice([held, "recovering"])
         if self.rng.random() < 0.4:
             body["stream"] = True
             with self.client.stream("POST", "/v1/chat/completions", json=body) as r:

@@ -22,7 +22,7 @@ from kvwatch.engine.model.tokenizer import ChatMessage, TextStream
 from kvwatch.engine.request import RequestOutput, SamplingParams
 from kvwatch.server.errors import ApiError, error_body
 from kvwatch.server.protocol import ChatCompletionRequest, CompletionRequest
-from kvwatch.server.worker import EngineWorker, RetractAfter, Stream
+from kvwatch.server.worker import EngineWorker, Scripted, Stream
 
 DEFAULT_MAX_TOKENS = 256
 DISCONNECT_POLL_S = 0.2
@@ -71,7 +71,7 @@ async def _start(
     labels: dict[str, str],
 ) -> Stream:
     worker = _worker(request)
-    retract_after = _controls(request, body)  # refused before any work is done
+    script = _controls(request, body)  # refused before any work is done
 
     def add() -> tuple[list[int], SamplingParams]:
         tokens = prompt(worker.engine)
@@ -84,7 +84,7 @@ async def _start(
             fitted,
             session_id=body.session_id,
             labels=labels,
-            retract_after=retract_after,
+            script=script,
         )
     except ApiError:
         raise
@@ -94,7 +94,7 @@ async def _start(
         raise ApiError(400, str(exc), code="invalid_prompt") from None
 
 
-def _controls(request: Request, body) -> RetractAfter | None:
+def _controls(request: Request, body) -> Scripted | None:
     """The request's test controls; refused unless the server runs with ``--enable-probe``."""
     controls = body.kvwatch
     if controls is None:
@@ -106,13 +106,23 @@ def _controls(request: Request, body) -> RetractAfter | None:
             code="test_controls_disabled",
             param="kvwatch",
         )
-    if controls.retract_after is None:
-        if controls.abort_in is not None:
-            raise ApiError(
-                400, "abort_in needs retract_after", code="invalid_value", param="kvwatch"
-            )
-        return None
-    return RetractAfter(controls.retract_after, controls.hold_steps, controls.abort_in)
+    retract, pause = controls.retract_after, controls.pause_after_output
+    need = {"retracted": "retract_after", "paused": "pause_after_output"}.get(controls.abort_in)
+    if retract is not None and pause is not None:
+        problem = "retract_after and pause_after_output exclude each other"
+    elif need is not None and getattr(controls, need) is None:
+        problem = f"abort_in {controls.abort_in!r} needs {need}"
+    elif controls.abort_in is not None and retract is None and pause is None:
+        problem = "abort_in needs retract_after or pause_after_output"
+    else:
+        problem = None
+    if problem is not None:
+        raise ApiError(400, problem, code="invalid_value", param="kvwatch")
+    if retract is not None:
+        return Scripted("retract", retract, controls.hold_steps, controls.abort_in)
+    if pause is not None:
+        return Scripted("pause", pause, controls.hold_steps, controls.abort_in)
+    return None
 
 
 def _labels(request: Request, operation: str, body, text: str) -> dict[str, str]:

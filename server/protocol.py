@@ -47,15 +47,19 @@ class TestControls(_Body):
 
     ``retract_after``: once the request has computed this many tokens past the
     prefix it found cached, push it out to the host tier as pool pressure
-    would, and hold it there for ``hold_steps`` engine steps. ``abort_in``:
-    then abort it, through the engine's own abort path, at the first step
-    boundary where it is retracted, or recovering (admitted again and still
+    would, and hold it there for ``hold_steps`` engine steps.
+    ``pause_after_output``: once it has generated this many tokens, pause it
+    (its pages go back without a commit) and resume it after ``hold_steps``
+    engine steps, or at once when nothing else runs. ``abort_in``: then abort
+    it, through the engine's own abort path, at the first step boundary where
+    it is retracted, paused, or recovering (admitted again and still
     computing its prompt): the aborts no client can time.
     """
 
     retract_after: int | None = Field(default=None, ge=1, le=1_000_000)
+    pause_after_output: int | None = Field(default=None, ge=1, le=1_000_000)
     hold_steps: int = Field(default=64, ge=0, le=100_000)
-    abort_in: Literal["retracted", "recovering"] | None = None
+    abort_in: Literal["retracted", "paused", "recovering"] | None = None
 
 
 class _Sampling(_Body):

@@ -20,10 +20,13 @@ own safe point inside that step: mid-prefill, mid-decode or mid-verify.
 Two debugging aids for leak tests (the server offers them only with
 ``--enable-probe``), both applied between steps:
 
-* *scripted retraction*: a request submitted with ``RetractAfter`` is pushed
-  out, as pool pressure would, once it has computed that many tokens past its
-  cached prefix, and held on the host tier for the given steps (and, asked
-  to, aborted once retracted or once recovering);
+* *scripted retraction and pause*: a request submitted with a ``Scripted``
+  retraction is pushed out, as pool pressure would, once it has computed that
+  many tokens past its cached prefix, and held on the host tier for the given
+  steps; a scripted pause lets it go without a commit once it has generated
+  that many tokens, and resumes it after the given steps (or at once when
+  nothing else runs). Asked to, either is then aborted once retracted,
+  paused or recovering;
 * *watching*: after every step the worker probes the engine and keeps each
   probe that shows a finding or an exceeded bound the step before did not
   (``latched``), so a state that lasts a few steps is seen however rarely a
@@ -51,10 +54,15 @@ IDLE_WAIT_S = 0.05
 MAX_LATCHED = 16  # probes kept between two reads; later ones are counted, not kept
 
 
-class RetractAfter(NamedTuple):
-    tokens: int  # computed past the cached prefix
-    hold_steps: int
-    abort_in: str | None = None  # then abort it once "retracted" or "recovering"
+class Scripted(NamedTuple):
+    action: str  # "retract" (after computing ``tokens`` past the cached prefix)
+    #              or "pause" (after generating ``tokens``)
+    tokens: int
+    hold_steps: int  # on the host tier, or paused, before it is admitted again
+    abort_in: str | None = None  # then abort it once "retracted", "paused" or "recovering"
+
+
+_IN = {"retracted": Status.RETRACTED, "paused": Status.PAUSED, "recovering": Status.RUNNING}
 
 
 class EngineStopped(RuntimeError):
@@ -87,8 +95,9 @@ class EngineWorker:
         self._wake = threading.Event()
         self._stopping = False
         self.failure: str | None = None  # set once a step raised; see EngineStopped
-        self._scripted: dict[str, RetractAfter] = {}
-        self._abort_in: dict[str, str] = {}  # retracted by a script, to abort in that state
+        self._scripted: dict[str, Scripted] = {}
+        self._abort_in: dict[str, str] = {}  # scripted, to abort once in that state
+        self._held: dict[str, int] = {}  # paused by a script: steps left before it resumes
         self._watching = False
         self._latched: list[ProbeReport] = []
         self._dropped = 0
@@ -125,7 +134,7 @@ class EngineWorker:
         *,
         session_id: str | None = None,
         labels: Mapping[str, str] | None = None,
-        retract_after: RetractAfter | None = None,
+        script: Scripted | None = None,
     ) -> Stream:
         """Queue a request; raises what ``Engine.add_request`` raises (bad input)."""
         loop = asyncio.get_running_loop()
@@ -136,8 +145,8 @@ class EngineWorker:
             rid = self.engine.add_request(prompt, params, session_id=session_id, labels=labels)
             stream = Stream(rid, loop, asyncio.Queue())
             self._streams[rid] = stream
-            if retract_after is not None:
-                self._scripted[rid] = retract_after
+            if script is not None:
+                self._scripted[rid] = script
             return stream
 
         return await self.run(add)
@@ -173,26 +182,51 @@ class EngineWorker:
 
     def _after_step(self) -> None:
         for rid, script in list(self._scripted.items()):
-            req = self.engine.requests.get(rid)
-            computed = self.engine.computed_beyond_cache(rid)  # None unless it runs
-            if req is None or req.done:
+            if self._live(rid) is None:
                 del self._scripted[rid]
-            elif computed is not None and computed >= script.tokens:
-                self.engine.retract(rid, hold_steps=script.hold_steps)
+            elif self._due(rid, script):
                 del self._scripted[rid]
+                if script.action == "retract":
+                    self.engine.retract(rid, hold_steps=script.hold_steps)
+                else:
+                    self.engine.pause(rid)
+                    self._held[rid] = script.hold_steps
                 if script.abort_in is not None:
                     self._abort_in[rid] = script.abort_in
         for rid, state in list(self._abort_in.items()):
-            req = self.engine.requests.get(rid)
-            if req is None or req.done:
+            req = self._live(rid)
+            if req is None:
                 del self._abort_in[rid]
-            elif (state == "retracted" and req.status is Status.RETRACTED) or (
-                state == "recovering" and req.status is Status.RUNNING
-            ):
+            elif req.status is _IN[state]:
                 self.abort_now(rid)  # the engine's abort, and the request's stream ends with it
                 del self._abort_in[rid]
+        self._resume_held(everyone=False)
         if self._watching:
             self._watch_step()
+
+    def _live(self, rid: str):
+        req = self.engine.requests.get(rid)
+        return None if req is None or req.done else req
+
+    def _due(self, rid: str, script: Scripted) -> bool:
+        if script.action == "retract":
+            computed = self.engine.computed_beyond_cache(rid)  # None unless it runs
+            return computed is not None and computed >= script.tokens
+        req = self.engine.requests[rid]
+        return req.status is Status.RUNNING and len(req.output_ids) >= script.tokens
+
+    def _resume_held(self, *, everyone: bool) -> None:
+        """Count a step off every scripted pause; resume those whose hold is over
+        (all of them with ``everyone``: nothing else runs, so no step would come)."""
+        for rid, left in list(self._held.items()):
+            req = self._live(rid)
+            if req is None or req.status is not Status.PAUSED:
+                del self._held[rid]
+            elif everyone or left <= 0:
+                del self._held[rid]
+                self.engine.resume(rid)
+            else:
+                self._held[rid] = left - 1
 
     def _watch_step(self) -> None:
         """Keep this step's probe if it shows a kind of finding (per group) or an
@@ -223,6 +257,8 @@ class EngineWorker:
                     continue
                 self._dispatch(outputs)
                 self._after_step()
+            elif self._held and self.failure is None:
+                self._resume_held(everyone=True)
             else:
                 self._wake.wait(IDLE_WAIT_S)
                 self._wake.clear()
