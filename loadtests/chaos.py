@@ -11,7 +11,9 @@ One turn runs these side by side:
   closed), by turn;
 * a long stateless request that the server's test controls push out to the
   host tier and then abort while it waits there, or while it recovers
-  (retracted, recovering -> aborted): timings no client can hit on purpose;
+  (retracted, recovering -> aborted), or pause mid-decode and then abort, or
+  resume (decoding -> paused -> aborted | recovering): timings no client can
+  hit on purpose;
 * in the first turn, a session left idle: the server's idle timeout closes
   it (parked -> timed out), and the agent waits for that at the end.
 """
@@ -26,14 +28,17 @@ from kvwatch.loadtests.agents import SessionUser
 from kvwatch.loadtests.turns import parallel
 from kvwatch.loadtests.users import sentence
 
-IDLE_TIMEOUT_S = 15  # the chaos server's --session-idle-timeout
 IDLE_TIMEOUT_S = 15  # the chaos server's --session-idle-timeout (profiles.py)
 CHECKS = 8  # looks at the abandoned session, one idle timeout apart, before giving up
 # Pushed out 8 tokens into a ~300-token prompt: its recovery computes the rest
-# over several steps, so "recovering" lasts past a step boundary.
+# over several steps, so "recovering" lasts past a step boundary. Paused once
+# it has decoded 2 tokens: let go without a commit, then aborted there, or
+# resumed to finish after recomputing what it gave up.
 SCRIPTED = {
-    "retracted": {"retract_after": 8, "hold_steps": 100_000, "abort_in": "retracted"},
-    "recovering": {"retract_after": 8, "hold_steps": 2, "abort_in": "recovering"},
+    "aborted while retracted": {"retract_after": 8, "hold_steps": 100_000, "abort_in": "retracted"},
+    "aborted while recovering": {"retract_after": 8, "hold_steps": 2, "abort_in": "recovering"},
+    "aborted while paused": {"pause_after_output": 2, "hold_steps": 100_000, "abort_in": "paused"},
+    "paused and resumed": {"pause_after_output": 2, "hold_steps": 2},
 }
 
 
@@ -50,6 +55,9 @@ class ChaosUser(SessionUser):
         parallel(*jobs)
 
     def _main_turn(self, t: int) -> None:
+        if self.main is not None and self._look(self.main) is None:
+            self.sessions.remove(self.main)  # timed out while this client waited
+            self.main = self.open_session()
         if self.main is None:
             return
         first = [self.system] if t == 0 else []
@@ -92,13 +100,12 @@ class ChaosUser(SessionUser):
         )
 
     def _scripted_abort(self) -> None:
-        """A long request the server pushes out and aborts in the state picked from
-        the seed; the client sees a stream that ends early, which is its answer."""
-        state = self.rng.choice(sorted(SCRIPTED))
+        """A long request the server pushes out or pauses, then aborts or lets finish,
+        as picked from the seed; an aborted one's client sees a stream that ends
+        early, which is its answer."""
+        name = self.rng.choice(sorted(SCRIPTED))
         prompt = [self.system, {"role": "user", "content": sentence(self.rng, 50, 60)}]
-        self.stream_chat(
-            prompt, name=f"aborted while {state}", max_tokens=8, extra={"kvwatch": SCRIPTED[state]}
-        )
+        self.stream_chat(prompt, name=name, max_tokens=8, extra={"kvwatch": SCRIPTED[name]})
 
     def _abandon_one(self) -> None:
         """A session with one turn that the client never uses again."""
@@ -111,8 +118,29 @@ class ChaosUser(SessionUser):
         self.sessions.remove(sid)
         self.abandoned = (sid, time.monotonic())
 
+    def _look(self, sid: str) -> dict | None:
+        """The session as the server has it, or None once the idle timeout closed it.
+
+        A busy machine can keep this client away from its main session (at the
+        turn barrier, say) for a whole timeout; the server closing it then is
+        the behaviour under test, not a failure. A look is a use, so the
+        session cannot time out between this look and the call that follows.
+        """
+        with self.client.get(
+            f"/v1/sessions/{sid}", name="/v1/sessions/[id]", catch_response=True
+        ) as resp:
+            if resp.status_code == 409 and "session_closed" in resp.text:
+                resp.success()
+                return None
+            return resp.json() if resp.status_code == 200 else None
+
+    def context_tokens(self) -> int:
+        return sum(state["tokens"] for sid in self.sessions if (state := self._look(sid)))
+
     def finish(self) -> None:
-        super().finish()
+        for sid in self.sessions:
+            if self._look(sid) is not None:
+                self._close(sid)
         if self.abandoned is not None:
             self._await_timeout(*self.abandoned)
 

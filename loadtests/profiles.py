@@ -122,12 +122,16 @@ PROFILES: dict[str, Profile] = {
             "ChaosUser",
             "session and request transitions the other profiles leave out, mixed from the "
             "seed: sessions opened and closed at once, closed after a cut turn or a rollback, "
-            "left to the idle timeout; requests aborted while retracted or recovering",
+            "left to the idle timeout; requests aborted while retracted, recovering or "
+            "paused, or paused and resumed",
             kvwatch_api=True,
             # its aborted retractions leave host-tier cache each turn: flushed at the
             # barrier, so usage gauges show what is held, not what is cached
             flush_every_turn=True,
             serve_flags=("--session-idle-timeout", "15"),  # chaos.IDLE_TIMEOUT_S
+            # state pools that a few users' requests fill: admissions meet a full
+            # pool while they hold a matched prefix, and must give it back
+            engine={"cache": {"swa_window": {"capacity": 16}, "linear_state": {"capacity": 16}}},
         ),
         Profile(
             "bad-input",
