@@ -61,6 +61,8 @@ matrix: $(STAMP)
 
 # Score the gate on generated mutants: docs/mutation-score.{json,md}. MUTATE_ARGS picks
 # them (default: 64 drawn in proportion per operator; MUTATE_ARGS= runs all of them).
+# A stopped run resumes from kvwatch-out/mutants, on the code it started with
+# (kvwatch-out/mutants/source); remove that folder to judge the code as it is now.
 MUTATE_ARGS ?= --sample 64 --seed 0
 mutate: $(STAMP)
 	$(PY) -m kvwatch.mutation.score $(MUTATE_ARGS)

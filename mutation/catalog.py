@@ -2,16 +2,20 @@
 source tree each one runs from.
 
 A mutant's id is ``file:ordinal`` (the ordinal-th site in that file), stable
-while the file does not change. ``materialize`` writes a copy of the package
-with that one file mutated; ``PYTHONPATH`` pointing at the copy makes every
-process started from it (the gate, its server, its Locust workers) run the
-mutant, since the editable install's finder comes after ``sys.path``.
+while the file does not change. ``snapshot`` copies the repository's package
+folders once per run, and every mutant is made from that copy, so a run that
+takes hours (or resumes the next day) judges one version of the code while
+the repository moves on. ``materialize`` writes a copy of the package with one
+file mutated; ``PYTHONPATH`` pointing at the copy makes every process started
+from it (the gate, its server, its Locust workers) run the mutant, since the
+editable install's finder comes after ``sys.path``.
 """
 
 from __future__ import annotations
 
 import random
 import shutil
+import subprocess
 from collections import defaultdict
 from pathlib import Path
 from typing import NamedTuple
@@ -29,6 +33,7 @@ PACKAGES = {
     "kvwatch/dashboards": "dashboards",
     "kvwatch/mutation": "mutation",
 }
+_IGNORED = shutil.ignore_patterns("__pycache__", "README.md")
 # The lifecycle code: requests, sessions, slots, the cache and the server's
 # per-request state. Left out: the model's arithmetic, the audit, probes and
 # usage (the oracles themselves), configs, the fault registry, event types.
@@ -75,11 +80,42 @@ class Mutant(NamedTuple):
         return f"{self.file}:{self.ordinal}"
 
 
-def catalog(scope: tuple[str, ...] = SCOPE) -> list[Mutant]:
+def snapshot(root: Path, source: Path = REPO) -> Path:
+    """``root``: a copy of ``source``'s package folders, made if it does not exist
+    yet (an existing one is kept: the run it belongs to resumes on it), with
+    the commit it was taken at in ``root/COMMIT``."""
+    if root.exists():
+        return root
+    partial = root.with_name(root.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    for folder in PACKAGES.values():
+        shutil.copytree(source / folder, partial / folder, ignore=_IGNORED)
+    (partial / "COMMIT").write_text(_commit(source) + "\n")
+    partial.rename(root)
+    return root
+
+
+def _commit(source: Path) -> str:
+    """``git describe``-like: the commit, and ``+changes`` when the tree differs from it."""
+    try:
+        head = subprocess.run(
+            ["git", "-C", str(source), "rev-parse", "--short=12", "HEAD"],
+            capture_output=True, text=True, check=True,
+        ).stdout.strip()  # fmt: skip
+        dirty = subprocess.run(
+            ["git", "-C", str(source), "status", "--porcelain", "--", *PACKAGES.values()],
+            capture_output=True, text=True, check=True,
+        ).stdout.strip()  # fmt: skip
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head + ("+changes" if dirty else "")
+
+
+def catalog(scope: tuple[str, ...] = SCOPE, source: Path = REPO) -> list[Mutant]:
     """Every mutant, file by file in ``scope`` order, sites in source order."""
     out = []
     for file in scope:
-        for i, site in enumerate(sites((REPO / file).read_text())):
+        for i, site in enumerate(sites((source / file).read_text())):
             out.append(Mutant(file, i, site.operator, site.line, site.before, site.after))
     return out
 
@@ -101,16 +137,14 @@ def sample(mutants: list[Mutant], size: int | None, seed: int) -> list[Mutant]:
     return [m for m in mutants if m in keep]
 
 
-def materialize(mutant: Mutant, root: Path) -> Path:
-    """A copy of the package under ``root`` with the mutant's file changed; the
-    directory to put on ``PYTHONPATH``."""
+def materialize(mutant: Mutant, root: Path, source: Path = REPO) -> Path:
+    """A copy of the package under ``root`` (from ``source``'s folders) with the
+    mutant's file changed; the directory to put on ``PYTHONPATH``."""
     for package, folder in PACKAGES.items():
-        shutil.copytree(
-            REPO / folder, root / package, ignore=shutil.ignore_patterns("__pycache__", "README.md")
-        )
+        shutil.copytree(source / folder, root / package, ignore=_IGNORED)
     package_file = _package_path(mutant.file)
-    source = (REPO / mutant.file).read_text()
-    (root / package_file).write_text(mutate(source, mutant.ordinal))
+    text = (source / mutant.file).read_text()
+    (root / package_file).write_text(mutate(text, mutant.ordinal))
     return root
 
 

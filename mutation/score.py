@@ -12,7 +12,10 @@ For every mutant (``catalog.py``), on its own copy of the package:
   3. default  a mutant the fast gate missed gets the default gate's
               concurrency extremes, every profile at c = 1 and 8.
 
-Two mutants run at a time (both cores). The verdicts go to
+Mutants are made from a snapshot of the repository taken when the run
+starts (``WORK/source``, kept while the run resumes): the code can change
+meanwhile without mixing versions. Two mutants run at a time (both cores).
+The verdicts go to
 ``docs/mutation-score.json`` and ``docs/mutation-score.md`` is rendered from
 that file alone (``report.py``).
 """
@@ -33,7 +36,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import NamedTuple
 
-from kvwatch.mutation.catalog import Mutant, catalog, materialize, sample
+from kvwatch.mutation.catalog import REPO, Mutant, catalog, materialize, sample, snapshot
 from kvwatch.mutation.report import DOC, save
 
 ALIVE_TIMEOUT_S = 600  # a mutant that hangs the programs is alive (it hangs the engine)
@@ -133,12 +136,12 @@ def _gate(tree: Path, out: Path, flags: Sequence[str]) -> tuple[int, tuple[str, 
     return proc.returncode, tuple(dict.fromkeys(failed))
 
 
-def judge(mutant: Mutant, work: Path) -> Verdict:
-    """Steps 1-3 for one mutant, in its own directory under ``work``."""
+def judge(mutant: Mutant, work: Path, source: Path = REPO) -> Verdict:
+    """Steps 1-3 for one mutant (made from ``source``), in its own directory under ``work``."""
     started = time.monotonic()
     tree = work / mutant.id.replace("/", "_").replace(":", "-")
     shutil.rmtree(tree, ignore_errors=True)
-    materialize(mutant, tree / "src")
+    materialize(mutant, tree / "src", source)
     src = tree / "src"
     alive = _alive(src)
 
@@ -166,6 +169,7 @@ def run_all(
     work: Path,
     workers: int = 2,
     progress: Callable[[str], None] | None = None,
+    source: Path = REPO,
 ) -> list[Verdict]:
     """Every mutant's verdict, in ``mutants`` order. Each verdict is appended to
     ``work/verdicts.jsonl`` as it comes; a mutant already there is not run again,
@@ -182,7 +186,7 @@ def run_all(
     lock = threading.Lock()
 
     def one(mutant: Mutant) -> None:
-        v = judge(mutant, work)
+        v = judge(mutant, work, source)
         with lock:
             done[mutant] = v
             with journal.open("a") as f:
@@ -210,15 +214,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="mutant trees, gate outputs and verdicts.jsonl (a rerun resumes from it)",
     )  # fmt: skip
     args = parser.parse_args(argv)
-    every = catalog()
+    source = snapshot(args.work.resolve() / "source")
+    commit = (source / "COMMIT").read_text().strip()
+    print(f"mutants from {source} (commit {commit}); remove it to judge the code as it is now")
+    every = catalog(source=source)
     chosen = (
         [m for m in every if m.id in args.only]
         if args.only
         else sample(every, args.sample, args.seed)
     )
-    verdicts = run_all(chosen, args.work, args.workers)
+    verdicts = run_all(chosen, args.work, args.workers, source=source)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    save(verdicts, args.out, sites=len(every), sample=args.sample, seed=args.seed)
+    save(verdicts, args.out, sites=len(every), sample=args.sample, seed=args.seed, commit=commit)
     caught = sum(v.outcome == "caught" for v in verdicts)
     alive = sum(v.alive for v in verdicts)
     print(f"wrote {args.out}: {len(verdicts)} mutants, {alive} alive, {caught} caught")

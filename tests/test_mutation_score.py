@@ -4,6 +4,7 @@ real bug and pass on the clean engine) and the score document."""
 from __future__ import annotations
 
 import ast
+import shutil
 import subprocess
 import sys
 from dataclasses import replace
@@ -12,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from kvwatch.mutation import fuzz, serverfuzz
-from kvwatch.mutation.catalog import REPO, catalog, materialize, sample
+from kvwatch.mutation.catalog import PACKAGES, REPO, catalog, materialize, sample, snapshot
 from kvwatch.mutation.operators import OPERATORS, mutate, sites
 
 SOURCE = """
@@ -130,7 +131,7 @@ def test_a_stopped_run_resumes_from_its_journal(tmp_path, monkeypatch):
     mutants = catalog()[:3]
     judged = []
 
-    def judge(mutant, work):
+    def judge(mutant, work, source):
         assert work.is_absolute()  # the gates run from the mutant's tree, not from here
         judged.append(mutant.id)
         return score.Verdict(mutant, True, "audit", "seen", "fast: chaos", ("tree",), 1.0)
@@ -142,3 +143,20 @@ def test_a_stopped_run_resumes_from_its_journal(tmp_path, monkeypatch):
     again = score.run_all(mutants, Path("mutants"), workers=1, progress=lambda _: None)
     assert judged == [m.id for m in mutants]  # only the third ran again
     assert again[:2] == first and again[2].mutant == mutants[2]
+
+
+def test_a_run_makes_its_mutants_from_the_snapshot_it_started_with(tmp_path):
+    repo = tmp_path / "repo"
+    for folder in PACKAGES.values():
+        shutil.copytree(REPO / folder, repo / folder, ignore=shutil.ignore_patterns("__pycache__"))
+    source = snapshot(tmp_path / "source", repo)
+    before = catalog(source=source)
+    assert before == catalog()  # a copy of the repository as it is
+    scheduler = repo / "engine" / "scheduler.py"
+    scheduler.write_text(scheduler.read_text().replace("self.waiting.remove(req)", "pass"))
+    assert catalog(source=repo) != before  # the repository moved on ...
+    assert snapshot(tmp_path / "source", repo) == source  # ... a resumed run keeps its copy
+    assert catalog(source=source) == before
+    tree = materialize(before[0], tmp_path / "tree", source)
+    assert "self.waiting.remove(req)" in (tree / "kvwatch/engine/scheduler.py").read_text()
+    assert (source / "COMMIT").read_text().strip() == "unknown"  # not a git checkout
