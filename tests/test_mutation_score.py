@@ -160,3 +160,23 @@ def test_a_run_makes_its_mutants_from_the_snapshot_it_started_with(tmp_path):
     tree = materialize(before[0], tmp_path / "tree", source)
     assert "self.waiting.remove(req)" in (tree / "kvwatch/engine/scheduler.py").read_text()
     assert (source / "COMMIT").read_text().strip() == "unknown"  # not a git checkout
+
+
+def test_the_score_document_is_rendered_from_its_verdicts_and_names_its_commit(tmp_path):
+    from kvwatch.mutation import score
+    from kvwatch.mutation.report import load, save
+
+    a, b, c = catalog()[:3]
+    verdicts = [
+        score.Verdict(a, True, "audit", "seen", "fast: chaos", ("tree",), 1.0),
+        score.Verdict(b, True, "quiescence", "a registry kept 3", None, (), 2.0),
+        score.Verdict(c, False, None, "", None, (), 0.5),
+    ]
+    doc = tmp_path / "score.md"
+    save(verdicts, doc, sites=214, sample=3, seed=0, commit="abc123")
+    text = doc.read_text()
+    assert "commit `abc123`" in text
+    assert "**Score: 1 of 2 alive mutants caught (50%)**" in text and "1 equivalent" in text
+    survivors = text.split("## Survivors")[1].split("## Every mutant")[0]
+    assert f"`{b.id}`" in survivors and f"`{a.id}`" not in survivors
+    assert load(doc) == (verdicts, {"sites": 214, "sample": 3, "seed": 0, "commit": "abc123"})
