@@ -107,22 +107,23 @@ def _controls(request: Request, body) -> Scripted | None:
             param="kvwatch",
         )
     retract, pause = controls.retract_after, controls.pause_after_output
-    need = {"retracted": "retract_after", "paused": "pause_after_output"}.get(controls.abort_in)
     if retract is not None and pause is not None:
-        problem = "retract_after and pause_after_output exclude each other"
-    elif need is not None and getattr(controls, need) is None:
-        problem = f"abort_in {controls.abort_in!r} needs {need}"
-    elif controls.abort_in is not None and retract is None and pause is None:
-        problem = "abort_in needs retract_after or pause_after_output"
-    else:
-        problem = None
-    if problem is not None:
-        raise ApiError(400, problem, code="invalid_value", param="kvwatch")
-    if retract is not None:
-        return Scripted("retract", retract, controls.hold_steps, controls.abort_in)
-    if pause is not None:
-        return Scripted("pause", pause, controls.hold_steps, controls.abort_in)
-    return None
+        raise _bad_controls("retract_after and pause_after_output exclude each other")
+    action, tokens = ("retract", retract) if pause is None else ("pause", pause)
+    reaches = {"retract": "retracted", "pause": "paused"}[action]
+    if controls.abort_in is not None and (
+        tokens is None or controls.abort_in not in (reaches, "recovering")
+    ):
+        need = {"retracted": "retract_after", "paused": "pause_after_output"}
+        wanted = need.get(controls.abort_in, "retract_after or pause_after_output")
+        raise _bad_controls(f"abort_in {controls.abort_in!r} needs {wanted}")
+    return (
+        None if tokens is None else Scripted(action, tokens, controls.hold_steps, controls.abort_in)
+    )
+
+
+def _bad_controls(problem: str) -> ApiError:
+    return ApiError(400, problem, code="invalid_value", param="kvwatch")
 
 
 def _labels(request: Request, operation: str, body, text: str) -> dict[str, str]:

@@ -47,7 +47,7 @@ from typing import Any, NamedTuple
 from kvwatch.contracts import ProbeReport
 from kvwatch.engine.engine import Completion, Engine
 from kvwatch.engine.events import BatchComputed
-from kvwatch.engine.request import RequestOutput, SamplingParams, Status
+from kvwatch.engine.request import Request, RequestOutput, SamplingParams, Status
 from kvwatch.server.finished import FinishedLog
 
 IDLE_WAIT_S = 0.05
@@ -182,9 +182,10 @@ class EngineWorker:
 
     def _after_step(self) -> None:
         for rid, script in list(self._scripted.items()):
-            if self._live(rid) is None:
+            req = self._live(rid)
+            if req is None:
                 del self._scripted[rid]
-            elif self._due(rid, script):
+            elif self._due(req, script):
                 del self._scripted[rid]
                 if script.action == "retract":
                     self.engine.retract(rid, hold_steps=script.hold_steps)
@@ -204,15 +205,14 @@ class EngineWorker:
         if self._watching:
             self._watch_step()
 
-    def _live(self, rid: str):
+    def _live(self, rid: str) -> Request | None:
         req = self.engine.requests.get(rid)
         return None if req is None or req.done else req
 
-    def _due(self, rid: str, script: Scripted) -> bool:
+    def _due(self, req: Request, script: Scripted) -> bool:
         if script.action == "retract":
-            computed = self.engine.computed_beyond_cache(rid)  # None unless it runs
+            computed = self.engine.computed_beyond_cache(req.id)  # None unless it runs
             return computed is not None and computed >= script.tokens
-        req = self.engine.requests[rid]
         return req.status is Status.RUNNING and len(req.output_ids) >= script.tokens
 
     def _resume_held(self, *, everyone: bool) -> None:
