@@ -5,11 +5,12 @@ come from differs (``sources.py``: an engine in this process, or a server's
 HTTP probe endpoints)::
 
     start()                 baseline probe, per-step watching and heap tracking
-                            on, drain gauges
+                            on, drain gauges, usage gauges' starting values
     sample()                a probe while the turn runs (best effort), and the
                             probes the engine kept since (``watch``)
     barrier(t, reports)     drain to idle -> (flush) -> barrier probe, heap
-                            sample, usage gauges per conversation; the turn's
+                            sample, each usage gauge's rise since start()
+                            per live conversation; the turn's
                             samples go with it; the greedy and seeded
                             requests the engine finished become candidates
                             for the equivalence replay, the users' request
@@ -126,6 +127,7 @@ class TurnRecorder:
         self.drained: ProbeReport | None = None
         self.gauges_baseline: dict[str, float] | None = None
         self.gauges_drained: dict[str, float] | None = None
+        self.usage_start: dict[str, float] = {}
         self.requests: Counts | None = None
         self.soak: Soak | None = None
         self.heap_end: HeapSample | None = None
@@ -145,6 +147,7 @@ class TurnRecorder:
             if self.options.heap:
                 self.source.heap_start()
         self.gauges_baseline = self._read(self.options.drain_gauges)
+        self.usage_start = self._read(self.options.usage_gauges)
 
     def sample(self) -> None:
         """A probe while requests run; the next barrier keeps it with its turn."""
@@ -170,9 +173,9 @@ class TurnRecorder:
             heap = self.source.heap_sample(HEAP_SITES, HEAP_TOP)
             if drain and turn == self.options.warmup - 1:
                 self.source.heap_mark()
-        gauges = self._read(self.options.usage_gauges)
         per_conversation = {
-            f"{k}/conversation": v / max(conversations, 1) for k, v in gauges.items()
+            f"{k}/conversation": rise / max(conversations, 1)
+            for k, rise in self._usage_rise().items()
         }
         entry = Turn(
             turn,
@@ -239,6 +242,17 @@ class TurnRecorder:
 
     def _read(self, series: Sequence[str]) -> dict[str, float]:
         return self.source.gauges(series) if series else {}
+
+    def _usage_rise(self) -> dict[str, float]:
+        """Each usage gauge less its value when the run started.
+
+        A server that has served before may start a run with usage left over
+        (an earlier run's leak, a warm cache). The trend is judged against the
+        level the series reaches, so an offset it did not make would hide a
+        rise it did make; only the run's own rise counts.
+        """
+        now = self._read(self.options.usage_gauges)
+        return {k: v - self.usage_start.get(k, 0.0) for k, v in now.items()}
 
     def _idle_by(self, deadline: float) -> bool:
         """White-box: wait until no request is live; False (and ``stuck``) if

@@ -1,8 +1,9 @@
 """gauge-trend: black-box usage gauges, read at turn barriers, trend upward.
 
 It needs nothing from the engine but its ``/metrics``: each series is a
-gauge reading per turn (for kvwatch, state-group pages that eviction cannot
-take back, used minus evictable, per live conversation; for other engines,
+gauge's rise since the run started, per live conversation, read at every
+turn barrier (for kvwatch, state-group pages that eviction cannot
+take back, used minus evictable; for other engines,
 whatever usage gauge the preset names). Where the run recorded drain
 gauges before the first turn and after it ended (black-box runs), each must
 be back at its starting value.
