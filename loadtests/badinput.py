@@ -1,50 +1,31 @@
 """bad-input: malformed requests mixed with valid chats and cold prompts.
 
-Every malformed request must get a 4xx with an OpenAI-style error body
-(``{"error": {"message": ..., "type": ...}}``); anything else is a failure in
-Locust's stats. The valid traffic around it (a chat, and prompts that share
-nothing with the cache, so every lookup misses) is what the leak detectors
-then judge: bad input must leave nothing behind.
+Each case is judged by what an OpenAI-compatible server must answer
+(``Case``): an invalid request gets a 4xx with an OpenAI-style error body
+(``{"error": {"message": ..., "type": ...}}``), a valid one that an engine
+lacks the feature for may be refused the same way; anything else is a failure
+in the run's request counts. Every body names the served model (``--model``),
+so nothing is refused for naming another. The valid traffic around it (a
+chat, and prompts that share nothing with the cache, so every lookup misses)
+is what the leak detectors then judge: bad input must leave nothing behind.
 """
 
 from __future__ import annotations
 
-import json
-
+from kvwatch.loadtests.badcases import Case, body_of, cases_for, context_of, judge
 from kvwatch.loadtests.turns import Chat, TurnUser, parallel
 from kvwatch.loadtests.users import sentence
-
-CHAT = "/v1/chat/completions"
-MSG = [{"role": "user", "content": "hi"}]
-
-# (name, path, body as raw bytes or a JSON-able value)
-CASES: tuple[tuple[str, str, object], ...] = (
-    ("not json", CHAT, b'{"model": "m", "messages": ['),
-    ("body is a list", CHAT, [1, 2, 3]),
-    ("no messages", CHAT, {"model": "m"}),
-    ("empty messages", CHAT, {"model": "m", "messages": []}),
-    ("unknown role", CHAT, {"model": "m", "messages": [{"role": "wizard", "content": "x"}]}),
-    ("content is a number", CHAT, {"model": "m", "messages": [{"role": "user", "content": 7}]}),
-    ("negative max_tokens", CHAT, {"model": "m", "messages": MSG, "max_tokens": -1}),
-    ("temperature too high", CHAT, {"model": "m", "messages": MSG, "temperature": 9}),
-    ("n > 1", CHAT, {"model": "m", "messages": MSG, "n": 4}),
-    ("stop strings", CHAT, {"model": "m", "messages": MSG, "stop": ["\n"]}),
-    ("unknown session", CHAT, {"model": "m", "messages": MSG, "session_id": "no-such-session"}),
-    ("malformed session id", CHAT, {"model": "m", "messages": MSG, "session_id": "../../etc"}),
-    ("token id out of range", "/v1/completions", {"model": "m", "prompt": [1, 2, 10**9]}),
-    ("negative token id", "/v1/completions", {"model": "m", "prompt": [-5]}),
-    ("empty prompt", "/v1/completions", {"model": "m", "prompt": ""}),
-    ("prompt too long", "/v1/completions", {"model": "m", "prompt": [65] * 5000}),
-    ("rollback unknown session", "/v1/sessions/nope/rollback", {"steps": 1}),
-)
 
 
 class BadInputUser(TurnUser):
     def setup(self) -> None:
         self.chats = [Chat([self.system])]
+        self.engine = self.plan.gauges.name
+        self.cases = cases_for(self.engine)
+        self.context_len: int | None = None
 
     def turn(self, t: int) -> None:
-        picks = self.rng.sample(range(len(CASES)), 4)
+        picks = self.rng.sample(self.cases, 4)
 
         def step() -> None:
             self.chats[0].step(self, sentence(self.rng), name="agent turn")
@@ -53,24 +34,27 @@ class BadInputUser(TurnUser):
             prompt = [{"role": "user", "content": sentence(self.rng, 3, 12)}]
             self.chat(prompt, name="cold prompt")
 
-        parallel(step, cold, *(lambda i=i: self.malformed(*CASES[i]) for i in picks))
+        parallel(step, cold, *(lambda c=c: self.malformed(c) for c in picks))
 
-    def malformed(self, name: str, path: str, body: object) -> None:
-        data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    def malformed(self, case: Case) -> None:
+        data = body_of(case, self.model, self.served_context)
         headers = {"Content-Type": "application/json"}
         with self.client.post(
-            path, data=data, headers=headers, name=f"bad: {name}", catch_response=True
+            case.path, data=data, headers=headers, name=f"bad: {case.name}", catch_response=True
         ) as resp:
-            if not 400 <= resp.status_code < 500:
-                resp.failure(f"want a 4xx, got {resp.status_code}: {resp.text[:200]}")
-                return
-            try:
-                error = resp.json()["error"]
-                assert isinstance(error["message"], str) and error["type"]
-            except (ValueError, KeyError, TypeError, AssertionError):
-                resp.failure(f"not an OpenAI-style error body: {resp.text[:200]}")
-                return
-            resp.success()
+            if (wrong := judge(case, self.engine, resp.status_code, resp.text or "")) is None:
+                resp.success()
+            else:
+                resp.failure(wrong)
+
+    def served_context(self) -> int:
+        """The served model's context in tokens, as ``/v1/models`` reports it
+        (``max_model_len``, which kvwatch and vLLM both give)."""
+        if self.context_len is None:
+            with self.client.get("/v1/models", name="models", catch_response=True) as resp:
+                self.context_len = context_of(resp.json, self.model)
+                resp.success()
+        return self.context_len
 
     def conversations(self) -> int:
         return 1

@@ -95,6 +95,26 @@ def test_black_box_mode_judges_from_gauges_alone(tmp_path, fault):
         assert "kvwatch_tree_interior_snapshots" in evidence
 
 
+def test_the_request_counts_are_what_the_server_answered(tmp_path):
+    """The summary's request and failure counts against the server's own access
+    log: every request the users made, up to the last one, each counted once.
+    The gate itself asks ``GET /v1/models`` once per barrier and once at the
+    end to see that a black-box target still answers; those are not the users'."""
+    log = tmp_path / "serve.log"
+    with kvwatch_server("--log-level", "info", log=log) as url:
+        code, summary, err = gate(
+            tmp_path / "out",
+            *("--target", url, "--metrics-url", f"{url}/metrics"),
+            *("--profile", "bad-input", "-c", "8"),
+        )
+    assert code == 0, err[-3000:]
+    answered = [line for line in log.read_text().splitlines() if ' HTTP/1.1" ' in line]
+    answered = [line for line in answered if not ("/metrics " in line or "/health " in line)]
+    (run,) = summary["runs"]
+    assert run["requests"] == len(answered) - (run["turns"] + 1)
+    assert run["errors"] == 0 and any('HTTP/1.1" 400' in line for line in answered)
+
+
 def test_a_distributed_gate_spans_the_barrier_over_two_workers(tmp_path):
     code, summary, err = gate(
         tmp_path,

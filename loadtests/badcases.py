@@ -1,0 +1,106 @@
+"""The bad-input cases, and what an OpenAI-compatible server must answer to each.
+
+Kept apart from the Locust user (``badinput.py``) so the table and its judge
+load without Locust.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import NamedTuple
+
+CHAT = "/v1/chat/completions"
+TEXT = "/v1/completions"
+MSG = [{"role": "user", "content": "hi"}]
+TOO_LONG = "a prompt one token longer than the served context"
+DEFAULT_CONTEXT = 128 * 1024  # a server that does not say: longer than most serve
+
+
+class Case(NamedTuple):
+    """One request, and what an OpenAI-compatible server must answer to it.
+
+    ``valid``: a valid OpenAI request (a 2xx), which an engine that lacks the
+    feature may refuse instead, with an OpenAI-style 4xx. Otherwise the request
+    is invalid and must be refused that way, except on the engines named in
+    ``accepted_by``, which are known to answer it. ``sessions``: kvwatch's own
+    session API, sent only to kvwatch servers. The body's ``model`` is the
+    served model's name, so no case is refused only for naming another model.
+    """
+
+    name: str
+    path: str
+    body: object  # raw bytes, or a JSON-able value
+    valid: bool = False
+    accepted_by: frozenset[str] = frozenset()
+    sessions: bool = False
+
+
+def _chat(**fields) -> dict:
+    return {"messages": MSG, "max_tokens": 4, **fields}
+
+
+VLLM = frozenset({"vllm"})
+
+CASES: tuple[Case, ...] = (
+    Case("not json", CHAT, b'{"model": "m", "messages": ['),
+    Case("body is a list", CHAT, [1, 2, 3]),
+    Case("no messages", CHAT, {"max_tokens": 4}),
+    Case("empty messages", CHAT, _chat(messages=[])),
+    Case("unknown role", CHAT, _chat(messages=[{"role": "wizard", "content": "x"}])),
+    Case("content is a number", CHAT, _chat(messages=[{"role": "user", "content": 7}])),
+    Case("negative max_tokens", CHAT, _chat(max_tokens=-1)),
+    Case("temperature too high", CHAT, _chat(temperature=9), accepted_by=VLLM),
+    Case("n > 1", CHAT, _chat(n=4), valid=True),
+    Case("stop strings", CHAT, _chat(stop=["\n"]), valid=True),
+    Case("unknown session", CHAT, _chat(session_id="no-such-session"), sessions=True),
+    Case("malformed session id", CHAT, _chat(session_id="../../etc"), sessions=True),
+    Case("token id out of range", TEXT, {"prompt": [1, 2, 10**9], "max_tokens": 4}),
+    Case("negative token id", TEXT, {"prompt": [-5], "max_tokens": 4}),
+    Case("empty prompt", TEXT, {"prompt": "", "max_tokens": 4}),
+    Case("prompt too long", TEXT, {"prompt": TOO_LONG, "max_tokens": 4}),
+    Case("rollback unknown session", "/v1/sessions/nope/rollback", {"steps": 1}, sessions=True),
+)
+
+
+def cases_for(engine: str) -> tuple[Case, ...]:
+    """The cases that mean something to ``engine`` (a gauge preset's name)."""
+    return tuple(c for c in CASES if engine == "kvwatch" or not c.sessions)
+
+
+def body_of(case: Case, model: str, context: Callable[[], int]) -> bytes:
+    """The bytes sent for ``case``: JSON bodies name ``model``; the too-long
+    prompt is one token over ``context()``, the served context."""
+    body = case.body
+    if isinstance(body, bytes):
+        return body
+    if isinstance(body, dict):
+        body = {"model": model, **body}
+        if body.get("prompt") == TOO_LONG:
+            body["prompt"] = [65] * (context() + 1)
+    return json.dumps(body).encode()
+
+
+def judge(case: Case, engine: str, status: int, body: str) -> str | None:
+    """Why this answer is wrong for ``case`` on ``engine``, or None."""
+    if 200 <= status < 300 and (case.valid or engine in case.accepted_by):
+        return None
+    if not 400 <= status < 500:
+        return f"want a 4xx, got {status}: {body[:200]}"
+    try:
+        error = json.loads(body)["error"]
+        assert isinstance(error["message"], str) and error["type"]
+    except (ValueError, KeyError, TypeError, AssertionError):
+        return f"not an OpenAI-style error body: {body[:200]}"
+    return None
+
+
+def context_of(models: Callable[[], object], model: str) -> int:
+    """The context ``model`` serves, from a ``/v1/models`` answer's JSON (read
+    by ``models``), or a long one when the answer does not say."""
+    try:
+        cards = models()["data"]
+        card = next((c for c in cards if c.get("id") == model), cards[0])
+        return int(card["max_model_len"])
+    except (ValueError, KeyError, TypeError, IndexError, StopIteration):
+        return DEFAULT_CONTEXT
