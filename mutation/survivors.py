@@ -6,4 +6,21 @@ Written by hand after reading the survivor's run: the one part of
 
 from __future__ import annotations
 
-NOTES: dict[str, str] = {}
+NOTES: dict[str, str] = {
+    "engine/scheduler.py:10": (
+        "When a placement in the middle of a step retracts a victim that was already given "
+        "work in that step, the victim's work stays in the batch and the model runner meets "
+        "a request that holds no pages (a 500 on that request). The gate's profiles never "
+        "place a newer request before an older one runs out of pages in the same step; a "
+        "profile whose pools are sized so that a new admission and the decode growth of the "
+        "running requests exhaust them together at c >= 4 would, and the in-process fuzz "
+        "(radix-pressure) does."
+    ),
+    "engine/scheduler.py:17": (
+        "A request that fails in the engine does not end its session's turn, so the "
+        "session's next turn is refused as 'already has a turn in flight'. No gate profile "
+        "makes a session request fail in the engine (a prompt larger than the pool can "
+        "ever hold) and then goes on with that session; a chaos step that does would turn "
+        "the refusal into a failed request for the requests detector."
+    ),
+}

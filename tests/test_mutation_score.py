@@ -180,3 +180,20 @@ def test_the_score_document_is_rendered_from_its_verdicts_and_names_its_commit(t
     survivors = text.split("## Survivors")[1].split("## Every mutant")[0]
     assert f"`{b.id}`" in survivors and f"`{a.id}`" not in survivors
     assert load(doc) == (verdicts, {"sites": 214, "sample": 3, "seed": 0, "commit": "abc123"})
+
+
+def test_the_committed_score_is_rendered_from_its_data_and_meets_the_goal():
+    """docs/mutation-score.md is what its JSON renders to; the default gate caught at
+    least 90 % of the alive mutants; every survivor has a note; every operator ran."""
+    from kvwatch.mutation.report import DOC, load, render
+    from kvwatch.mutation.survivors import NOTES
+
+    verdicts, meta = load(DOC)
+    assert DOC.read_text() == render(verdicts, meta)
+    alive = [v for v in verdicts if v.alive]
+    caught = [v for v in alive if v.caught_by]
+    assert alive
+    assert len(caught) >= 0.9 * len(alive), f"{len(caught)} of {len(alive)} alive mutants caught"
+    survivors = {v.mutant.id for v in alive if not v.caught_by}
+    assert survivors <= set(NOTES), survivors - set(NOTES)
+    assert {v.mutant.operator for v in verdicts} == set(OPERATORS)
