@@ -6,6 +6,9 @@ process that owns the KV cache manager. kvwatch registers ``register`` there
 (``pyproject.toml``); it does nothing unless ``KVWATCH_VLLM_FAULT`` names a
 fault, so a vLLM that has kvwatch installed serves as it always does.
 
+With ``KVWATCH_VLLM_PROBE_PORT`` set, the engine core also serves kvwatch's
+audit of its KV cache manager on that loopback port (``vllm_probe.py``).
+
 Faults (``KVWATCH_VLLM_FAULT``):
 
 ``free-skipped``
@@ -24,6 +27,7 @@ import os
 
 FAULT_ENV = "KVWATCH_VLLM_FAULT"
 EVERY_ENV = "KVWATCH_VLLM_EVERY"
+PROBE_ENV = "KVWATCH_VLLM_PROBE_PORT"
 
 log = logging.getLogger("kvwatch.vllm")
 
@@ -47,9 +51,21 @@ def _free_skipped() -> None:
 FAULTS = {"free-skipped": _free_skipped}
 
 
+def _in_engine_core() -> bool:
+    """True in vLLM's engine core process (``EngineCore`` or ``EngineCore_DPn``,
+    as vLLM names the process it starts for it)."""
+    import multiprocessing
+
+    return multiprocessing.current_process().name.startswith("EngineCore")
+
+
 def register() -> None:
-    """vLLM's hook: plant the fault ``KVWATCH_VLLM_FAULT`` names, if any (once
-    per process: vLLM calls this at most once in each)."""
+    """vLLM's hook, at most once in each process: plant the fault
+    ``KVWATCH_VLLM_FAULT`` names, and in the engine core start the probe."""
+    if os.environ.get(PROBE_ENV) and _in_engine_core():
+        from kvwatch.targets import vllm_probe
+
+        vllm_probe.install(int(os.environ[PROBE_ENV]))
     name = os.environ.get(FAULT_ENV)
     if not name:
         return

