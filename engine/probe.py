@@ -64,7 +64,13 @@ def take_stats(
         for group in node.snapshot.pages:
             snapshots[group] += 1
             interior[group] += _superseded(node)
-    tree = TreeReport(cache.tree.node_count, snapshots, on_host, interior)
+    tree = TreeReport(
+        cache.tree.node_count,
+        snapshots,
+        on_host,
+        interior,
+        cache.tree.page_count * cache.tree.page_size,
+    )
     locked = sum(h.lock_node is not None for h in cache.holders.values())
     live = queue.waiting + queue.running + queue.retracted + queue.paused
     slots = None

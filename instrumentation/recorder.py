@@ -168,6 +168,9 @@ class TurnRecorder:
             self.sampled.sort(key=lambda p: p.step)
             probes = (*self.sampled, self.source.probe())
         self.sampled = []
+        # the replay buffer is the harness's memory, not the engine's: hand it
+        # over before the heap is sampled
+        self._collect_finished(turn)
         heap = None
         if self.white_box and self.options.heap:
             heap = self.source.heap_sample(HEAP_SITES, HEAP_TOP)
@@ -188,7 +191,6 @@ class TurnRecorder:
             _counts(reports),
         )
         self.turns.append(entry)
-        self._collect_finished(turn)
         return entry
 
     def finish(self, reports: Sequence[Mapping] = ()) -> None:

@@ -81,6 +81,9 @@ class TreeReport(NamedTuple):
     # superseded snapshots (a deeper one on the same unbranched path): what
     # superseded-snapshot release should keep near zero once nobody runs (seed 000)
     interior_snapshots: dict[str, int]
+    # tokens the tree's full pages cover: cache that may outlive every
+    # conversation (evictable, bounded by the pool)
+    tokens: int = 0
 
 
 class SlotReport(NamedTuple):

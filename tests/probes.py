@@ -30,11 +30,12 @@ def make_probe(
     root: tuple[int, int] = (0, 0),
     interior: int = 0,
     live_requests: int = 0,
+    cached_tokens: int = 0,
 ) -> ProbeReport:
     """Every group of capacity 100 with ``used`` pages in the tree; the ``exceeded``
     group pins 5 pages where its holder justifies 4."""
     groups = {g: GroupReport(f, 100, 100 - used, {"tree": used}, 0, 0) for g, f in GROUPS.items()}
-    tree = TreeReport(0, dict.fromkeys(STATE, 0), 0, dict.fromkeys(STATE, interior))
+    tree = TreeReport(0, dict.fromkeys(STATE, 0), 0, dict.fromkeys(STATE, interior), cached_tokens)
     stats = EngineStats(
         0, live_requests, 0, groups, RootRefs(*root), tree, QueueReport(0, 0, 0, 0), 0
     )

@@ -90,6 +90,40 @@ def test_heap_tells_o_prefix_from_o_turns_times_prefix():
     assert DETECTORS["heap"](run_of(CLEAN)).verdict == SKIPPED
 
 
+def test_heap_judges_per_cached_token_when_the_cache_holds_more_than_the_context():
+    # the conversations hold 1000 tokens; cold prompts keep filling the prefix
+    # cache, and the tree's own keys grow with it: O(cache), bounded by the pool
+    cached = [4000 * (i + 1) for i in range(6)]
+    turns = tuple(
+        Turn(
+            i,
+            (make_probe(cached_tokens=c),),
+            4,
+            1000,
+            HeapSample(8 * c, (), {"radix.py:69": 8 * c}),
+        )
+        for i, c in enumerate(cached)
+    )
+    assert DETECTORS["heap"](RunRecord(turns, 2)).verdict == PASS
+    # the same memory against the context alone looks like a leak
+    blind = tuple(t._replace(probes=(CLEAN[0],)) for t in turns)
+    assert DETECTORS["heap"](RunRecord(blind, 2)).failed
+
+
+def test_heap_needs_a_site_to_grow_by_more_than_a_few_kilobytes():
+    def run(scale: int) -> RunRecord:
+        kept = [640, 640, 640, 2432, 3136, 3648]  # a monotone run of chance at one small site
+        turns = tuple(
+            Turn(i, (CLEAN[0],), 1, 200, HeapSample(100_000, (), {"sched.py:205": scale * b}))
+            for i, b in enumerate(kept)
+        )
+        return RunRecord(turns, 2)
+
+    assert DETECTORS["heap"](run(1)).verdict == PASS
+    v = DETECTORS["heap"](run(4))
+    assert v.failed and "sched.py:205" in v.evidence[0].detail
+
+
 def test_gauge_trend_on_black_box_series():
     rng = random.Random(3)
     flat = [{"usage": 0.5 + rng.uniform(-0.05, 0.05)} for _ in range(8)]

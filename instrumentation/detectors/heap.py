@@ -5,9 +5,11 @@ finished request must leave nothing behind.
   (O(prefix)) keeps the ratio flat; memory that grows with turns times
   prefix makes it climb. The ratio is judged for all of kvwatch's
   allocations and for each allocation site on its own, so a leak at one site
-  is not drowned by memory that grows with the context. The evidence is that
-  site and the top growth by traceback (``Snapshot.compare_to``) at the
-  failing turn.
+  is not drowned by memory that grows with the context. The tokens are the
+  live conversations' context, or the prefix cache's when it holds more
+  (evictable cache is bounded by the pool, not a leak); a site must also
+  have grown by ``MIN_SITE_GROWTH`` bytes. The evidence is that site and the
+  top growth by traceback (``Snapshot.compare_to``) at the failing turn.
 * Per request. The heap is marked at the barrier that ends the warm-up and
   sampled again once the run has drained, closed its sessions and flushed:
   everything the judged turns built is gone by then. A site that kept about
@@ -31,6 +33,10 @@ ID = "heap"
 # context token a turn (a token list is 8 bytes per token all told).
 MIN_RELATIVE_SLOPE = 0.10
 MIN_BYTES_PER_TOKEN_TURN = 1.5
+# A site is one of some forty judged in every run, so a short monotone series
+# comes up by chance now and then; a leak worth a finding has also grown by
+# this much over the judged turns (a 4 KB token list is a 500-token prefix).
+MIN_SITE_GROWTH = 8192
 TOTAL = "all kvwatch allocations"
 # Per request: a map entry costs a few dozen bytes (key, value, slot), and at
 # least one allocation of its own.
@@ -85,14 +91,28 @@ def request_rule(run: RunRecord) -> Verdict | None:
     return fail(ID, run.turns[-1].turn + 1, ev)
 
 
+def held_tokens(turn) -> int:
+    """The tokens memory may scale with at this barrier: the live conversations'
+    context, or what the prefix cache holds when that is more (cold prompts
+    stay cached after their conversations end; the pool bounds them)."""
+    probe = turn.barrier
+    cached = probe.stats.tree.tokens if probe is not None else 0
+    return max(turn.context_tokens, cached)
+
+
 def token_rule(run: RunRecord, turns: list) -> Verdict:
     numbers = [t.turn for t in turns]
     judged = turns[min(run.warmup, max(0, len(turns) - 4)) :]
-    series = {TOTAL: [t.heap.traced_bytes / t.context_tokens for t in turns]}
+    tokens = [held_tokens(t) for t in turns]
+    series = {TOTAL: [t.heap.traced_bytes / n for t, n in zip(turns, tokens, strict=True)]}
     # a site is followed only if every judged sample saw it (the samples keep the top sites)
     common = set.intersection(*(set(t.heap.by_site or {}) for t in judged))
     for site in common:
-        series[site] = [(t.heap.by_site or {}).get(site, 0) / t.context_tokens for t in turns]
+        grown = judged[-1].heap.by_site[site] - judged[0].heap.by_site[site]
+        if grown >= MIN_SITE_GROWTH:
+            series[site] = [
+                (t.heap.by_site or {}).get(site, 0) / n for t, n in zip(turns, tokens, strict=True)
+            ]
     worst = None
     for site, ratio in series.items():
         rise = first_rise(numbers, ratio, run.warmup, MIN_RELATIVE_SLOPE, MIN_BYTES_PER_TOKEN_TURN)
