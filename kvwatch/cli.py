@@ -17,6 +17,7 @@ from pathlib import Path
 from kvwatch import __version__
 
 GRAFANA_TOKEN_ENV = "GRAFANA_TOKEN"  # read when --token / --grafana-token is not given
+VLLM_PYTHON_ENV = "KVWATCH_VLLM_PYTHON"  # read when --vllm-python is not given
 
 
 def _print_json(entries: list[dict]) -> int:
@@ -136,6 +137,9 @@ NOT_FOR_SOAK = {
     "locust_workers": "--locust-workers",
     "pushgateway": "--pushgateway",
     "grafana_url": "--grafana-url",
+    "engine": "--engine",
+    "vllm_python": "--vllm-python",
+    "vllm_arg": "--vllm-arg",
 }
 
 
@@ -176,7 +180,7 @@ def _gate(args: argparse.Namespace) -> int:
         junit=args.junit,
         target=args.target,
         metrics_url=args.metrics_url,
-        gauges=args.gauges or "kvwatch",
+        gauges=args.gauges or ("vllm" if args.engine == "vllm" else "kvwatch"),
         extra_gauges=tuple(args.gauge),
         locust_workers=args.locust_workers or 0,
         seed=args.seed,
@@ -186,6 +190,9 @@ def _gate(args: argparse.Namespace) -> int:
         pushgateway=args.pushgateway,
         grafana_url=args.grafana_url,
         grafana_token=args.grafana_token or os.environ.get(GRAFANA_TOKEN_ENV),
+        engine=args.engine or "kvwatch",
+        vllm_python=args.vllm_python or os.environ.get(VLLM_PYTHON_ENV) or sys.executable,
+        vllm_args=tuple(args.vllm_arg),
     )
     return _validated_run(options, run_gate)
 
@@ -342,7 +349,30 @@ def _add_gate(sub: argparse._SubParsersAction) -> None:
     )
     gate.add_argument("--locust-workers", type=int, default=None, metavar="N", help="default: 0")
     gate.add_argument("--seed", type=int, default=0)
-    gate.add_argument("--model", default="kvwatch-tiny-hybrid", help="the model name to ask for")
+    gate.add_argument(
+        "--model",
+        default="kvwatch-tiny-hybrid",
+        help="the model name to ask for (--engine vllm: the model's directory)",
+    )
+    gate.add_argument(
+        "--engine",
+        choices=("kvwatch", "vllm"),
+        default=None,
+        help="the engine to start and probe (default: kvwatch); vllm: from --model DIR",
+    )
+    gate.add_argument(
+        "--vllm-python",
+        default=None,
+        metavar="PATH",
+        help=f"a Python with vLLM and kvwatch (default: ${VLLM_PYTHON_ENV} or this one)",
+    )
+    gate.add_argument(
+        "--vllm-arg",
+        action="append",
+        default=[],
+        metavar="ARG",
+        help="an argument for vLLM's server, e.g. --vllm-arg=--num-gpu-blocks-override=512",
+    )
     gate.add_argument(
         "--max-replays",
         type=int,

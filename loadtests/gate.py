@@ -12,7 +12,10 @@ The barrier and the probes happen inside the Locust run (see
 replays each run's greedy and seeded requests on a cache-off engine of the served model
 (``instrumentation/replay.py``) and judges what they recorded. With
 ``--target`` the engine is someone else's: nothing is injected, probed or
-replayed, and only black-box detectors run.
+replayed, and only black-box detectors run. With ``--engine vllm`` the gate
+starts vLLM from ``--model DIR`` itself, once for every profile, with
+kvwatch's probe in its engine core (``targets/``): the black-box profiles
+run, and the detectors judge its block pool's audit and its usage gauge.
 
 A run is judged only when it ran against a live engine: if the embedded
 server exits during a run, or every request of a run failed, the run is an
@@ -44,6 +47,10 @@ from kvwatch.loadtests.plan import RunPlan, preset
 from kvwatch.loadtests.servers import EngineServer, ServerError, locust_commands, stop
 
 BLACK_BOX_DETECTORS = ("gauge-trend",)
+# what vLLM's audit and gauges can tell (targets/vllm_source.py): no heap, no
+# registries, no replay of a cache-off reference
+VLLM_DETECTORS = ("allocator", "refcount", "tree", "requests", "gauge-trend")
+ENGINES = ("kvwatch", "vllm")
 # The server traces its heap (tracemalloc, one frame) in every profile's runs up
 # to this concurrency, and at every one for profiles that ask (``Profile.heap``):
 # tracing costs every allocation, and at c = 8 the agentic-trie profile's
@@ -73,6 +80,9 @@ class GateOptions:
     pushgateway: str | None = None  # push the verdict metrics here
     grafana_url: str | None = None  # annotate the findings here
     grafana_token: str | None = None
+    engine: str = "kvwatch"  # or "vllm": started from --model DIR, probed in its engine core
+    vllm_python: str = sys.executable  # a Python that has vLLM (and kvwatch, for its plugin)
+    vllm_args: tuple[str, ...] = ()  # further arguments for vLLM's server
     progress: Callable[[str], None] = field(default=lambda line: print(line, file=sys.stderr))
 
     def validate(self) -> None:
@@ -86,7 +96,12 @@ class GateOptions:
                 f"--turns must be at least {self.warmup + MIN_JUDGED_TURNS} "
                 f"({self.warmup} warm-up turns and {MIN_JUDGED_TURNS} judged ones)"
             )
-        parse_faults(self.faults)
+        if self.engine not in ENGINES:
+            raise ValueError(f"--engine is one of {', '.join(ENGINES)}, not {self.engine!r}")
+        if self.engine == "vllm":
+            _validate_vllm(self)
+        else:
+            parse_faults(self.faults)
         preset(self.gauges, self.extra_gauges)
         if (self.target is None) != (self.metrics_url is None):
             raise ValueError("--target and --metrics-url go together")
@@ -107,7 +122,7 @@ class GateOptions:
     def selected(self) -> tuple[catalog.Profile, ...]:
         if self.profiles:
             return tuple(catalog.get(p) for p in self.profiles)
-        black_box = self.target is not None
+        black_box = self.target is not None or self.engine == "vllm"
         return tuple(p for p in catalog.PROFILES.values() if not (black_box and p.kvwatch_api))
 
 
@@ -120,10 +135,14 @@ def run_gate(opts: GateOptions) -> tuple[dict, int]:
     done = 0
     from kvwatch.instrumentation.replay import Reference  # torch: only once the flags are good
 
+    embedded = opts.target is None and opts.engine == "kvwatch"
+    shared, broke = _start_vllm(opts) if opts.engine == "vllm" else (None, None)
     for profile in opts.selected:
-        reference = None if opts.target else Reference(profile_engine(profile))
+        reference = Reference(profile_engine(profile)) if embedded else None
         try:
-            server = None if opts.target else _start_server(opts, profile)
+            server = _start_server(opts, profile) if embedded else shared
+            if broke is not None:
+                raise ServerError(broke)
         except ServerError as exc:
             for c in opts.concurrency:
                 results.append(_broken(profile.name, c, opts.turns, str(exc)))
@@ -136,8 +155,10 @@ def run_gate(opts: GateOptions) -> tuple[dict, int]:
                 results.append(_run_one(opts, profile, c, server, reference))
                 opts.progress(f"    {_line(results[-1])}")
         finally:
-            if server is not None:
+            if embedded:
                 server.stop()
+    if shared is not None:
+        shared.stop()
     summary = verdicts.summarize(results, opts.faults)
     summary["elapsed_s"] = round(time.monotonic() - started, 1)
     summary["published"] = publish(summary, opts)
@@ -191,6 +212,39 @@ def _start_server(opts: GateOptions, profile: catalog.Profile) -> EngineServer:
     return EngineServer(config, opts.faults, where / "server.log", spans, profile.serve_flags)
 
 
+def _validate_vllm(opts: GateOptions) -> None:
+    from kvwatch.targets.vllm_plugin import FAULTS
+
+    if opts.target is not None:
+        raise ValueError("--engine vllm starts vLLM itself; it does not take --target")
+    if not (Path(opts.model) / "config.json").is_file():
+        raise ValueError(f"--engine vllm takes --model DIR, a model's directory: {opts.model!r}")
+    if len(opts.faults) > 1 or not set(opts.faults) <= set(FAULTS):
+        raise ValueError(f"--engine vllm injects one fault of {', '.join(FAULTS)}")
+
+
+def _start_vllm(opts: GateOptions):
+    """vLLM serving ``--model DIR`` with kvwatch's probe, for every profile; or
+    None and why it did not come up."""
+    from kvwatch.targets.vllm_server import VllmServer
+
+    log = outputs.child(opts.out, "servers", "vllm.log")
+    opts.progress(f"starting vLLM ({opts.vllm_python}) with {opts.model}; log in {log}")
+    try:
+        server = VllmServer(
+            opts.vllm_python,
+            Path(opts.model),
+            log,
+            fault=opts.faults[0] if opts.faults else None,
+            probe=True,
+            served_name=Path(opts.model).name,
+            extra=opts.vllm_args,
+        )
+    except ServerError as exc:
+        return None, str(exc)
+    return server, None
+
+
 def profile_engine(profile: catalog.Profile):
     """The engine config the gate serves ``profile`` with (its overrides on the defaults)."""
     from kvwatch.engine import EngineConfig
@@ -210,6 +264,8 @@ def _run_one(
     for stale in (record, Path(f"{record}.progress")):
         stale.unlink(missing_ok=True)
     target = server.url if server else opts.target
+    vllm = opts.engine == "vllm"
+    kvwatch = server is not None and not vllm  # kvwatch's own server, probed over /debug
     plan = RunPlan(
         profile=profile.name,
         concurrency=c,
@@ -219,15 +275,16 @@ def _run_one(
         warmup=opts.warmup,
         seed=opts.seed,
         metrics_url=f"{server.url}/metrics" if server else opts.metrics_url,
-        probe=server is not None,
-        probe_token=server.token if server else None,
-        heap=server is not None and (profile.heap or c <= HEAP_UP_TO),
+        probe=kvwatch,
+        probe_token=server.token if kvwatch else None,
+        vllm_probe=server.probe_url if vllm else None,
+        heap=kvwatch and (profile.heap or c <= HEAP_UP_TO),
         flush_every_turn=profile.flush_every_turn,
-        model=opts.model,
+        model=Path(opts.model).name if vllm else opts.model,
         gauges=preset(opts.gauges, opts.extra_gauges),
     )
     (where / "plan.json").write_text(plan.to_json())
-    counted = HttpSource(server.url, white_box=True, token=server.token) if server else None
+    counted = HttpSource(server.url, white_box=True, token=server.token) if kvwatch else None
     before = counted.coverage() if counted else {}
     error = _locust(opts, profile, c, target, where, record)
     if server is not None and (gone := server.exited()):
@@ -251,7 +308,7 @@ def _run_one(
     requests, errors = sent.requests, sent.errors
     if run.error is None and (dead := no_service(requests, errors)):
         run = run._replace(error=dead)
-    detectors = IDS if server is not None else BLACK_BOX_DETECTORS
+    detectors = IDS if kvwatch else VLLM_DETECTORS if vllm else BLACK_BOX_DETECTORS
     return verdicts.judge(
         profile.name, c, run, requests=requests, errors=errors, detectors=detectors
     )

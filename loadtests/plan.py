@@ -86,6 +86,7 @@ class RunPlan:
     metrics_url: str | None = None
     probe: bool = True  # the embedded engine: /debug/* is there
     probe_token: str | None = None
+    vllm_probe: str | None = None  # white-box vLLM: its engine core's probe (probe is False)
     heap: bool = False  # tracemalloc samples at barriers (probe only)
     watch: bool = True  # the server probes after every step and keeps findings (probe only)
     flush_every_turn: bool = False  # flush the cache at every barrier (probe only)

@@ -28,31 +28,50 @@ from kvwatch.loadtests.barrier import END, START
 from kvwatch.loadtests.plan import RunPlan
 
 
+def white_box(plan: RunPlan) -> bool:
+    """Probes are taken: kvwatch's server, or vLLM with kvwatch's probe."""
+    return plan.probe or plan.vllm_probe is not None
+
+
 def recorder_options(plan: RunPlan) -> RecorderOptions:
     return RecorderOptions(
         warmup=plan.warmup,
         watch=plan.watch and plan.probe,
         heap=plan.heap and plan.probe,
-        flush_every_turn=plan.flush_every_turn and plan.probe,
+        flush_every_turn=plan.flush_every_turn and white_box(plan),
         drain_timeout=plan.drain_timeout,
+        replays=plan.probe,
         usage_gauges=plan.gauges.usage,
         busy_gauges=plan.gauges.busy,
         drain_gauges=plan.gauges.drain,
     )
 
 
-class Recorder:
-    def __init__(self, plan: RunPlan) -> None:
-        self.plan = plan
-        source = HttpSource(
+def _source(plan: RunPlan) -> HttpSource:
+    if plan.vllm_probe is not None:
+        from kvwatch.targets.vllm_source import VllmProbeSource
+
+        return VllmProbeSource(
             plan.target,
-            white_box=plan.probe,
-            token=plan.probe_token,
+            plan.vllm_probe,
             metrics_url=plan.metrics_url,
             metrics_settle=plan.metrics_settle,
             sleep=gevent.sleep,
         )
-        self.recorder = TurnRecorder(source, recorder_options(plan))
+    return HttpSource(
+        plan.target,
+        white_box=plan.probe,
+        token=plan.probe_token,
+        metrics_url=plan.metrics_url,
+        metrics_settle=plan.metrics_settle,
+        sleep=gevent.sleep,
+    )
+
+
+class Recorder:
+    def __init__(self, plan: RunPlan) -> None:
+        self.plan = plan
+        self.recorder = TurnRecorder(_source(plan), recorder_options(plan))
         self.sampler: gevent.Greenlet | None = None
         self.started = time.monotonic()
         self.path = Path(plan.record)
@@ -104,7 +123,7 @@ class Recorder:
 
     # -- probes while a turn runs ---------------------------------------------------------
     def _start_sampling(self) -> None:
-        if self.plan.probe and self.plan.sample_every > 0:
+        if white_box(self.plan) and self.plan.sample_every > 0:
             self.sampler = gevent.spawn(self._sample)
 
     def _stop_sampling(self) -> None:

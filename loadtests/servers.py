@@ -118,19 +118,21 @@ class EngineServer:
         self.stop()
 
 
-def wait_healthy(url: str, proc: subprocess.Popen, timeout: float) -> None:
+def wait_healthy(
+    url: str, proc: subprocess.Popen, timeout: float, name: str = "kvwatch serve"
+) -> None:
     """Until ``url/health`` answers 200; ServerError if the process exits or time runs out."""
     deadline = time.monotonic() + timeout
     while True:
         if proc.poll() is not None:
-            raise ServerError(f"kvwatch serve exited with {proc.returncode}")
+            raise ServerError(f"{name} exited with {proc.returncode}")
         try:
             if httpx.get(f"{url}/health", timeout=10).status_code == 200:
                 return
         except httpx.HTTPError:
             pass
         if time.monotonic() > deadline:
-            raise ServerError(f"kvwatch serve did not come up in {timeout:.0f} s")
+            raise ServerError(f"{name} did not come up in {timeout:.0f} s")
         time.sleep(0.1)
 
 

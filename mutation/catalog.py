@@ -32,6 +32,7 @@ PACKAGES = {
     "kvwatch/loadtests": "loadtests",
     "kvwatch/dashboards": "dashboards",
     "kvwatch/mutation": "mutation",
+    "kvwatch/targets": "targets",
 }
 _IGNORED = shutil.ignore_patterns("__pycache__", "README.md")
 # The lifecycle code: requests, sessions, slots, the cache and the server's

@@ -69,7 +69,7 @@ class Audit:
     """The findings and the counts they were read against, all pools summed.
 
     ``blocks_total`` includes the null block, so with no findings it equals
-    ``blocks_free + blocks_referenced + 1`` per pool; ``cached_hashes`` counts
+    ``blocks_free + blocks_referenced + pools`` (one null block per pool); ``cached_hashes`` counts
     prefix-map entries; ``live_requests`` the ids given as live;
     ``holding_requests`` the requests (live or not) with blocks in a table."""
 
@@ -80,6 +80,7 @@ class Audit:
     cached_hashes: int
     live_requests: int
     holding_requests: int
+    pools: int = 1
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -245,7 +246,13 @@ def audit(kv_cache_manager, live_request_ids: Iterable[str], held: Iterable = ()
         holding |= set(check.tables)
         counts["blocks_total"] += len(pool.blocks)
         counts["blocks_referenced"] += sum(b.ref_cnt > 0 and not b.is_null for b in pool.blocks)
-    return Audit(tuple(findings), live_requests=len(live), holding_requests=len(holding), **counts)
+    return Audit(
+        tuple(findings),
+        live_requests=len(live),
+        holding_requests=len(holding),
+        pools=len(pools),
+        **counts,
+    )
 
 
 def audit_scheduler(scheduler) -> Audit:

@@ -16,6 +16,13 @@ Faults (``KVWATCH_VLLM_FAULT``):
     ``KVWATCH_VLLM_EVERY``-th call (default 4): a finished, aborted or preempted
     request keeps its blocks referenced, so they never return to the free
     queue. The real shape of a release skipped on one path.
+``evicted-hash-kept``
+    ``BlockPool._maybe_evict_cached_block`` resets the hash of every
+    ``KVWATCH_VLLM_EVERY``-th cached block it hands out again, but leaves its
+    entry in the prefix map: a later request with the old prefix gets a hit on
+    a block that now holds another request's KV. Usage is untouched (silent
+    corruption, seen only inside the engine); it needs evictions, so a pool
+    small enough to reuse cached blocks (``--num-gpu-blocks-override``).
 """
 
 from __future__ import annotations
@@ -48,7 +55,26 @@ def _free_skipped() -> None:
     KVCacheManager.free = free
 
 
-FAULTS = {"free-skipped": _free_skipped}
+def _evicted_hash_kept() -> None:
+    from vllm.v1.core.block_pool import BlockPool
+
+    every = int(os.environ.get(EVERY_ENV, "4"))
+    original = BlockPool._maybe_evict_cached_block
+    calls = itertools.count(1)
+
+    @functools.wraps(original)
+    def evict(self, block) -> bool:
+        if block.block_hash is not None and next(calls) % every == 0:
+            # the block is reused and forgets its hash; the map still points at it
+            self.cached_block_hashes_by_block.pop(block.block_id, None)
+            block.reset_hash()
+            return True
+        return original(self, block)
+
+    BlockPool._maybe_evict_cached_block = evict
+
+
+FAULTS = {"free-skipped": _free_skipped, "evicted-hash-kept": _evicted_hash_kept}
 
 
 def _in_engine_core() -> bool:

