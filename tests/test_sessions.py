@@ -64,6 +64,29 @@ def test_eight_sessions_fifty_turns_keep_the_probe_clean_and_usage_bounded():
     assert all(g.free == g.capacity for g in eng.probe().groups.values())
 
 
+def test_a_session_that_starts_on_a_cached_prefix_stays_within_its_state_bound():
+    """Its path snapshot is pinned by it alone, and while a turn runs it keeps the
+    previous turn's end and the one before (a cut turn rolls back to it) beside
+    the new frontier: four snapshots and the working state, every step."""
+    eng = engine(spec=False)
+    base = [(37 * i) % 190 + 10 for i in range(240)]
+    eng.generate([base], PARAMS)  # the prefix, with its snapshots, in the tree
+    sid = eng.open_session()
+    tokens, seen = base + [11] * 30, 0
+    for turn in range(4):
+        rid = eng.add_request(tokens, PARAMS, session_id=sid)
+        done = False
+        while not done:
+            for out in eng.step():
+                if out.request_id == rid:
+                    tokens, done = tokens + list(out.new_token_ids), out.finished
+            report = eng.probe()
+            assert not any(b.exceeded for b in report.bounds.values()), (turn, report.bounds)
+            seen = max(seen, report.bounds["linear.state"].pinned)
+        tokens = tokens + [12 + turn] * 40
+    assert seen == 5  # the case the bound is for: path, two turn ends, frontier, working
+
+
 def test_resume_frees_the_speculative_tail_page_aligned():
     eng = engine()
     eng.events.subscribe(BatchComputed, abort_mid_verify(eng, after_tokens=2))

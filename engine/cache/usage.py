@@ -12,7 +12,9 @@ with what the live holders justify:
 * state groups: each holder O(1) snapshots, independent of how many turns it
   has run: the deepest snapshot on its path and its frontier snapshot (a
   retracted holder: its recovery snapshot), plus the working state; a session
-  also keeps MAX_ROLLBACK earlier turn-end snapshots to roll back to. Only
+  also keeps MAX_ROLLBACK + 1 turn-end snapshots while a turn runs: the
+  previous turn's end, and the MAX_ROLLBACK before it, which a rollback after
+  this turn is cut returns to (``sessions.park``). Only
   snapshots that a single holder pins count here; a snapshot several holders
   share is kept on purpose while they do, and so is one at a branch point
   (where siblings resume): both are reported as ``shared``.
@@ -158,7 +160,8 @@ def usage_bounds(
         own += sum(len(s.pages.get(group, ())) for s in slots)
         sessions = sum(h.owner.kind is OwnerKind.SESSION for h in active)
         per_snapshot = cfg.pages_per_snapshot(group)
-        snapshots = holders * SNAPSHOTS_PER_HOLDER + sessions * MAX_ROLLBACK + len(slots)
+        turn_ends = sessions * (MAX_ROLLBACK + 1)
+        snapshots = holders * SNAPSHOTS_PER_HOLDER + turn_ends + len(slots)
         limit = snapshots * per_snapshot
         limit += sum(1 for h in active if group in h.working)
         out[group] = Bound(group, own, limit, shared, holders)
