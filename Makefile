@@ -52,8 +52,9 @@ $(VLLM_STAMP): pyproject.toml
 	$(VLLM_VENV)/bin/pip install --quiet --no-deps -e .
 	touch $(VLLM_STAMP)
 
-# The black-box gate against real vLLM: a tiny model built on the spot, vLLM on
-# loopback, clean (exit 0) and with a leak planted in its KV cache manager (exit 1).
+# The gates against real vLLM, black-box and white-box (--engine vllm): a tiny model built
+# on the spot, vLLM on loopback, clean (exit 0) and with bugs planted in its KV cache
+# manager (exit 1).
 test-vllm: $(STAMP) $(VLLM_STAMP)
 	KVWATCH_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python $(PY) -m pytest -q -m vllm
 
