@@ -124,6 +124,26 @@ def test_heap_needs_a_site_to_grow_by_more_than_a_few_kilobytes():
     assert v.failed and "sched.py:205" in v.evidence[0].detail
 
 
+def test_heap_judges_a_list_that_moves_between_sites_as_one():
+    # two sessions' token lists, decoded at one line and extended at another:
+    # tracemalloc files each under the line that last grew it (seed 7, c = 2)
+    context = [699, 967, 1258, 1546, 1796, 2079]
+    extended = [0, 2016, 2496, 6528, 11744, 14400]
+    decoded = [6144, 6304, 8512, 7008, 4000, 3936]
+
+    def run(decoded: list[int]) -> RunRecord:
+        turns = tuple(
+            Turn(i, (CLEAN[0],), 2, c, HeapSample(60_000, (), {"e.py:187": x, "s.py:205": d}))
+            for i, (c, x, d) in enumerate(zip(context, extended, decoded, strict=True))
+        )
+        return RunRecord(turns, 2)
+
+    assert DETECTORS["heap"](run(decoded)).verdict == PASS
+    # the same growth with nothing lost elsewhere is kept memory
+    v = DETECTORS["heap"](run([6144] * 6))
+    assert v.failed and "e.py:187" in v.evidence[0].detail
+
+
 def test_gauge_trend_on_black_box_series():
     rng = random.Random(3)
     flat = [{"usage": 0.5 + rng.uniform(-0.05, 0.05)} for _ in range(8)]

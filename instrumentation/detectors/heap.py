@@ -8,7 +8,8 @@ finished request must leave nothing behind.
   is not drowned by memory that grows with the context. The tokens are the
   live conversations' context, or the prefix cache's when it holds more
   (evictable cache is bounded by the pool, not a leak); a site must also
-  have grown by ``MIN_SITE_GROWTH`` bytes. The evidence is that site and the
+  have grown by ``MIN_SITE_GROWTH`` bytes, and is judged together with the
+  sites it took memory over from (``moved_from``). The evidence is that site and the
   top growth by traceback (``Snapshot.compare_to``) at the failing turn.
 * Per request. The heap is marked at the barrier that ends the warm-up and
   sampled again once the run has drained, closed its sessions and flushed:
@@ -37,6 +38,9 @@ MIN_BYTES_PER_TOKEN_TURN = 1.5
 # comes up by chance now and then; a leak worth a finding has also grown by
 # this much over the judged turns (a 4 KB token list is a 500-token prefix).
 MIN_SITE_GROWTH = 8192
+# A site that lost at least this share of a rising site's growth is judged
+# with it (``moved_from``).
+MOVED_SHARE = 0.25
 TOTAL = "all kvwatch allocations"
 # Per request: a map entry costs a few dozen bytes (key, value, slot), and at
 # least one allocation of its own.
@@ -100,6 +104,21 @@ def held_tokens(turn) -> int:
     return max(turn.context_tokens, cached)
 
 
+def moved_from(site: str, grown: int, first, last) -> tuple[str, ...]:
+    """The sites that lost a good share of what ``site`` gained from ``first``
+    to ``last``: it is judged together with them. tracemalloc files a block
+    under the line that last (re)allocated it, so a list one line builds and
+    another extends (a session's tokens: decoded by the scheduler, extended by
+    the next turn) moves from one site to the other as it grows; one site
+    rises while the other falls, and nothing new was kept."""
+    before, after = first.heap.by_site or {}, last.heap.by_site or {}
+    return tuple(
+        name
+        for name in sorted(set(before) - {site})
+        if before[name] - after.get(name, 0) >= MOVED_SHARE * grown
+    )
+
+
 def token_rule(run: RunRecord, turns: list) -> Verdict:
     numbers = [t.turn for t in turns]
     judged = turns[min(run.warmup, max(0, len(turns) - 4)) :]
@@ -110,8 +129,10 @@ def token_rule(run: RunRecord, turns: list) -> Verdict:
     for site in common:
         grown = judged[-1].heap.by_site[site] - judged[0].heap.by_site[site]
         if grown >= MIN_SITE_GROWTH:
+            together = (site, *moved_from(site, grown, judged[0], judged[-1]))
             series[site] = [
-                (t.heap.by_site or {}).get(site, 0) / n for t, n in zip(turns, tokens, strict=True)
+                sum((t.heap.by_site or {}).get(s, 0) for s in together) / n
+                for t, n in zip(turns, tokens, strict=True)
             ]
     worst = None
     for site, ratio in series.items():
