@@ -1,59 +1,71 @@
 """``OUT/report.html``: one self-contained page (plots inlined as PNG data URIs).
 
-summary.json ─┐
-runs/*/record.json ──► per profile: pool usage by owner per turn and c,
-runs/*/locust_stats.csv    latency percentiles per c; heap bytes per context
-                           token per turn; the detector table with evidence
+summary.json ─────────► the verdict, each failure's evidence, the runs
+                        (requests, failures, coverage, Locust report links),
+                        every verdict with its evidence     (report_text.py)
+runs/*/record.json ───► per profile: pages per group at each barrier (by owner,
+                        pinned and evictable, leaked, over the bound, capacity,
+                        the failing turn), usage at every probe  (report_data.py,
+runs/*/locust_stats.csv   latency percentiles per c; heap per token   report_plots.py)
+
+The page reads the same printed as on screen: what a figure shows by colour
+is in its labels or in the text, and no text hides in a tooltip.
 """
 
 from __future__ import annotations
 
-import base64
-import csv
-import html
-import io
 import json
+from collections.abc import Mapping
+from html import escape
 from pathlib import Path
 
-import matplotlib
+from kvwatch.instrumentation.record import RunRecord
+from kvwatch.loadtests import report_plots as plots
+from kvwatch.loadtests import report_pool
+from kvwatch.loadtests import report_text as text
+from kvwatch.loadtests.report_data import latency_series, pool_series, read_stats, step_series
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
-
-from kvwatch.instrumentation.detectors import RunRecord
-
-OWNERS = ("tree", "request", "session", "slot", "host")
-COLORS = {"pass": "#d8f0d8", "fail": "#f6c9c9", "skipped": "#eeeeee"}
-PERCENTILES = ("50%", "90%", "99%")
+STYLE = """
+body{font-family:sans-serif;margin:2em;max-width:1500px}
+table{border-collapse:collapse;margin:0.5em 0}
+td,th{border:1px solid #bbb;padding:3px 8px;font-size:13px;text-align:left;vertical-align:top}
+table.small td{font-size:12px}
+td.fail{background:#f6c9c9;font-weight:bold} td.pass{background:#d8f0d8} td.skipped{background:#eee}
+h1.verdict{padding:6px 12px;border:3px solid #333} h1.fail,h1.error{background:#f6c9c9} h1.pass{background:#d8f0d8}
+p.said{font-size:18px;font-weight:bold}
+div.failure{border-left:6px solid #a00;padding:2px 12px;margin:12px 0}
+p.evidence{font-family:monospace;font-size:14px;white-space:pre-wrap}
+li .detail{font-family:monospace}
+pre{font-size:12px;background:#f4f4f4;padding:4px}
+img{max-width:100%}
+figure{margin:1em 0;break-inside:avoid} figcaption{font-size:13px;color:#333}
+@media print{body{margin:0.5cm} h2{break-after:avoid}}
+"""
 
 
 def write_report(summary: dict, out: Path) -> Path:
+    """Write ``out/report.html`` from summary.json's content and the run folders."""
     runs = summary["runs"]
     loaded = {
         (r["profile"], r["concurrency"]): _load(out, r["profile"], r["concurrency"]) for r in runs
     }
-    profiles = list(dict.fromkeys(r["profile"] for r in runs))
-    parts = [_head(summary), _table(summary), _coverage(summary)]
-    for profile in profiles:
-        records = {c: rec for (p, c), rec in loaded.items() if p == profile}
-        parts.append(f"<h2>{html.escape(profile)}</h2>")
-        if any(rec and rec.turns and rec.turns[0].probes for rec in records.values()):
-            parts.append(_img(_usage_figure(profile, records), "pool usage by owner per turn"))
-        elif any(rec and rec.turns for rec in records.values()):
-            parts.append(_img(_gauge_figure(profile, records), "gauges per turn"))
-        latency = {c: _latency(out, profile, c) for c in records}
-        if any(latency.values()):
-            parts.append(_img(_latency_figure(profile, latency), "latency percentiles"))
+    parts = [text.head(summary), text.evidence(summary), text.runs_table(summary, out)]
+    for profile in dict.fromkeys(r["profile"] for r in runs):
+        records = {c: rec for (p, c), rec in loaded.items() if p == profile and rec is not None}
+        fails = {r["concurrency"]: _fails(r) for r in runs if r["profile"] == profile}
+        parts.append(f"<h2>{escape(profile)}</h2>")
+        parts += _profile_figures(out, profile, records, fails)
     heap = _heap_series(loaded)
     if heap:
-        parts.append("<h2>heap</h2>" + _img(_heap_figure(heap), "heap bytes per context token"))
+        parts.append(
+            "<h2>heap</h2>" + _img(plots.heap_figure(heap), "heap bytes per context token", "")
+        )
+    parts += [text.coverage_section(summary), text.all_verdicts(summary)]
     page = "\n".join(
         [
-            "<!doctype html><html><head><meta charset='utf-8'><title>kvwatch gate</title>",
-            "<style>body{font-family:sans-serif;margin:2em}table{border-collapse:collapse}"
-            "td,th{border:1px solid #bbb;padding:3px 8px;font-size:13px}img{max-width:100%}"
-            "</style></head><body>",
-            *parts,
+            "<!doctype html><html><head><meta charset='utf-8'><title>kvwatch gate: "
+            f"{escape(summary['verdict'])}</title><style>{STYLE}</style></head><body>",
+            *[p for p in parts if p],
             "</body></html>",
         ]
     )
@@ -67,152 +79,77 @@ def _load(out: Path, profile: str, c: int) -> RunRecord | None:
     return RunRecord.from_json(json.loads(path.read_text())) if path.exists() else None
 
 
-def _head(summary: dict) -> str:
-    faults = ", ".join(summary["faults"]) or "none"
-    return (
-        f"<h1>kvwatch gate: {html.escape(summary['verdict'])}</h1>"
-        f"<p>faults injected: {html.escape(faults)}; "
-        f"elapsed {summary.get('elapsed_s', '?')} s</p>"
-    )
+def _fails(run: Mapping) -> list[tuple[int, str]]:
+    """Where each failed detector of a run goes on the turn axis, with its label."""
+    out = []
+    for name, d in run["detectors"].items():
+        if d["verdict"] == "fail" and d.get("first_turn") is not None:
+            out.append((d["first_turn"], f"{name} fails {text.where(d)}"))
+    return out
 
 
-def _table(summary: dict) -> str:
-    names = list(summary["detectors"])
-    rows = ["<table><tr><th>profile</th><th>c</th><th>requests</th><th>failed</th>"]
-    rows += [f"<th>{html.escape(n)}</th>" for n in names] + ["</tr>"]
-    for run in summary["runs"]:
-        cells = [run["profile"], run["concurrency"], run["requests"], run["errors"]]
-        row = "".join(f"<td>{html.escape(str(v))}</td>" for v in cells)
-        for name in names:
-            d = run["detectors"].get(name)
-            if d is None:
-                row += "<td></td>"
-                continue
-            mark = d["verdict"] + (f" (turn {d['first_turn']})" if d["verdict"] == "fail" else "")
-            row += (
-                f"<td style='background:{COLORS[d['verdict']]}' "
-                f"title='{html.escape(d['evidence'], quote=True)}'>{mark}</td>"
+def _profile_figures(out: Path, profile: str, records: dict[int, RunRecord], fails) -> list[str]:
+    parts = []
+    pools = {c: pool_series(rec) for c, rec in records.items()}
+    pools = {c: s for c, s in pools.items() if s}
+    if pools:
+        held = report_pool.held_groups(pools)
+        empty = [g.group for g in next(iter(pools.values())) if g.group not in held]
+        if held:
+            parts.append(
+                _img(
+                    report_pool.pool_figure(profile, pools, fails),
+                    "pages per group at each barrier",
+                    "Bars: pages by owner at each barrier probe (the tree's pages split into pinned "
+                    "and evictable); beside them, leaked pages (held by no live holder, as the "
+                    "probe's orphan findings count them; they are also under their last owner's "
+                    "tag) and pinned pages over the bound live holders justify, each the most any "
+                    "probe of that turn saw. The dash-dot line is the pool's capacity; a dashed "
+                    "line marks where a detector first failed.",
+                )
             )
-        if run.get("error"):
-            row += f"<td style='background:#f6c9c9'>{html.escape(run['error'])}</td>"
-        rows.append(f"<tr>{row}</tr>")
-    rows.append("</table><p>Hover a cell for its evidence; summary.json has all of it.</p>")
-    return "".join(rows)
-
-
-def _coverage(summary: dict) -> str:
-    """Lifecycle transitions taken, per profile and machine, and the ones never taken."""
-    cov = summary.get("coverage")
-    if not cov:
-        return ""
-    machines = list(cov["total"])
-    rows = ["<h2>lifecycle coverage</h2><table><tr><th>profile</th>"]
-    rows += [f"<th>{html.escape(m)}</th>" for m in machines] + ["</tr>"]
-    for name, per in [*cov["profiles"].items(), ("all runs", cov["total"])]:
-        cells = "".join(f"<td>{len(per[m]['taken'])} of {per[m]['total']}</td>" for m in machines)
-        rows.append(f"<tr><td>{html.escape(name)}</td>{cells}</tr>")
-    rows.append("</table>")
-    never = [f"{m}: {t}" for m in machines for t in cov["total"][m]["never"]]
-    unlisted = [f"{m}: {t}" for m in machines for t in cov["total"][m]["unlisted"]]
-    rows.append(
-        "<p>Never taken: " + html.escape(", ".join(never)) + "</p>"
-        if never
-        else "<p>Every transition was taken at least once.</p>"
-    )
-    if unlisted:
-        rows.append("<p>Seen but not in the machines: " + html.escape(", ".join(unlisted)) + "</p>")
-    return "".join(rows)
-
-
-def _usage_figure(profile: str, records: dict[int, RunRecord | None]):
-    cs = sorted(c for c, r in records.items() if r)
-    groups = list(next(records[c] for c in cs).turns[0].barrier.groups)
-    fig, axes = plt.subplots(
-        len(groups), len(cs), figsize=(3.2 * len(cs), 2.2 * len(groups)), squeeze=False
-    )
-    for j, c in enumerate(cs):
-        turns = records[c].turns
-        for i, group in enumerate(groups):
-            ax = axes[i][j]
-            x = [t.turn for t in turns]
-            bottom = [0] * len(x)
-            for owner in OWNERS:
-                y = [t.barrier.groups[group].by_owner.get(owner, 0) for t in turns]
-                if any(y):
-                    ax.bar(x, y, bottom=bottom, label=owner)
-                    bottom = [b + v for b, v in zip(bottom, y, strict=True)]
-            capacity = turns[0].barrier.groups[group].capacity
-            empty = "" if any(bottom) else ", none held"
-            ax.set_title(f"{group} (of {capacity}), c={c}{empty}", fontsize=9)
-            ax.tick_params(labelsize=7)
-            if i == len(groups) - 1:
-                ax.set_xlabel("turn", fontsize=8)
-            if j == 0:
-                ax.set_ylabel("pages", fontsize=8)
-    handles = {h.get_label(): h for ax in axes.flat for h in ax.get_legend_handles_labels()[0]}
-    fig.legend(list(handles.values()), list(handles), loc="upper right", fontsize=8)
-    fig.suptitle(f"{profile}: pages by owner at each barrier", fontsize=10)
-    fig.tight_layout()
-    return fig
-
-
-def _gauge_figure(profile: str, records: dict[int, RunRecord | None]):
-    cs = sorted(c for c, r in records.items() if r)
-    fig, axes = plt.subplots(1, len(cs), figsize=(3.6 * len(cs), 3), squeeze=False)
-    for j, c in enumerate(cs):
-        turns = records[c].turns
-        ax = axes[0][j]
-        for name in sorted({n for t in turns for n in (t.gauges or {})}):
-            ax.plot(
-                [t.turn for t in turns], [(t.gauges or {}).get(name, 0) for t in turns], label=name
+        if empty:
+            parts.append(
+                f"<p>nothing held in groups {escape(', '.join(empty))} (at any barrier, at any concurrency)</p>"
             )
-        ax.set_title(f"c={c}", fontsize=9)
-        ax.tick_params(labelsize=7)
-    axes[0][0].legend(fontsize=6)
-    fig.suptitle(f"{profile}: usage gauges per conversation at each barrier", fontsize=10)
-    fig.tight_layout()
-    return fig
-
-
-def _latency(out: Path, profile: str, c: int) -> dict[str, list[float]]:
-    """p50/p90/p99 (ms) of TTFT and of the profile's busiest request name."""
-    path = out / "runs" / f"{profile}-c{c}" / "locust_stats.csv"
-    if not path.exists():
-        return {}
-    rows = [r for r in csv.DictReader(path.open()) if r["Name"] != "Aggregated"]
-    out_rows = {}
-    ttft = [r for r in rows if r["Type"] == "TTFT"]
-    plain = [r for r in rows if r["Type"] not in ("TTFT", "ITL")]
-    if plain:
-        busiest = max(plain, key=lambda r: int(r["Request Count"]))
-        out_rows[busiest["Name"]] = [float(busiest[p] or 0) for p in PERCENTILES]
-    if ttft:
-        busiest = max(ttft, key=lambda r: int(r["Request Count"]))
-        out_rows[f"TTFT {busiest['Name']}"] = [float(busiest[p] or 0) for p in PERCENTILES]
-    return out_rows
-
-
-def _latency_figure(profile: str, latency: dict[int, dict[str, list[float]]]):
-    names = sorted({n for rows in latency.values() for n in rows})
-    fig, axes = plt.subplots(1, len(names), figsize=(4 * len(names), 3), squeeze=False)
-    cs = sorted(latency)
-    for ax, name in zip(axes[0], names, strict=True):
-        for k, p in enumerate(PERCENTILES):
-            ax.plot(
-                cs, [latency[c].get(name, [0, 0, 0])[k] for c in cs], marker="o", label=f"p{p[:-1]}"
+        steps = {
+            c: s for c, rec in records.items() if (s := step_series(rec)) is not None and s.used
+        }
+        if steps:
+            parts.append(
+                _img(
+                    plots.steps_figure(profile, steps, fails),
+                    "pool usage at every probe",
+                    "Used pages, as a share of each group's capacity, at every probe the recorder "
+                    "kept (its samples while the turns ran and the engine's latched probes), "
+                    "in engine steps; dotted lines are the barriers.",
+                )
             )
-        ax.set_title(name, fontsize=9)
-        ax.set_xlabel("concurrency", fontsize=8)
-        ax.set_ylabel("ms", fontsize=8)
-        ax.set_xticks(cs)
-        ax.legend(fontsize=7)
-    fig.suptitle(f"{profile}: latency percentiles", fontsize=10)
-    fig.tight_layout()
-    return fig
+    elif any(rec.turns for rec in records.values()):
+        parts.append(
+            _img(
+                plots.gauge_figure(profile, {c: r.turns for c, r in records.items()}),
+                "gauges per turn",
+                "",
+            )
+        )
+    stats = {c: read_stats(out / "runs" / f"{profile}-c{c}" / "locust_stats.csv") for c in fails}
+    latency = latency_series({c: rows for c, rows in stats.items()})
+    if latency:
+        parts.append(
+            _img(
+                plots.latency_figure(profile, latency),
+                "latency percentiles",
+                "Each panel is one Locust row, chosen once for the profile: the request name "
+                "with the most requests over all concurrencies, and likewise for TTFT and ITL. "
+                "A concurrency without that row is a gap, not 0.",
+            )
+        )
+    return parts
 
 
 def _heap_series(
-    loaded: dict[tuple[str, int], RunRecord | None],
+    loaded: Mapping[tuple[str, int], RunRecord | None],
 ) -> dict[str, list[tuple[int, float]]]:
     series = {}
     for (profile, c), rec in loaded.items():
@@ -226,20 +163,7 @@ def _heap_series(
     return series
 
 
-def _heap_figure(series: dict[str, list[tuple[int, float]]]):
-    fig, ax = plt.subplots(figsize=(7, 3.5))
-    for name, points in series.items():
-        ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=name)
-    ax.set_xlabel("turn")
-    ax.set_ylabel("engine heap bytes per context token")
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    return fig
-
-
-def _img(fig, alt: str) -> str:
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=80)
-    plt.close(fig)
-    data = base64.b64encode(buf.getvalue()).decode()
-    return f"<p><img alt='{html.escape(alt)}' src='data:image/png;base64,{data}'></p>"
+def _img(fig, alt: str, caption: str) -> str:
+    data = plots.png(fig)
+    cap = f"<figcaption>{escape(caption)}</figcaption>" if caption else ""
+    return f"<figure><img alt='{escape(alt)}' src='data:image/png;base64,{data}'>{cap}</figure>"

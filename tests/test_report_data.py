@@ -1,0 +1,197 @@
+"""What the report draws, from hand-made records and Locust rows: leaked pages
+counted from orphan findings, the tree's pages split into pinned and evictable,
+the probe before the load and the drained probe around the turns, empty
+groups left out, and one latency row per profile with gaps where a run has none."""
+
+from __future__ import annotations
+
+import json
+import math
+
+from kvwatch.contracts import (
+    MAX_PAGES,
+    Bound,
+    EngineStats,
+    Finding,
+    FindingKind,
+    GroupReport,
+    ProbeReport,
+    QueueReport,
+    RootRefs,
+    TreeReport,
+)
+from kvwatch.instrumentation.record import RunRecord, Turn
+from kvwatch.loadtests import report_pool
+from kvwatch.loadtests.report import write_report
+from kvwatch.loadtests.report_data import (
+    StatsRow,
+    busiest,
+    latency_series,
+    leaked_pages,
+    pool_series,
+    read_stats,
+    step_series,
+)
+
+GROUPS = ("full.kv", "swa.kv", "swa.window", "linear.state")
+
+
+def probe(
+    step: int, full: dict[str, int] | None = None, *, evictable: int = 0, findings=(), pinned=(0, 0)
+):
+    """An engine whose full.kv holds ``full`` by owner; the other groups hold nothing."""
+    full = full or {}
+    groups = {
+        g: GroupReport(
+            "history",
+            100,
+            100 - (sum(full.values()) if g == "full.kv" else 0),
+            dict(full) if g == "full.kv" else {},
+            evictable if g == "full.kv" else 0,
+            0,
+        )
+        for g in GROUPS
+    }
+    tree = TreeReport(0, {}, 0, {}, 0)
+    stats = EngineStats(step, 0, 0, groups, RootRefs(0, 0), tree, QueueReport(0, 0, 0, 0), 0)
+    bounds = {"full.kv": Bound("full.kv", pinned[0], pinned[1], 0, 1)}
+    return ProbeReport(stats, tuple(findings), bounds)
+
+
+def orphan(pages: list[int], detail: str = "", group: str = "full.kv") -> Finding:
+    return Finding(
+        FindingKind.ORPHAN,
+        group,
+        tuple(pages),
+        detail or f"{group}: {len(pages)} allocated pages held by no live holder",
+    )
+
+
+def record() -> RunRecord:
+    """Turns 0..2; a page leaks mid-turn 1 (orphan, not yet at its barrier), and
+    3 pages are still leaked at turn 2's barrier and after the drain."""
+    three = orphan([5, 6, 7])
+    turns = (
+        Turn(0, (probe(3, {"session": 4}), probe(5, {"session": 6, "tree": 4}, evictable=3))),
+        Turn(
+            1,
+            (
+                probe(8, {"session": 7}, findings=[orphan([5])], pinned=(9, 7)),
+                probe(9, {"session": 7}),
+            ),
+        ),
+        Turn(2, (probe(12, {"session": 9}, findings=[three]),)),
+    )
+    return RunRecord(turns, baseline=probe(0), drained=probe(15, {"session": 3}, findings=[three]))
+
+
+def test_leaked_pages_are_the_orphan_findings_of_the_group():
+    p = probe(
+        1,
+        findings=[
+            orphan([1, 2]),
+            orphan([9], group="swa.kv"),
+            Finding(FindingKind.DOUBLE_OWNED, "full.kv", (3,), "held twice"),
+        ],
+    )
+    assert leaked_pages(p, "full.kv") == 2  # not the double-owned page, not swa.kv's
+    assert leaked_pages(p, "swa.kv") == 1
+    assert leaked_pages(probe(1), "full.kv") == 0
+
+
+def test_a_finding_cut_at_max_pages_is_counted_from_its_detail():
+    cut = orphan(
+        list(range(MAX_PAGES)),
+        "full.kv: 70 allocated pages held by no live holder; last owners {}",
+    )
+    assert leaked_pages(probe(1, findings=[cut]), "full.kv") == 70
+
+
+def test_pool_series_places_before_turns_and_drained_and_splits_the_tree():
+    full = next(g for g in pool_series(record()) if g.group == "full.kv")
+    assert [(p.x, p.label) for p in full.points] == [
+        (-1, "before"),
+        (0, "0"),
+        (1, "1"),
+        (2, "2"),
+        (3, "drained"),
+    ]
+    turn0 = full.points[1]  # its barrier probe: 6 session pages, 4 tree pages of which 3 evictable
+    assert (
+        turn0.stack["session"] == 6
+        and turn0.stack["tree, pinned"] == 1
+        and turn0.stack["tree, evictable"] == 3
+    )
+    assert [p.leaked for p in full.points] == [0, 0, 1, 3, 3]  # turn 1: the mid-turn probe's orphan
+    assert [p.over_bound for p in full.points] == [0, 0, 2, 0, 0]
+    assert full.capacity == 100 and full.held
+    assert not next(g for g in pool_series(record()) if g.group == "swa.kv").held
+
+
+def test_step_series_marks_barriers_and_probes_that_found_leaks():
+    s = step_series(record())
+    assert s.steps == (3, 5, 8, 9, 12)
+    assert s.barriers == ((0, 5), (1, 9), (2, 12))
+    assert s.flagged == (8, 12)
+    assert list(s.used) == ["full.kv"]  # groups that never held a page are not drawn
+    assert s.used["full.kv"][0] == 4.0  # % of 100 pages
+
+
+def test_groups_that_held_nothing_get_one_line_not_a_panel(tmp_path):
+    empty = RunRecord(
+        (Turn(0, (probe(1), probe(2))), Turn(1, (probe(4),))), baseline=probe(0), drained=probe(5)
+    )
+    series = {1: pool_series(record()), 2: pool_series(empty)}
+    assert report_pool.held_groups(series) == ["full.kv"]  # held at c = 1 only: still a row
+
+    run = {"profile": "abort-storm", "turns": 2, "requests": 4, "errors": 0, "detectors": {}}
+    summary = {
+        "verdict": "pass",
+        "faults": [],
+        "detectors": {},
+        "runs": [{**run, "concurrency": 1}],
+    }
+    (tmp_path / "runs" / "abort-storm-c1").mkdir(parents=True)
+    (tmp_path / "runs" / "abort-storm-c1" / "record.json").write_text(json.dumps(empty.to_json()))
+    page = write_report(summary, tmp_path).read_text()
+    assert "nothing held in groups full.kv, swa.kv, swa.window, linear.state" in page
+    assert "alt='pages per group at each barrier'" not in page
+
+
+def test_the_busiest_request_is_chosen_once_over_every_concurrency():
+    def row(kind, name, count, p50=10.0):
+        return StatsRow(kind, name, count, (p50, 2 * p50, 3 * p50))
+
+    stats = {
+        1: [row("GET", "poll", 9), row("POST", "turn", 5), row("TTFT", "turn", 5, 100.0)],
+        2: [row("GET", "poll", 1), row("POST", "turn", 12), row("TTFT", "turn", 12, 200.0)],
+        4: [row("GET", "poll", 3)],  # a run where no turn got through
+    }
+    assert busiest(stats, None) == ("POST", "turn")  # 17 over all c; poll was busiest at c = 1
+    assert busiest(stats, "TTFT") == ("TTFT", "turn") and busiest(stats, "ITL") is None
+    series = latency_series(stats)
+    assert list(series) == ["POST turn", "TTFT turn"]
+    assert series["POST turn"][2] == (10.0, 20.0, 30.0)
+    assert all(math.isnan(v) for v in series["POST turn"][4])  # a gap, not 0 ms
+    assert all(math.isnan(v) for v in series["TTFT turn"][4])
+
+
+def test_ties_go_the_same_way_whatever_the_row_order():
+    a = StatsRow("POST", "turn", 4, (1.0, 1.0, 1.0))
+    b = StatsRow("GET", "poll", 4, (1.0, 1.0, 1.0))
+    assert busiest({1: [a, b]}, None) == busiest({1: [b, a]}, None) == ("GET", "poll")
+
+
+def test_locust_cells_without_a_value_read_as_nan(tmp_path):
+    path = tmp_path / "locust_stats.csv"
+    path.write_text(
+        "Type,Name,Request Count,Failure Count,50%,90%,99%\n"
+        "POST,turn,0,0,N/A,N/A,\n"
+        "POST,other,3,0,12,40,55\n"
+        ",Aggregated,3,0,12,40,55\n"
+    )
+    rows = read_stats(path)
+    assert [r.name for r in rows] == ["turn", "other"]
+    assert all(math.isnan(v) for v in rows[0].percentiles)
+    assert rows[1].percentiles == (12.0, 40.0, 55.0)
+    assert read_stats(tmp_path / "absent.csv") == []
