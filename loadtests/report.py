@@ -39,7 +39,8 @@ li .detail{font-family:monospace}
 pre{font-size:12px;background:#f4f4f4;padding:4px}
 img{max-width:100%}
 figure{margin:1em 0;break-inside:avoid} figcaption{font-size:13px;color:#333}
-@media print{body{margin:0.5cm} h2{break-after:avoid}}
+@media print{body{margin:0.5cm;print-color-adjust:exact;-webkit-print-color-adjust:exact}
+h2{break-after:avoid}}
 """
 
 

@@ -101,7 +101,18 @@ def _panel(fig, spec, g: GroupSeries, c: int, fails: Sequence[Fail]):
         ys = [getattr(p, field) for p in g.points]
         if not any(ys):
             continue
-        ax.bar([x + offset for x in xs], ys, 0.17, color=color, label=label)
+        # OVER is hatched: the two stay apart printed in grey
+        hatch = "xx" if color == OVER else None
+        ax.bar(
+            [x + offset for x in xs],
+            ys,
+            0.17,
+            color=color,
+            hatch=hatch,
+            edgecolor="white",
+            linewidth=0,
+            label=label,
+        )
         for x, y in zip(xs, ys, strict=True):
             if y:  # the second count one line higher, so two counts never overlap
                 ax.annotate(
