@@ -112,7 +112,11 @@ def latency_figure(profile: str, latency: Mapping[str, Mapping[int, tuple[float,
     """Percentiles per concurrency of the profile's chosen rows; no data is a gap, never 0."""
     names = list(latency)
     fig, axes = plt.subplots(
-        1, len(names), figsize=(4.2 * len(names), 3.0), squeeze=False, layout="constrained"
+        1,
+        len(names),
+        figsize=(max(4.2 * len(names), 8.0), 3.0),
+        squeeze=False,
+        layout="constrained",
     )
     for ax, name in zip(axes[0], names, strict=True):
         per_c = latency[name]
@@ -154,7 +158,7 @@ def gauge_figure(profile: str, turns_by_c: Mapping[int, Sequence]):
     """Black-box gauges per conversation at each barrier; a missing reading is a gap."""
     cs = sorted(turns_by_c)
     fig, axes = plt.subplots(
-        1, len(cs), figsize=(4.2 * len(cs), 3), squeeze=False, layout="constrained"
+        1, len(cs), figsize=(max(4.2 * len(cs), 8.0), 3), squeeze=False, layout="constrained"
     )
     for ax, c in zip(axes[0], cs, strict=True):
         turns = turns_by_c[c]
