@@ -7,6 +7,10 @@
   batches off the engine thread, flushed by ``shutdown``), OTLP/HTTP when the
   endpoint is set, plus any span processor a caller adds.
 
+The meter provider carries the latency histograms' bucket views
+(``buckets.views()``), so every reader above aggregates with the same bounds
+in seconds.
+
 Providers are private to a ``Telemetry`` (never set as the global ones), so
 several engines in one process keep their numbers apart.
 """
@@ -26,7 +30,7 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from kvwatch import __version__
-from kvwatch.instrumentation import names
+from kvwatch.instrumentation import buckets, names
 from kvwatch.instrumentation.spanfile import SpanFileExporter
 
 OTLP_ENV = "OTEL_EXPORTER_OTLP_ENDPOINT"
@@ -63,7 +67,9 @@ class Telemetry:
 
             readers.append(PeriodicExportingMetricReader(OTLPMetricExporter()))
             processors.append(BatchSpanProcessor(OTLPSpanExporter()))
-        self.meter_provider = MeterProvider(metric_readers=readers, resource=resource)
+        self.meter_provider = MeterProvider(
+            metric_readers=readers, resource=resource, views=buckets.views()
+        )
         self.tracer_provider = TracerProvider(resource=resource)
         for p in processors:
             self.tracer_provider.add_span_processor(p)
