@@ -86,7 +86,7 @@ class GateMetrics:
         self.telemetry = Telemetry(service_name=n.GATE_JOB, otlp=False)
         for name, (read, unit) in GAUGES.items():
             self.telemetry.meter.create_observable_gauge(
-                name, [_callback(read, summary)], unit=unit
+                name, [_callback(read, summary)], unit=unit, description=n.HELP[name]
             )
 
     def text(self) -> bytes:

@@ -1,6 +1,10 @@
 """EngineMetrics: pool gauges polled from ``EngineStats``, counters and latency
 histograms fed by engine events.
 
+Every instrument carries its ``names.HELP`` text as its description (the
+``# HELP`` line); the histograms' bucket bounds come from the meter
+provider's views (``buckets.py``), not from here.
+
 Gauges read a stats snapshot taken at a step boundary (``StatsCache`` keeps
 one scrape from asking the engine once per instrument). Counters and
 histograms are listeners: they run on the engine thread as events fire and
@@ -88,17 +92,25 @@ class EngineMetrics:
         self._requests: dict[str, _Request] = {}
         self._gauges(meter)
         # per-request and per-token counts: tallies, not synchronous counters (tally.py)
-        self.queried = Tally(meter, n.PREFIX_QUERIED, "{token}")
-        self.hit = Tally(meter, n.PREFIX_HIT, "{token}")
-        self.generated = Tally(meter, n.TOKENS_GENERATED, "{token}")
-        self.computed = Tally(meter, n.PREFILL_COMPUTED, "{token}")
-        self.retractions = meter.create_counter(n.RETRACTIONS, unit="{request}")
-        self.aborts = meter.create_counter(n.ABORTS, unit="{request}")
-        self.evictions = meter.create_counter(n.EVICTIONS, unit="{eviction}")
-        self.finished = meter.create_counter(n.REQUESTS_FINISHED, unit="{request}")
-        self.ttft = meter.create_histogram(n.TTFT, unit="s")
-        self.tpot = meter.create_histogram(n.TPOT, unit="s")
-        self.duration = meter.create_histogram(n.REQUEST_DURATION, unit="s")
+        self.queried = Tally(meter, n.PREFIX_QUERIED, "{token}", n.HELP[n.PREFIX_QUERIED])
+        self.hit = Tally(meter, n.PREFIX_HIT, "{token}", n.HELP[n.PREFIX_HIT])
+        self.generated = Tally(meter, n.TOKENS_GENERATED, "{token}", n.HELP[n.TOKENS_GENERATED])
+        self.computed = Tally(meter, n.PREFILL_COMPUTED, "{token}", n.HELP[n.PREFILL_COMPUTED])
+        self.retractions = meter.create_counter(
+            n.RETRACTIONS, unit="{request}", description=n.HELP[n.RETRACTIONS]
+        )
+        self.aborts = meter.create_counter(n.ABORTS, unit="{request}", description=n.HELP[n.ABORTS])
+        self.evictions = meter.create_counter(
+            n.EVICTIONS, unit="{eviction}", description=n.HELP[n.EVICTIONS]
+        )
+        self.finished = meter.create_counter(
+            n.REQUESTS_FINISHED, unit="{request}", description=n.HELP[n.REQUESTS_FINISHED]
+        )
+        self.ttft = meter.create_histogram(n.TTFT, unit="s", description=n.HELP[n.TTFT])
+        self.tpot = meter.create_histogram(n.TPOT, unit="s", description=n.HELP[n.TPOT])
+        self.duration = meter.create_histogram(
+            n.REQUEST_DURATION, unit="s", description=n.HELP[n.REQUEST_DURATION]
+        )
         # Series start at 0 so a rate reads 0, not "no data", before the first event.
         self.retractions.add(0)
         for stage in n.ABORT_STAGES:
@@ -129,7 +141,7 @@ class EngineMetrics:
             def callback(options: CallbackOptions) -> Iterable[Observation]:
                 return list(read(self.stats.get()))
 
-            meter.create_observable_gauge(name, [callback], unit=unit)
+            meter.create_observable_gauge(name, [callback], unit=unit, description=n.HELP[name])
 
         def per_group(pick: Callable) -> Callable[[EngineStats], Iterable[Observation]]:
             return lambda s: (Observation(pick(g), {n.GROUP: k}) for k, g in s.groups.items())

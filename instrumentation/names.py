@@ -1,4 +1,5 @@
-"""Every metric, span and attribute name kvwatch emits, in one place.
+"""Every metric, span and attribute name kvwatch emits, in one place, and each
+metric's help text (``HELP``, the ``# HELP`` line of its Prometheus series).
 
 Dashboards and detectors import these; nothing else spells a name. GenAI
 names follow the OpenTelemetry GenAI semantic conventions where one exists.
@@ -134,3 +135,60 @@ def prom(name: str) -> str:
     if name in COUNTERS:
         base += "_total"
     return base
+
+
+_BY_MODEL = "labelled by operation and model (gen_ai.operation.name, gen_ai.request.model)"
+
+# One sentence per instrument: what it counts, in which unit, labelled by what.
+HELP = {
+    POOL_PAGES: "Pages of each cache group by state: free, used (capacity less free), "
+    "evictable (tree pages eviction may take back), pinned_request, pinned_session, "
+    "and host (in the host tier); in pages, labelled by group, family and state.",
+    POOL_CAPACITY: "Pages each cache group's pool holds; in pages, labelled by group and family.",
+    ROOT_REFS: "References the prefix tree's root holds, as the tree counts them.",
+    ROOT_REFS_EXPECTED: "References the prefix tree's root should hold: one per live holder "
+    "with a lock on the tree.",
+    TREE_NODES: "Nodes in the prefix tree.",
+    TREE_SNAPSHOTS: "Prefix-tree nodes holding a state snapshot; labelled by group.",
+    TREE_INTERIOR_SNAPSHOTS: "State snapshots on prefix-tree nodes that have children "
+    "(superseded continuation states); labelled by group.",
+    SESSION_PAGES: "Pages pinned by open streaming sessions; in pages, labelled by group.",
+    SESSIONS_LIVE: "Open streaming sessions.",
+    RECORD_BYTES: "Bytes of routed-expert records that session records retain.",
+    REQUESTS_LIVE: "Requests in the engine by scheduler state (waiting, running, retracted, "
+    "paused); labelled by state.",
+    SLOTS_FILLED: "Slots of the slot cache that hold a prefix (slots backend only).",
+    SLOT_ENTRIES: "Entries in the slot cache's prefix table (slots backend only).",
+    PREFIX_QUERIED: f"Prompt tokens looked up in the prefix cache when a request is scheduled; "
+    f"in tokens, {_BY_MODEL}.",
+    PREFIX_HIT: f"Prompt tokens the prefix cache supplied when a request is scheduled; "
+    f"in tokens, {_BY_MODEL}.",
+    RETRACTIONS: "Requests pushed out of the running batch to the host tier (retractions).",
+    ABORTS: "Requests aborted, by the stage they were in (queued, prefill, decode, verify, "
+    "retracted, paused); labelled by stage.",
+    EVICTIONS: "Cache entries evicted or pruned: a tree node, a state snapshot or a slot; "
+    "labelled by kind.",
+    REQUESTS_FINISHED: "Requests that ended, by reason (stop, length, abort, error); labelled "
+    f"by reason, and {_BY_MODEL} when known.",
+    TOKENS_GENERATED: f"Output tokens generated, speculative ones once accepted; in tokens, "
+    f"{_BY_MODEL} when known.",
+    PREFILL_COMPUTED: "Prompt tokens run through the model in prefill chunks; in tokens.",
+    TTFT: f"Time from a request's arrival at the engine to its first output token; "
+    f"in seconds, {_BY_MODEL}.",
+    TPOT: f"Mean time per output token after the first, per request with two or more; "
+    f"in seconds, {_BY_MODEL}.",
+    REQUEST_DURATION: f"Time from a request's arrival at the engine to its end, per "
+    f"finished request; in seconds, {_BY_MODEL}.",
+    GATE_VERDICT: "The gate's verdict: 1 on the verdict it reached, 0 on the others; "
+    "labelled by verdict (pass, fail, error).",
+    GATE_DETECTOR_FAILED: "1 when a detector failed a run, 0 when it passed (absent when "
+    "skipped); labelled by profile, concurrency and detector.",
+    GATE_FIRST_FAIL_TURN: "The first turn at which a detector failed a run; labelled by "
+    "profile, concurrency and detector.",
+    GATE_RUN_REQUESTS: "Requests a gate run sent; labelled by profile and concurrency.",
+    GATE_RUN_ERRORS: "Requests of a gate run that failed; labelled by profile and concurrency.",
+    GATE_RUN_BROKEN: "1 when a gate run broke before it could be judged, else 0; labelled by "
+    "profile and concurrency.",
+    GATE_HEAP_PER_TOKEN: "Traced heap bytes per context token at a turn of a gate run; "
+    "labelled by profile, concurrency and turn.",
+}

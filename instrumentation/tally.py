@@ -29,10 +29,10 @@ class Tally:
     # one sum per attribute set: bounded by the attributes' values (registry walks skip it)
     __bounded__ = ("_sums",)
 
-    def __init__(self, meter: Meter, name: str, unit: str) -> None:
+    def __init__(self, meter: Meter, name: str, unit: str, description: str) -> None:
         self._sums: dict[AttrKey, int] = {}
         self._lock = threading.Lock()
-        meter.create_observable_counter(name, [self._observe], unit=unit)
+        meter.create_observable_counter(name, [self._observe], unit=unit, description=description)
 
     def add(self, value: int, key: AttrKey = ()) -> None:
         with self._lock:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import json
 
 from conversations import small_cache
@@ -9,11 +11,13 @@ from fastapi.testclient import TestClient
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from prometheus_client.parser import text_string_to_metric_families
 
 from kvwatch.engine import Engine, EngineConfig, SamplingParams, SchedulerConfig
 from kvwatch.engine.config import GROUP_NAMES, PrefixCacheMode
-from kvwatch.instrumentation import Telemetry, instrument
+from kvwatch.instrumentation import Telemetry, buckets, instrument
 from kvwatch.instrumentation import names as n
+from kvwatch.instrumentation.gate_metrics import GateMetrics
 from kvwatch.serve import ServeOptions, build
 
 LABELS = {n.OPERATION: "chat", n.MODEL: "tiny"}
@@ -94,6 +98,80 @@ def test_counters_and_latency_histograms():
     engine.abort(rid)
     engine.take(rid)
     assert one(reader, n.ABORTS, stage="queued") == 1
+
+
+def data_points(reader: InMemoryMetricReader, name: str) -> list:
+    return [
+        p
+        for rm in reader.get_metrics_data().resource_metrics
+        for sm in rm.scope_metrics
+        for metric in sm.metrics
+        if metric.name == name
+        for p in metric.data.data_points
+    ]
+
+
+def test_latency_ladders_are_in_seconds_and_roughly_geometric():
+    for name, bounds in buckets.BOUNDS.items():
+        assert bounds[0] <= 0.005 and bounds[-1] >= 10, name  # milliseconds to tens of seconds
+        ratios = [b / a for a, b in itertools.pairwise(bounds)]
+        assert all(1.3 <= r <= 3 for r in ratios), (name, ratios)
+    assert buckets.TTFT_S[-1] >= 60 and buckets.REQUEST_DURATION_S[-1] >= 60
+    assert buckets.TPOT_S[0] < buckets.TTFT_S[0]  # finer at the low end
+
+
+def test_latency_histograms_aggregate_with_the_ladders_on_every_reader():
+    engine, reader, _ = setup()
+    rid = engine.add_request(list(range(70, 120)), SamplingParams(max_tokens=5), labels=LABELS)
+    run(engine, rid)
+    for name, bounds in buckets.BOUNDS.items():
+        (point,) = data_points(reader, name)
+        assert tuple(point.explicit_bounds) == bounds, name
+        # the one latency recorded is counted in the bucket its value belongs to
+        assert point.count == 1
+        assert point.bucket_counts[bisect.bisect_left(bounds, point.sum)] == 1, name
+
+
+def help_lines(page: str) -> dict[str, str]:
+    """Series name -> the text of its ``# HELP`` line."""
+    out = {}
+    for line in page.splitlines():
+        if line.startswith("# HELP "):
+            name, _, text = line.removeprefix("# HELP ").partition(" ")
+            out[name] = text
+    return out
+
+
+def test_metrics_page_has_help_text_for_every_series_and_the_ladders_as_buckets():
+    app, _, telemetry = build(ServeOptions())
+    with TestClient(app) as client:
+        body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
+        assert client.post("/v1/chat/completions", json=body).status_code == 200
+        page = client.get("/metrics").text
+    telemetry.shutdown()
+    helps = help_lines(page)
+    slots_only = (n.SLOTS_FILLED, n.SLOT_ENTRIES)  # the server runs the radix cache
+    engine_names = [x for x in (*n.ENGINE_GAUGES, *n.COUNTERS, *n.SECONDS) if x not in slots_only]
+    ours = {k: v for k, v in helps.items() if k.startswith(("kvwatch_", "gen_ai_"))}
+    assert set(ours) == {n.prom(x) for x in engine_names}
+    assert {x: ours[n.prom(x)] for x in engine_names} == {x: n.HELP[x] for x in engine_names}
+    assert all(text.strip() for text in ours.values())
+    families = {f.name: f for f in text_string_to_metric_families(page)}
+    for name, bounds in buckets.BOUNDS.items():
+        les = {s.labels["le"] for s in families[n.prom(name)].samples if s.name.endswith("_bucket")}
+        assert les == {*(str(float(b)) for b in bounds), "+Inf"}, name
+
+
+def test_gate_metrics_have_help_text():
+    summary = {"verdict": "pass", "runs": []}
+    metrics = GateMetrics(summary)
+    try:
+        helps = help_lines(metrics.text().decode())
+    finally:
+        metrics.close()
+    gate = {k: v for k, v in helps.items() if k.startswith("kvwatch_gate_")}
+    assert gate and all(text.strip() for text in gate.values()), gate
+    assert gate[n.prom(n.GATE_VERDICT)] == n.HELP[n.GATE_VERDICT]
 
 
 def test_request_span_has_queue_prefill_and_decode_children():
