@@ -288,6 +288,7 @@ class Scheduler:
                 extra_key=req.extra_key,
                 kind=kind,
                 snapshot_at=last_turn_start(req.tokens[: req.prompt_len]),
+                label=session.id if session else req.id,
             )
             if session is not None:
                 session.holder = req.holder

@@ -23,12 +23,20 @@ from __future__ import annotations
 import itertools
 import math
 from collections import Counter
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
 from kvwatch.contracts import Finding, FindingKind, RootRefs, finding
-from kvwatch.engine.cache.claims import Claims, claim_holders, claim_slots, owner_key
+from kvwatch.engine.cache.claims import (
+    Claims,
+    claim_holders,
+    claim_slots,
+    owner_key,
+    owner_name,
+)
+from kvwatch.engine.cache.holder import Holder
 from kvwatch.engine.cache.node import Node, Tier
 from kvwatch.engine.cache.owner import Owner, OwnerKind
 from kvwatch.engine.cache.pool import PagePool
@@ -57,9 +65,9 @@ def audit(cache: HybridPrefixCache) -> AuditReport:
     owners = claims.owner_keys()
     findings: list[Finding] = []
     for group, pool in cache.pools.items():
-        findings += _audit_pool(pool, group, Tier.DEVICE, claims, owners)
+        findings += _audit_pool(pool, group, Tier.DEVICE, claims, owners, cache.holders)
     for group, pool in cache.host_pools.items():
-        findings += _audit_pool(pool, group, Tier.HOST, claims, owners)
+        findings += _audit_pool(pool, group, Tier.HOST, claims, owners, cache.holders)
     findings += scan.ref_findings
     findings += [
         finding(FindingKind.TREE, None, [], p) for p in scan.problems + _holder_problems(cache)
@@ -229,6 +237,7 @@ def _audit_pool(
     tier: Tier,
     claims: Claims,
     owners: np.ndarray,
+    holders: Mapping[int, Holder],
 ) -> list[Finding]:
     out: list[Finding] = []
     label = group if tier is Tier.DEVICE else f"{group} (host)"
@@ -241,7 +250,10 @@ def _audit_pool(
 
     def tag(page: int) -> str:
         kind = OwnerKind(int(snap.owner_kind[page]))
-        return "free" if kind is OwnerKind.FREE else str(Owner(kind, int(snap.owner_id[page])))
+        if kind is OwnerKind.FREE:
+            return "free"
+        owner = Owner(kind, int(snap.owner_id[page]))
+        return owner_name(owner, holders.get(owner.id))
 
     def holders_of(page: int) -> str:
         return ", ".join(claims.describe(int(i)) for i in claimed.who()[pages == page])

@@ -22,7 +22,7 @@ import numpy as np
 
 from kvwatch.engine.cache.holder import Holder
 from kvwatch.engine.cache.node import Node, Tier
-from kvwatch.engine.cache.owner import Owner, OwnerKind
+from kvwatch.engine.cache.owner import OWNER_LABEL, Owner, OwnerKind
 from kvwatch.engine.cache.slots import Slot
 from kvwatch.engine.config import FULL_KV, SWA_KV
 
@@ -103,7 +103,9 @@ class Claims:
 
     def describe(self, index: int) -> str:
         owner, who = self.owners[index], self.who[index]
-        return f"node {who.id} (depth {who.depth})" if isinstance(who, Node) else str(owner)
+        if isinstance(who, Node):
+            return f"node {who.id} (depth {who.depth})"
+        return owner_name(owner, who if isinstance(who, Holder) else None)
 
 
 def owner_key(kinds: np.ndarray, ids: np.ndarray) -> np.ndarray:
@@ -131,3 +133,14 @@ def claim_slots(cache: HybridPrefixCache, claims: Claims) -> None:
         me = claims.register(Owner(OwnerKind.SLOT, slot.index), slot)
         for group, ids in slot.pages.items():
             claims.add(group, Tier.DEVICE, ids, me)
+
+
+def owner_name(owner: Owner, holder: Holder | None) -> str:
+    """An owner as people know it: a request or session holder by the id its
+    clients use (``session sess-0``, ``request req-12``), once closed by its
+    number in the cache (``session 2 (closed)``); slots and nodes by number."""
+    if owner.kind not in (OwnerKind.REQUEST, OwnerKind.SESSION):
+        return str(owner)
+    if holder is None:
+        return f"{owner} (closed)"
+    return f"{OWNER_LABEL[owner.kind]} {holder.label}" if holder.label else str(owner)

@@ -59,6 +59,7 @@ class Holder:
     owner: Owner
     tokens: list[int]
     extra_key: str | None = None
+    label: str = ""  # the id clients know it by (its session's, or its request's); audits name it
     status: HolderStatus = HolderStatus.NEW
     lock_node: Node | None = None
     anchor: Node | None = None  # host-ref'd recovery node while retracted

@@ -93,6 +93,7 @@ class HybridPrefixCache(WorkingState, CachePressure):
         extra_key: str | None = None,
         kind: OwnerKind = OwnerKind.REQUEST,
         snapshot_at: int | None = None,
+        label: str = "",
     ) -> Holder:
         """A holder over ``tokens``: the caller's own list, read by the cache.
 
@@ -101,7 +102,9 @@ class HybridPrefixCache(WorkingState, CachePressure):
         last turn boundary, where the ``slots`` backend cuts its snapshot.
         """
         hid = next(self._holder_ids)
-        holder = Holder(hid, Owner(kind, hid), tokens, extra_key, snapshot_at=snapshot_at)
+        holder = Holder(
+            hid, Owner(kind, hid), tokens, extra_key, label=label, snapshot_at=snapshot_at
+        )
         self.holders[hid] = holder
         return holder
 
