@@ -24,7 +24,7 @@ from typing import NamedTuple
 
 from kvwatch.contracts import ProbeReport
 
-KEEP_5XX = 5
+KEEP_FAILURES = 5  # failed requests and 5xx answers kept as evidence, per run
 
 
 class SiteGrowth(NamedTuple):
@@ -128,7 +128,8 @@ class Counts(NamedTuple):
     status: dict[str, int]  # answers by status class: 2xx, 3xx, 4xx, 5xx, none
     failed: int  # requests the client counted as failed
     broken_turns: int  # turns whose own code raised
-    first_5xx: tuple[dict, ...] = ()
+    # the first few failed requests or 5xx answers: {name, status (0: no answer), error, body}
+    first_failures: tuple[dict, ...] = ()
 
     @property
     def requests(self) -> int:
@@ -140,7 +141,7 @@ class Counts(NamedTuple):
         return self.failed + self.broken_turns
 
     def to_json(self) -> dict:
-        return {**self._asdict(), "first_5xx": list(self.first_5xx)}
+        return {**self._asdict(), "first_failures": list(self.first_failures)}
 
     @classmethod
     def from_json(cls, data: dict | None) -> Counts:
@@ -149,7 +150,8 @@ class Counts(NamedTuple):
             dict(data.get("status", {})),
             data.get("failed", 0),
             data.get("broken_turns", 0),
-            tuple(data.get("first_5xx", ())),
+            # records written before failures other than 5xx were kept call them first_5xx
+            tuple(data.get("first_failures", data.get("first_5xx", ()))),
         )
 
 
@@ -167,7 +169,7 @@ def merge_counts(reports: Iterable[tuple[str, Counts]]) -> Counts:
         dict(status),
         sum(c.failed for c in last.values()),
         sum(c.broken_turns for c in last.values()),
-        tuple(f for c in last.values() for f in c.first_5xx)[:KEEP_5XX],
+        tuple(f for c in last.values() for f in c.first_failures)[:KEEP_FAILURES],
     )
 
 

@@ -43,10 +43,11 @@ from kvwatch.instrumentation.record import Counts
 from kvwatch.instrumentation.sources import HttpSource
 from kvwatch.loadtests import outputs
 from kvwatch.loadtests import profiles as catalog
+from kvwatch.loadtests.console import Progress, turn_line
 from kvwatch.loadtests.plan import RunPlan, preset
 from kvwatch.loadtests.servers import EngineServer, ServerError, locust_commands, stop
 
-BLACK_BOX_DETECTORS = ("gauge-trend",)
+BLACK_BOX_DETECTORS = ("gauge-trend", "requests")
 # what vLLM's audit and gauges can tell (targets/vllm_source.py): no heap, no
 # registries, no replay of a cache-off reference
 VLLM_DETECTORS = ("allocator", "refcount", "tree", "requests", "gauge-trend")
@@ -56,6 +57,7 @@ ENGINES = ("kvwatch", "vllm")
 # tracing costs every allocation, and at c = 8 the agentic-trie profile's
 # per-step probes ran 3.4x slower with it (144 s against 42 s).
 HEAP_UP_TO = 2
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report it
 
 
 @dataclass(frozen=True)
@@ -127,40 +129,30 @@ class GateOptions:
 
 
 def run_gate(opts: GateOptions) -> tuple[dict, int]:
-    """Run everything; returns the summary and the exit code (0, 1 or 3)."""
+    """Run everything; returns the summary and the exit code (0, 1, 3, or 130
+    when interrupted: the runs finished by then are judged and written, marked
+    ``"interrupted": true``)."""
     opts.validate()
     outputs.mark(opts.out)
-    results, started = [], time.monotonic()
-    plan_list = [(p, c) for p in opts.selected for c in opts.concurrency]
-    done = 0
-    from kvwatch.instrumentation.replay import Reference  # torch: only once the flags are good
-
-    embedded = opts.target is None and opts.engine == "kvwatch"
-    shared, broke = _start_vllm(opts) if opts.engine == "vllm" else (None, None)
-    for profile in opts.selected:
-        reference = Reference(profile_engine(profile)) if embedded else None
-        try:
-            server = _start_server(opts, profile) if embedded else shared
-            if broke is not None:
-                raise ServerError(broke)
-        except ServerError as exc:
-            for c in opts.concurrency:
-                results.append(_broken(profile.name, c, opts.turns, str(exc)))
-            done += len(opts.concurrency)
-            continue
-        try:
-            for c in opts.concurrency:
-                done += 1
-                opts.progress(f"[{done}/{len(plan_list)}] {profile.name} c={c}")
-                results.append(_run_one(opts, profile, c, server, reference))
-                opts.progress(f"    {_line(results[-1])}")
-        finally:
-            if embedded:
-                server.stop()
-    if shared is not None:
-        shared.stop()
+    results: list[verdicts.RunResult] = []
+    started = time.monotonic()
+    progress = Progress(
+        [(p.name, c) for p in opts.selected for c in opts.concurrency], opts.progress
+    )
+    try:
+        _run_profiles(opts, progress, results)
+        interrupted = False
+    except KeyboardInterrupt:
+        interrupted = True
+        opts.progress(f"interrupted: writing what the {len(results)} finished runs found")
     summary = verdicts.summarize(results, opts.faults)
     summary["elapsed_s"] = round(time.monotonic() - started, 1)
+    if interrupted:  # a finding stands; otherwise an unfinished gate is no pass
+        summary["interrupted"] = True
+        summary["verdict"] = "fail" if summary["verdict"] == "fail" else "error"
+        verdicts.write(summary, opts.out, opts.junit)
+        opts.progress(f"verdict: interrupted ({summary['elapsed_s']} s) -> {opts.out}")
+        return summary, EXIT_INTERRUPTED
     summary["published"] = publish(summary, opts)
     verdicts.write(summary, opts.out, opts.junit)
     if opts.report:
@@ -172,6 +164,40 @@ def run_gate(opts: GateOptions) -> tuple[dict, int]:
         opts.progress(line)
     opts.progress(f"verdict: {summary['verdict']} ({summary['elapsed_s']} s) -> {opts.out}")
     return summary, code
+
+
+def _run_profiles(opts: GateOptions, progress: Progress, results: list) -> None:
+    """Every profile at every concurrency, appending each judged run to ``results``."""
+    from kvwatch.instrumentation.replay import Reference  # torch: only once the flags are good
+
+    embedded = opts.target is None and opts.engine == "kvwatch"
+    shared, broke = _start_vllm(opts) if opts.engine == "vllm" else (None, None)
+    try:
+        for profile in opts.selected:
+            reference = Reference(profile_engine(profile)) if embedded else None
+            try:
+                if embedded:
+                    progress.say(f"starting kvwatch serve for {profile.name}")
+                server = _start_server(opts, profile) if embedded else shared
+                if broke is not None:
+                    raise ServerError(broke)
+            except ServerError as exc:
+                for c in opts.concurrency:
+                    results.append(_broken(profile.name, c, opts.turns, str(exc)))
+                progress.runs_skipped(opts.concurrency)
+                progress.say(f"    ERROR: {exc}")
+                continue
+            try:
+                for c in opts.concurrency:
+                    progress.run_started(profile.name, c)
+                    results.append(_run_one(opts, progress, profile, c, server, reference))
+                    progress.run_finished(results[-1])
+            finally:
+                if embedded:
+                    server.stop()
+    finally:
+        if shared is not None:
+            shared.stop()
 
 
 def publish(summary: dict, opts: GateOptions) -> dict[str, str]:
@@ -254,7 +280,7 @@ def profile_engine(profile: catalog.Profile):
 
 
 def _run_one(
-    opts: GateOptions, profile: catalog.Profile, c: int, server, reference
+    opts: GateOptions, progress: Progress, profile: catalog.Profile, c: int, server, reference
 ) -> verdicts.RunResult:
     if server is not None and (gone := server.exited()):
         return _broken(profile.name, c, opts.turns, f"not run: {gone}")
@@ -286,7 +312,7 @@ def _run_one(
     (where / "plan.json").write_text(plan.to_json())
     counted = HttpSource(server.url, white_box=True, token=server.token) if kvwatch else None
     before = counted.coverage() if counted else {}
-    error = _locust(opts, profile, c, target, where, record)
+    error = _locust(opts, progress, profile, c, target, where, record)
     if server is not None and (gone := server.exited()):
         return _broken(profile.name, c, opts.turns, gone)  # a partial record is not judged
     if error is None and not record.exists():
@@ -298,9 +324,11 @@ def _run_one(
         run = run._replace(coverage=since(before, counted.coverage()))
     if reference is not None and run.error is None:
         started = time.monotonic()
-        run = run._replace(replays=reference.replay(spread(run.candidates, opts.max_replays)))
+        chosen = spread(run.candidates, opts.max_replays)
+        progress.say(f"    replaying {len(chosen)} requests on a cache-off engine")
+        run = run._replace(replays=reference.replay(chosen))
         record.write_text(json.dumps(run.to_json()))
-        opts.progress(
+        progress.say(
             f"    {len(run.replays)} of {run.finished} finished requests (greedy or seeded) "
             f"replayed on a cache-off engine ({time.monotonic() - started:.1f} s)"
         )
@@ -314,22 +342,27 @@ def _run_one(
     )
 
 
-def _locust(opts, profile, c, target, where: Path, record: Path) -> str | None:
+def _locust(opts, progress, profile, c, target, where: Path, record: Path) -> str | None:
     """Run Locust to the end of the plan; an error message if it broke."""
     cmds = locust_commands(
         profile.user, c, target, where / "plan.json", where, opts.locust_workers, opts.run_timeout
     )
     log = (where / "locust.log").open("w")
     procs = [subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT) for cmd in cmds]
-    progress = Path(f"{record}.progress")
+    turns = Path(f"{record}.progress")
     seen, deadline = 0, time.monotonic() + opts.run_timeout + 60
     try:
         while procs[0].poll() is None:
             if time.monotonic() > deadline:
                 return f"the load run did not finish in {opts.run_timeout:.0f} s"
-            seen = _follow(opts, progress, seen)
+            seen = _follow(opts, progress, turns, seen)
+            progress.heartbeat(
+                f"waiting for turn {seen} of {opts.turns}"
+                if seen < opts.turns
+                else "waiting for the drain"
+            )
             time.sleep(0.2)
-        _follow(opts, progress, seen)
+        _follow(opts, progress, turns, seen)
         for worker in procs[1:]:
             worker.wait(30)
         if procs[0].returncode != 0:
@@ -341,22 +374,13 @@ def _locust(opts, profile, c, target, where: Path, record: Path) -> str | None:
         log.close()
 
 
-def _follow(opts: GateOptions, progress: Path, seen: int) -> int:
-    if not progress.exists():
+def _follow(opts: GateOptions, progress: Progress, turns: Path, seen: int) -> int:
+    """Print the barriers reached since ``seen``; returns how many lines were read."""
+    if not turns.exists():
         return seen
-    lines = progress.read_text().splitlines()
+    lines = turns.read_text().splitlines()
     for line in lines[seen:]:
-        p = json.loads(line)
-        if p["turn"] == "end":
-            opts.progress(f"    sessions closed, drained and flushed ({p['elapsed']} s)")
-            continue
-        probes = ""
-        if p["probes"]:
-            probes = f", {p['flagged']} of {p['probes']} probes with findings"
-        opts.progress(
-            f"    turn {p['turn'] + 1}/{opts.turns}: {p['conversations']} conversations"
-            f"{probes} ({p['elapsed']} s)"
-        )
+        progress.say(f"    {turn_line(json.loads(line), opts.turns)}")
     return len(lines)
 
 
@@ -381,11 +405,3 @@ def no_service(requests: int, errors: int) -> str | None:
 
 def _broken(profile: str, c: int, turns: int, error: str) -> verdicts.RunResult:
     return verdicts.RunResult(profile, c, turns, 0, 0, {}, error)
-
-
-def _line(result: verdicts.RunResult) -> str:
-    if result.error:
-        return f"ERROR: {result.error}"
-    failed = [f"{n} (turn {v.first_turn})" for n, v in result.verdicts.items() if v.failed]
-    head = f"{result.requests} requests, {result.errors} failed"
-    return f"{head}; FAIL: {', '.join(failed)}" if failed else f"{head}; every detector passed"

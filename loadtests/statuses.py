@@ -5,8 +5,9 @@ response; this counts them as ``2xx``, ``3xx``, ``4xx``, ``5xx`` or ``none``
 (no answer: the connection failed). Derived samples (``TTFT``, ``ITL``) carry
 no response and are not requests, so they are left out; a broken turn
 (``TURN``, the user's own code raised) is counted apart. Requests Locust
-counted as failed are counted too. The first few 5xx answers are kept as
-evidence.
+counted as failed are counted too. The first few failed requests and 5xx
+answers are kept as evidence: the request's name, its status (0 when nothing
+answered), the exception Locust recorded and the start of the body.
 
 Locust's own stats CSV is rewritten once a second and not at shutdown, so it
 can miss the last requests of a run; these counts are exact wherever they are
@@ -20,7 +21,7 @@ read:
   wall-clock seconds)::
 
     {"status": {"2xx": 1200, "4xx": 3, "5xx": 0, "none": 0}, "failed": 3,
-     "broken_turns": 0, "first_5xx": [{"name": "agent turn", "status": 500, "body": "..."}],
+     "broken_turns": 0, "first_failures": [{"name": "agent turn", "status": 500, "error": "...", "body": "..."}],
      "episode_ends": [[0, 1767100000.25], [1001, 1767100001.5], ...]}
 """
 
@@ -31,7 +32,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from kvwatch.instrumentation.record import KEEP_5XX, Counts
+from kvwatch.instrumentation.record import KEEP_FAILURES, Counts
 
 SAMPLES = frozenset({"TTFT", "ITL"})
 BROKEN_TURN = "TURN"
@@ -43,7 +44,7 @@ class StatusCounts:
         self.status: Counter[str] = Counter()
         self.failed = 0
         self.broken_turns = 0
-        self.first_5xx: list[dict] = []
+        self.first_failures: list[dict] = []
         self.episode_ends: list[tuple[int, float]] = []  # (user index, time.time())
 
     def listen(self, events) -> None:
@@ -62,12 +63,15 @@ class StatusCounts:
         self.failed += exception is not None
         code = getattr(response, "status_code", None) or 0
         self.status[f"{code // 100}xx" if code else "none"] += 1
-        if code >= 500 and len(self.first_5xx) < KEEP_5XX:
+        if (exception is not None or code >= 500) and len(self.first_failures) < KEEP_FAILURES:
             body = getattr(response, "text", "") or ""
-            self.first_5xx.append({"name": name, "status": code, "body": body[:300]})
+            error = _describe(exception) if exception is not None else ""
+            self.first_failures.append(
+                {"name": name, "status": code, "error": error, "body": body[:300]}
+            )
 
     def counts(self) -> Counts:
-        return Counts(dict(self.status), self.failed, self.broken_turns, tuple(self.first_5xx))
+        return Counts(dict(self.status), self.failed, self.broken_turns, tuple(self.first_failures))
 
     def episode_ended(self, user: int) -> None:
         self.episode_ends.append((user, time.time()))
@@ -75,3 +79,10 @@ class StatusCounts:
     def on_quitting(self, **kwargs) -> None:
         data = {**self.counts().to_json(), "episode_ends": self.episode_ends}
         self.path.write_text(json.dumps(data, indent=2) + "\n")
+
+
+def _describe(exception: BaseException) -> str:
+    """The exception as one line: its type, and its message when it has one
+    (a refused connection's message names the address; some errors have none)."""
+    text = " ".join(str(exception).split())
+    return f"{type(exception).__name__}: {text}"[:200] if text else type(exception).__name__

@@ -64,7 +64,8 @@ def test_allocator_fails_on_an_exceeded_bound_a_rising_interior_count_and_a_bad_
     flat = [make_probe(interior=4 + (i % 2)) for i in range(6)]
     assert DETECTORS["allocator"](run_of(flat)).verdict == PASS
     v = DETECTORS["allocator"](run_of(CLEAN, drained=make_probe(used=3)))
-    assert v.failed and "after drain" in v.evidence[0].detail
+    assert v.failed and v.after_drain and v.first_turn == 6
+    assert v.summary().startswith("after the drain: full.kv: 3 pages still used, 0 before")
 
 
 def test_refcount_fails_on_root_drift():
@@ -190,4 +191,4 @@ def test_the_drain_rule_flags_what_is_above_its_value_before_the_run():
     assert not_back({"a": 3, "b": 1.0}, {"a": 4, "b": 1.0}) == [("a", 3, 4)]
     live = make_probe()._replace(stats=make_probe().stats._replace(live_sessions=2))
     v = DETECTORS["allocator"](run_of(CLEAN, drained=live))
-    assert v.failed and "2 live sessions after drain, 0 before" in v.evidence[0].detail
+    assert v.failed and "2 live sessions left, 0 before" in v.evidence[0].detail

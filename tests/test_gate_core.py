@@ -49,6 +49,7 @@ def test_a_clean_run_passes_with_exit_0():
     assert run["detectors"]["allocator"] == {
         "verdict": "pass",
         "first_turn": None,
+        "after_drain": False,
         "evidence": "fine",
         "details": [],
     }

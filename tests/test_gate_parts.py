@@ -13,6 +13,7 @@ from kvwatch.engine import EngineConfig, SamplingParams
 from kvwatch.engine.config import PrefixCacheMode
 from kvwatch.engine.overrides import apply_overrides
 from kvwatch.instrumentation.detectors import IDS
+from kvwatch.instrumentation.detectors.requests import failure_line
 from kvwatch.instrumentation.record import Counts, merge_counts
 from kvwatch.instrumentation.scrape import parse_spec, read_series
 from kvwatch.loadtests.plan import PRESETS, RunPlan, preset
@@ -241,11 +242,19 @@ def test_request_counts_come_from_request_events_and_merge_by_process():
     worker.on_request("POST", "chat", response=Answer(400), exception=RuntimeError("400"))
     worker.on_request("POST", "chat", response=Answer(503), exception=RuntimeError("503"))
     worker.on_request("TURN", "AgentTrieUser", exception=KeyError("choices"))
-    worker.on_request("POST", "chat", response=None, exception=ConnectionError())
+    worker.on_request("POST", "chat", response=None, exception=ConnectionError("refused"))
     late = worker.counts()
     assert late.status == {"2xx": 1, "4xx": 1, "5xx": 1, "none": 1}
     assert (late.requests, late.errors, late.broken_turns) == (5, 4, 1)
-    assert late.first_5xx[0]["status"] == 503
+    # every failed request is kept as evidence, with what went wrong, not only 5xx
+    kept = [(f["status"], f["error"]) for f in late.first_failures]
+    assert kept == [
+        (400, "RuntimeError: 400"),
+        (503, "RuntimeError: 503"),
+        (0, "ConnectionError: refused"),
+    ]
+    assert failure_line(late.first_failures[2]) == "chat: no answer (ConnectionError: refused)"
+    assert failure_line(late.first_failures[1]) == "chat: HTTP 503 (RuntimeError: 503) oops"
     other = Counts({"2xx": 7}, 0, 0)
     reports = [("w1", early), ("w2", other), ("w1", late), ("w2", Counts({"2xx": 3}, 0, 0))]
     total = merge_counts(reports)

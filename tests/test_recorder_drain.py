@@ -75,7 +75,7 @@ def test_a_request_live_forever_fails_the_drain_rule_after_one_wait(stuck):
     if stuck:
         assert waits[0] > 0 and waits[1:] == [0, 0, 0]
         assert verdict is not None and verdict.failed
-        assert any("1 live requests after drain, 0 before" in e.detail for e in verdict.evidence)
+        assert any("1 live requests left, 0 before" in e.detail for e in verdict.evidence)
     else:
         assert waits == [0, 0, 0, 0]
         assert verdict is None  # the rule found nothing left

@@ -17,7 +17,14 @@ state usage that grows with turns, and usage that does not drain.
 from __future__ import annotations
 
 from kvwatch.contracts import OWNERSHIP
-from kvwatch.instrumentation.detectors.base import Evidence, Verdict, fail, not_back, passed
+from kvwatch.instrumentation.detectors.base import (
+    Evidence,
+    Verdict,
+    fail,
+    fail_after_drain,
+    not_back,
+    passed,
+)
 from kvwatch.instrumentation.detectors.stats import first_rise
 from kvwatch.instrumentation.detectors.usage import UsageTrend, usage_trend
 from kvwatch.instrumentation.record import RunRecord
@@ -121,7 +128,7 @@ def drain_rule(run: RunRecord) -> Verdict | None:
         Evidence(
             group,
             (),
-            f"{used:.0f} pages used after drain, {was:.0f} before the run; by owner "
+            f"{used:.0f} pages still used, {was:.0f} before the run; by owner "
             f"{ {k: v for k, v in after.groups[group].by_owner.items() if v} }",
         )
         for group, was, used in not_back(
@@ -137,11 +144,11 @@ def drain_rule(run: RunRecord) -> Verdict | None:
     ]
     live = ("live_requests", "live_sessions")
     left += [
-        Evidence(None, (), f"{now:.0f} {name.replace('_', ' ')} after drain, {was:.0f} before")
+        Evidence(None, (), f"{now:.0f} {name.replace('_', ' ')} left, {was:.0f} before")
         for name, was, now in not_back(
             {k: getattr(base, k) for k in live}, {k: getattr(after, k) for k in live}
         )
     ]
     if left:
-        return fail(ID, run.turns[-1].turn + 1 if run.turns else 0, left)
+        return fail_after_drain(ID, run, left)
     return None

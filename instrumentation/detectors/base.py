@@ -32,15 +32,29 @@ class Evidence(NamedTuple):
 
 
 class Verdict(NamedTuple):
+    """A detector's answer over one run.
+
+    Turns are numbered from 0, as the barriers count them. A failure found by
+    the check after the run drained (sessions closed, cache flushed) has
+    ``after_drain`` set and ``first_turn`` one past the last turn, so it still
+    sorts after every turn's finding.
+    """
+
     detector: str
     verdict: str  # pass, fail or skipped
     first_turn: int | None  # the turn where it first failed
     evidence: tuple[Evidence, ...] = ()
     note: str = ""  # why it passed or was skipped
+    after_drain: bool = False
 
     @property
     def failed(self) -> bool:
         return self.verdict == FAIL
+
+    @property
+    def where(self) -> str:
+        """When it first failed, as people read it: ``turn 3`` or ``after the drain``."""
+        return "after the drain" if self.after_drain else f"turn {self.first_turn}"
 
     def summary(self) -> str:
         if not self.evidence:
@@ -50,12 +64,13 @@ class Verdict(NamedTuple):
         named = head.group and head.detail.startswith(head.group)
         where = f"{head.group}: " if head.group and not named else ""
         more = f" (+{len(self.evidence) - 1} more)" if len(self.evidence) > 1 else ""
-        return f"turn {self.first_turn}: {where}{head.detail}{more}"
+        return f"{self.where}: {where}{head.detail}{more}"
 
     def as_dict(self) -> dict:
         return {
             "verdict": self.verdict,
             "first_turn": self.first_turn,
+            "after_drain": self.after_drain,
             "evidence": self.summary(),
             "details": [e.as_dict() for e in self.evidence],
         }
@@ -78,6 +93,16 @@ def fail(detector: str, turn: int, evidence: list[Evidence]) -> Verdict:
     return Verdict(detector, FAIL, turn, tuple(evidence[:16]))
 
 
+def drain_turn(run: RunRecord) -> int:
+    """``first_turn`` of a finding made after the run drained: one past the last turn."""
+    return run.turns[-1].turn + 1 if run.turns else 0
+
+
+def fail_after_drain(detector: str, run: RunRecord, evidence: list[Evidence]) -> Verdict:
+    """A failure of the check after the drain (see ``Verdict``)."""
+    return Verdict(detector, FAIL, drain_turn(run), tuple(evidence[:16]), after_drain=True)
+
+
 def passed(detector: str, note: str = "") -> Verdict:
     return Verdict(detector, PASS, None, (), note)
 
@@ -97,8 +122,8 @@ def findings_detector(detector: str, kinds: Collection[FindingKind], run: RunRec
     if run.drained is not None:
         hits = [f for f in run.drained.findings if f.kind in kinds]
         if hits:
-            last = run.turns[-1].turn + 1 if run.turns else 0
-            ev = [Evidence(f.group, f.pages, f"after drain: {f.detail}") for f in hits]
-            return fail(detector, last, ev)
+            return fail_after_drain(
+                detector, run, [Evidence(f.group, f.pages, f.detail) for f in hits]
+            )
     names = ", ".join(sorted(str(k) for k in kinds))
     return passed(detector, f"no {names} findings in {len(run.turns)} turns")

@@ -15,6 +15,7 @@ from kvwatch.instrumentation.detectors.base import (
     Evidence,
     Verdict,
     fail,
+    fail_after_drain,
     not_back,
     passed,
     skipped,
@@ -52,4 +53,4 @@ def _not_drained(run: RunRecord) -> Verdict | None:
     ]
     if not left:
         return None
-    return fail(ID, run.turns[-1].turn + 1 if run.turns else 0, left)
+    return fail_after_drain(ID, run, left)

@@ -21,7 +21,14 @@ finished request must leave nothing behind.
 
 from __future__ import annotations
 
-from kvwatch.instrumentation.detectors.base import Evidence, Verdict, fail, passed, skipped
+from kvwatch.instrumentation.detectors.base import (
+    Evidence,
+    Verdict,
+    fail,
+    fail_after_drain,
+    passed,
+    skipped,
+)
 from kvwatch.instrumentation.detectors.stats import first_rise
 from kvwatch.instrumentation.record import RunRecord
 
@@ -92,7 +99,7 @@ def request_rule(run: RunRecord) -> Verdict | None:
         )
         for g in left
     ]
-    return fail(ID, run.turns[-1].turn + 1, ev)
+    return fail_after_drain(ID, run, ev)
 
 
 def held_tokens(turn) -> int:

@@ -22,7 +22,7 @@ from __future__ import annotations
 from kvwatch.instrumentation.detectors.base import (
     Evidence,
     Verdict,
-    fail,
+    fail_after_drain,
     not_back,
     passed,
     skipped,
@@ -60,6 +60,6 @@ def detect(run: RunRecord) -> Verdict:
             for name, was, now in not_back(before, after.registries)
         ]
     if left:
-        return fail(ID, run.turns[-1].turn + 1 if run.turns else 0, left)
+        return fail_after_drain(ID, run, left)
     checked = f", {len(after.registries)} registries" if base.registries else ""
     return passed(ID, f"host tier, root refs{checked} back at their starting values")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from kvwatch.contracts import FindingKind
-from kvwatch.instrumentation.detectors.base import Evidence, Verdict, fail, passed
+from kvwatch.instrumentation.detectors.base import Evidence, Verdict, fail, fail_after_drain, passed
 from kvwatch.instrumentation.record import RunRecord
 
 ID = "refcount"
@@ -12,7 +12,7 @@ ID = "refcount"
 def detect(run: RunRecord) -> Verdict:
     probes = [(t.turn, p) for t in run.turns for p in t.probes]
     if run.drained is not None:
-        probes.append((run.turns[-1].turn + 1 if run.turns else 0, run.drained))
+        probes.append((None, run.drained))  # the probe after the drain
     for turn, probe in probes:
         ev = [
             Evidence(f.group, f.pages, f.detail)
@@ -24,5 +24,5 @@ def detect(run: RunRecord) -> Verdict:
             detail = f"root refs {root.actual}, live holders imply {root.expected}"
             ev.insert(0, Evidence(None, (), detail))
         if ev:
-            return fail(ID, turn, ev)
+            return fail(ID, turn, ev) if turn is not None else fail_after_drain(ID, run, ev)
     return passed(ID, f"root and node refs exact in {len(probes)} probes")

@@ -10,7 +10,14 @@ pytest plugin) skip it.
 
 from __future__ import annotations
 
-from kvwatch.instrumentation.detectors.base import Evidence, Verdict, fail, passed, skipped
+from kvwatch.instrumentation.detectors.base import (
+    Evidence,
+    Verdict,
+    fail,
+    fail_after_drain,
+    passed,
+    skipped,
+)
 from kvwatch.instrumentation.record import RunRecord
 
 ID = "requests"
@@ -31,20 +38,27 @@ def detect(run: RunRecord) -> Verdict:
             f"(by status: {dict(sorted(sent.status.items()))})",
         )
     ]
-    ev += [
-        Evidence(
-            None, (), f"{f.get('name')}: HTTP {f.get('status')} {str(f.get('body', ''))[:200]}"
-        )
-        for f in sent.first_5xx
-    ]
-    return fail(ID, _first_turn(run), ev)
+    ev += [Evidence(None, (), failure_line(f)) for f in sent.first_failures]
+    turn = _first_turn(run)
+    return fail(ID, turn, ev) if turn is not None else fail_after_drain(ID, run, ev)
 
 
-def _first_turn(run: RunRecord) -> int:
-    """The first barrier whose counts so far hold a failure or a 5xx; failures
-    counted only at the end belong after the last turn."""
+def failure_line(failure: dict) -> str:
+    """One kept failure as a line: ``chat turn: no answer (ConnectError: ...)`` or
+    ``chat turn: HTTP 500 {"error": ...}``."""
+    status = failure.get("status") or 0
+    answer = f"HTTP {status}" if status else "no answer"
+    error = failure.get("error") or ""
+    body = " ".join(str(failure.get("body") or "").split())[:200]
+    tail = " ".join(part for part in (f"({error})" if error else "", body) if part)
+    return f"{failure.get('name')}: {answer}" + (f" {tail}" if tail else "")
+
+
+def _first_turn(run: RunRecord) -> int | None:
+    """The first barrier whose counts so far hold a failure or a 5xx; None for
+    failures counted only at the end (closing sessions, the drain)."""
     for turn in run.turns:
         sent = turn.requests
         if sent is not None and (sent.errors or sent.status.get("5xx", 0)):
             return turn.turn
-    return run.turns[-1].turn + 1 if run.turns else 0
+    return None

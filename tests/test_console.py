@@ -1,0 +1,60 @@
+"""The gate's console: progress with an estimate, and every failure with its evidence."""
+
+from __future__ import annotations
+
+from kvwatch.instrumentation import gate as verdicts
+from kvwatch.instrumentation.detectors.base import Evidence, Verdict, fail, passed
+from kvwatch.loadtests.console import HEARTBEAT_S, Progress, duration, result_lines, turn_line
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_progress_lines_carry_elapsed_time_and_an_estimate_from_the_pace_so_far():
+    clock, lines = Clock(), []
+    progress = Progress([("p", 1), ("p", 8), ("q", 1)], lines.append, clock)
+    progress.run_started("p", 1)
+    assert lines[-1] == "[1/3] p c=1 (0s elapsed)"  # nothing finished: no estimate yet
+    clock.now += 30  # c = 1 weighs 1.5: 20 s per unit
+    progress.run_finished(verdicts.RunResult("p", 1, 6, 10, 0, {"allocator": passed("allocator")}))
+    progress.run_started("p", 8)
+    # left: c = 8 (weight 5) and c = 1 (1.5) at 20 s each
+    assert lines[-1] == "[2/3] p c=8 (30s elapsed, about 2m10s left)"
+    clock.now += HEARTBEAT_S - 1
+    progress.heartbeat("waiting for turn 0 of 6")
+    assert lines[-1].startswith("[2/3]")  # not silent for long enough yet
+    clock.now += 1
+    progress.heartbeat("waiting for turn 0 of 6")
+    assert lines[-1] == "    ... waiting for turn 0 of 6 (1m00s elapsed)"
+    assert duration(3725) == "1h02m"
+
+
+def test_turns_are_numbered_from_0_as_in_the_summary():
+    line = turn_line({"turn": 0, "conversations": 2, "probes": 5, "flagged": 1, "elapsed": 4.5}, 6)
+    assert line == "turn 0: 2 conversations, 1 of 5 probes with findings (1 of 6 turns, 4.5 s)"
+    assert turn_line({"turn": "end", "elapsed": 9.0}, 6).startswith("sessions closed, drained")
+
+
+def test_every_failed_detector_prints_its_evidence_with_when_it_failed():
+    during = fail(
+        "allocator", 3, [Evidence("full.kv", (), "full.kv: 4 pages held by no live holder")]
+    )
+    drained = Verdict(
+        "heap", "fail", 6, (Evidence(None, (), "engine/x.py:9: 4096 bytes left"),), after_drain=True
+    )
+    result = verdicts.RunResult(
+        "p", 2, 6, 40, 1, {"allocator": during, "heap": drained, "tree": passed("tree")}
+    )
+    assert result_lines(result) == [
+        "40 requests, 1 failed",
+        "FAIL allocator at turn 3: full.kv: 4 pages held by no live holder",
+        "FAIL heap after the drain: engine/x.py:9: 4096 bytes left",
+    ]
+    clean = result._replace(verdicts={"tree": passed("tree")}, errors=0)
+    assert result_lines(clean) == ["40 requests, 0 failed; every detector passed"]
+    assert result_lines(result._replace(error="the engine exited")) == ["ERROR: the engine exited"]

@@ -1,0 +1,59 @@
+"""Ctrl-C on ``kvwatch gate``: the finished runs are judged and written, marked
+interrupted, every process the gate started is stopped, and it exits 130."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.e2e
+
+
+def processes_mentioning(text: str) -> list[str]:
+    found = []
+    for pid in os.listdir("/proc"):
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if text in cmdline and int(pid) != os.getpid():
+            found.append(f"{pid}: {cmdline[:200]}")
+    return found
+
+
+def test_an_interrupted_gate_writes_a_partial_summary_and_exits_130(tmp_path):
+    cmd = [sys.executable, "-m", "kvwatch", "gate", "--out", str(tmp_path)]
+    cmd += ["--profile", "streaming-session", "-c", "1,8", "--max-replays", "2"]
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
+    lines = []
+    try:
+        for line in proc.stderr:  # the first run's result, then the second run's start
+            lines.append(line)
+            if line.startswith("[2/2]"):
+                break
+        assert lines and lines[-1].startswith("[2/2]"), "".join(lines)[-3000:]
+        time.sleep(2)  # Locust is under way
+        proc.send_signal(signal.SIGINT)
+        _, rest = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    err = "".join(lines) + rest
+    assert proc.returncode == 130, err[-3000:]
+    assert "Traceback" not in err, err[-3000:]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["interrupted"] is True
+    assert summary["verdict"] == "error"  # an unfinished gate is no pass
+    assert [(r["profile"], r["concurrency"]) for r in summary["runs"]] == [("streaming-session", 1)]
+    assert "interrupted" in err.splitlines()[-1]
+    deadline = time.monotonic() + 30  # stopping is asynchronous for grandchildren
+    while (left := processes_mentioning(str(tmp_path))) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not left, left
