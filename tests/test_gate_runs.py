@@ -86,7 +86,7 @@ def test_black_box_mode_judges_from_gauges_alone(tmp_path, fault):
             *("--target", url, "--metrics-url", f"{url}/metrics"),
             *("--profile", "agentic-trie", "-c", "1", "--gauges", "kvwatch"),
         )
-    assert set(summary["detectors"]) == {"gauge-trend"}, err[-3000:]
+    assert set(summary["detectors"]) == {"gauge-trend", "requests"}, err[-3000:]
     if fault is None:
         assert code == 0, err[-3000:]
     else:
