@@ -9,6 +9,10 @@ meantime by another process is met by starting again on other ports.
 
 Where the binaries are missing the tests skip with the reason, unless
 ``KVWATCH_REQUIRE_PROMETHEUS=1`` (CI sets it): then they fail.
+
+``variable_values``, ``fill`` and ``panel_queries`` turn a dashboard model's
+panels into the PromQL Grafana would send: template variables resolved the
+way its Prometheus datasource does, ``$__rate_interval`` as the caller says.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import re
 import shutil
 import subprocess
 import time
@@ -161,3 +166,40 @@ def finite_values(data: dict) -> list[float]:
         points = series.get("values") or [series["value"]]
         out += [float(v) for _, v in points if math.isfinite(float(v))]
     return out
+
+
+def variable_values(model: dict, stack: PromStack) -> dict[str, list[str]]:
+    """Each query variable's values, as Grafana finds them (``label_values`` through
+    ``/api/v1/label/<name>/values``, later variables filtered by earlier ones)."""
+    values: dict[str, list[str]] = {}
+    for var in model["templating"]["list"]:
+        if var["type"] != "query":
+            continue
+        match = re.fullmatch(r"label_values\((.+), (\w+)\)", var["query"])
+        assert match, var["query"]
+        series, label = match.groups()
+        found = api(stack, f"label/{label}/values", **{"match[]": fill(series, values)})
+        assert found, f"${var['name']} ({var['query']}) has no values"
+        values[var["name"]] = found
+    return values
+
+
+def fill(expr: str, values: dict[str, list[str]], rate_interval: str = "10s") -> str:
+    """Grafana's interpolation: values regex-escaped (the backslash doubled inside a
+    PromQL string), several of them as an alternation; ``$__rate_interval`` as given."""
+    expr = expr.replace("$__rate_interval", rate_interval)
+    for name in sorted(values, key=len, reverse=True):
+        choice = "|".join(re.escape(v).replace("\\", "\\\\") for v in values[name])
+        expr = expr.replace(f"${name}", f"({choice})" if len(values[name]) > 1 else choice)
+    return expr
+
+
+def panel_queries(model: dict, values: dict[str, list[str]], rate_interval: str = "10s"):
+    """(panel title, repeat value, target, PromQL) with the variables filled in; a
+    repeated panel once per value of its variable."""
+    for panel in model["panels"]:
+        repeat = panel.get("repeat")
+        for value in values[repeat] if repeat else [None]:
+            scoped = {**values, repeat: [value]} if repeat else values
+            for target in panel.get("targets", ()):
+                yield panel["title"], value, target, fill(target["expr"], scoped, rate_interval)

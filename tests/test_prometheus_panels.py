@@ -16,7 +16,6 @@ ones at the end.
 from __future__ import annotations
 
 import json
-import re
 import subprocess
 import sys
 import time
@@ -27,7 +26,15 @@ import httpx
 import openai
 import pytest
 from fakegrafana import fake_grafana
-from promstack import SCRAPE_INTERVAL_S, PromStack, api, finite_values, prometheus_stack
+from promstack import (
+    SCRAPE_INTERVAL_S,
+    PromStack,
+    api,
+    finite_values,
+    panel_queries,
+    prometheus_stack,
+    variable_values,
+)
 from serverproc import TOKEN, kvwatch_server
 
 from kvwatch.dashboards import build
@@ -146,40 +153,6 @@ def run(tmp_path_factory) -> Run:
         yield Run(stack, load_start, gate.returncode, summary, list(fake.annotations))
 
 
-def variable_values(model: dict, stack: PromStack) -> dict[str, list[str]]:
-    values: dict[str, list[str]] = {}
-    for var in model["templating"]["list"]:
-        if var["type"] != "query":
-            continue
-        match = re.fullmatch(r"label_values\((.+), (\w+)\)", var["query"])
-        assert match, var["query"]
-        series, label = match.groups()
-        found = api(stack, f"label/{label}/values", **{"match[]": fill(series, values)})
-        assert found, f"${var['name']} ({var['query']}) has no values"
-        values[var["name"]] = found
-    return values
-
-
-def fill(expr: str, values: dict[str, list[str]]) -> str:
-    """Grafana's interpolation: values regex-escaped (the backslash doubled inside a
-    PromQL string), several of them as an alternation."""
-    expr = expr.replace("$__rate_interval", RATE_INTERVAL)
-    for name in sorted(values, key=len, reverse=True):
-        choice = "|".join(re.escape(v).replace("\\", "\\\\") for v in values[name])
-        expr = expr.replace(f"${name}", f"({choice})" if len(values[name]) > 1 else choice)
-    return expr
-
-
-def panel_queries(model: dict, values: dict[str, list[str]]):
-    """(panel title, repeat value, target, PromQL) with the variables filled in."""
-    for panel in model["panels"]:
-        repeat = panel.get("repeat")
-        for value in values[repeat] if repeat else [None]:
-            scoped = {**values, repeat: [value]} if repeat else values
-            for target in panel.get("targets", ()):
-                yield panel["title"], value, target, fill(target["expr"], scoped)
-
-
 def test_the_gate_pushed_its_verdict_and_annotated_the_finding(run):
     assert run.gate_code == 1, run.summary
     assert run.summary["published"]["pushgateway"] == "pushed"
@@ -200,7 +173,7 @@ def test_every_panel_query_returns_data(run, uid):
     assert values.get("instance"), "the engine's instance is not among $instance's values"
     empty, moved = [], set()
     checked = 0
-    for title, value, target, expr in panel_queries(model, values):
+    for title, value, target, expr in panel_queries(model, values, RATE_INTERVAL):
         if target.get("instant"):
             data = api(run.stack, "query", query=expr)
         else:
