@@ -7,8 +7,9 @@ the engine's events and polls its stats through the worker.
 
 from __future__ import annotations
 
+import functools
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,8 @@ KEEP_ALIVE_S = 75
 # One engine read serves every gauge of a scrape; a scrape's callbacks run
 # within milliseconds, and a reader at a turn barrier wants fresh values.
 STATS_MAX_AGE_S = 0.05
+# The exit code after SIGINT stopped the server: 128 + 2, as a shell reports it.
+INTERRUPTED = 130
 
 
 @dataclass(frozen=True)
@@ -60,8 +63,13 @@ def engine_config(options: ServeOptions, base: EngineConfig | None = None) -> En
     return replace(base, cache=cache, device=options.device, faults=faults)
 
 
-def build(options: ServeOptions, config: EngineConfig | None = None):
-    """The ASGI app, its worker and its telemetry (nothing runs until the app starts)."""
+def build(
+    options: ServeOptions,
+    config: EngineConfig | None = None,
+    on_ready: Callable[[], None] | None = None,
+):
+    """The ASGI app, its worker and its telemetry (nothing runs until the app starts;
+    ``on_ready`` is called once it has started)."""
     engine = Engine(config or engine_config(options))
     worker = EngineWorker(engine)
     telemetry = Telemetry(run_dir=options.run_dir)
@@ -73,9 +81,23 @@ def build(options: ServeOptions, config: EngineConfig | None = None):
     )
     lifecycle = LifecycleCounter(engine.events)
     app = create_app(
-        worker, options.settings, metrics=telemetry.render_metrics, coverage=lifecycle.taken
+        worker,
+        options.settings,
+        metrics=telemetry.render_metrics,
+        coverage=lifecycle.taken,
+        on_ready=on_ready,
     )
     return app, worker, telemetry
+
+
+def ready_line(options: ServeOptions, config: EngineConfig) -> str:
+    """What ``kvwatch serve`` says once it serves: the model, the cache, the faults."""
+    probe = "on" if options.settings.enable_probe else "off"
+    faults = ", ".join(sorted(f.value for f in config.faults)) or "none"
+    return (
+        f"kvwatch serve: ready ({options.settings.model_name} on {config.device}, "
+        f"prefix cache {config.cache.mode.value}, probe endpoints {probe}, faults: {faults})"
+    )
 
 
 def uvicorn_options(options: ServeOptions) -> dict[str, Any]:
@@ -96,30 +118,42 @@ def uvicorn_options(options: ServeOptions) -> dict[str, Any]:
 
 
 def serve(options: ServeOptions) -> int:
-    """Run until interrupted; 2 when the engine cannot start (no such device, say) or
-    the address cannot be bound.
+    """Run until stopped: ``INTERRUPTED`` after Ctrl-C (SIGINT), with no traceback;
+    2 when the engine cannot start (no such device, say) or the address cannot be
+    bound. (On SIGTERM uvicorn shuts down and the process ends by the signal.)
 
-    Once the engine is built and the socket bound, one line on stderr says where
-    it listens (``kvwatch serve: listening on http://127.0.0.1:8000``); scripts
-    that start it with ``--port 0`` read the port from there.
+    Two lines on stderr tell a script where and when: ``kvwatch serve: listening on
+    http://127.0.0.1:8000`` once the socket is bound and listening (the real port,
+    also for ``--port 0``; a connection made from then on waits in the backlog
+    instead of being refused), and ``kvwatch serve: ready (...)`` from the app's
+    startup hook, once the engine runs and ``GET /health`` answers 200. Every
+    error before that is one line too.
     """
     import uvicorn
 
+    say = functools.partial(print, file=sys.stderr, flush=True)
     try:
-        app, _, telemetry = build(options)
+        config = engine_config(options)
+        app, _, telemetry = build(
+            options, config, on_ready=lambda: say(ready_line(options, config))
+        )
     except (RuntimeError, ValueError) as exc:
-        print(f"kvwatch serve: cannot start the engine: {exc}", file=sys.stderr)
+        say(f"kvwatch serve: cannot start the engine: {exc}")
         return 2
+    server_config = uvicorn.Config(app, **uvicorn_options(options))
     try:
         sock = listen_socket(options.host, options.port)
+        sock.listen(server_config.backlog)
     except OSError as exc:
         where = f"{options.host}:{options.port}"
-        print(f"kvwatch serve: cannot listen on {where}: {exc.strerror or exc}", file=sys.stderr)
+        say(f"kvwatch serve: cannot listen on {where}: {exc.strerror or exc}")
         telemetry.shutdown()
         return 2
-    print(f"kvwatch serve: listening on {socket_url(sock)}", file=sys.stderr, flush=True)
+    say(f"kvwatch serve: listening on {socket_url(sock)}")
     try:
-        uvicorn.Server(uvicorn.Config(app, **uvicorn_options(options))).run(sockets=[sock])
+        uvicorn.Server(server_config).run(sockets=[sock])
+    except KeyboardInterrupt:  # uvicorn shut down cleanly on SIGINT, then raised it again
+        return INTERRUPTED
     finally:
         sock.close()
         telemetry.shutdown()

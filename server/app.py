@@ -33,9 +33,12 @@ def create_app(
     metrics: Callable[[], tuple[bytes, str]] | None = None,
     clock: SessionClock | None = None,
     coverage: Callable[[], dict] | None = None,
+    on_ready: Callable[[], None] | None = None,
 ) -> FastAPI:
     """``clock`` times idle sessions (default: monotonic seconds); tests pass their own.
-    ``coverage`` counts the lifecycle transitions taken (``GET /debug/coverage``)."""
+    ``coverage`` counts the lifecycle transitions taken (``GET /debug/coverage``).
+    ``on_ready`` is called once the app's startup is done (the worker runs the
+    engine): from then on ``GET /health`` answers 200 and requests are served."""
     settings = settings or ServerSettings()
 
     @asynccontextmanager
@@ -44,6 +47,8 @@ def create_app(
         reaping = None
         if app.state.reaper is not None:
             reaping = asyncio.create_task(app.state.reaper.run())
+        if on_ready is not None:
+            on_ready()
         try:
             yield
         finally:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import re
 import subprocess
 import sys
 
@@ -144,3 +146,37 @@ def test_gate_engine_vllm_checks_its_flags_before_starting_anything(tmp_path):
         assert out.returncode == 2 and message in out.stderr, (args, out.stderr)
     out = kvwatch("gate", "--engine", "sglang")
     assert out.returncode == 2 and "invalid choice" in out.stderr
+
+
+@pytest.mark.e2e
+def test_serve_says_where_it_listens_then_that_it_is_ready():
+    """With ``--port 0`` the first line names the port the kernel gave; once the
+    second says ready, ``/health`` answers 200 there (asked once: no retry hides
+    a server that said ready too early)."""
+    import httpx
+
+    from kvwatch.loadtests.servers import stop
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kvwatch", "serve", "--port", "0", "--inject", "root-in-evict-set"],
+        stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        text=True,
+        env={**os.environ, ENV_VAR: ""},  # the one fault asked for, whatever the environment says
+    )
+    try:
+        listening = proc.stderr.readline()
+        ready = proc.stderr.readline()
+        match = re.fullmatch(r"kvwatch serve: listening on http://127\.0\.0\.1:(\d+)\n", listening)
+        assert match and int(match[1]) != 0, listening
+        assert ready == (
+            "kvwatch serve: ready (kvwatch-tiny-hybrid on cpu, prefix cache radix, "
+            "probe endpoints off, faults: root-in-evict-set)\n"
+        ), ready
+        health = httpx.get(f"http://127.0.0.1:{match[1]}/health", timeout=300)
+        assert health.status_code == 200 and health.json() == {"status": "ok"}
+    finally:
+        stop(proc)  # SIGINT, as Ctrl-C
+        rest = proc.stderr.read()
+        proc.stderr.close()
+    assert proc.returncode == 130 and rest == "", rest  # stopped cleanly, nothing more said
