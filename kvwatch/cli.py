@@ -2,7 +2,9 @@
 
 Subcommands parse their own flags and call into the library; they hold no
 logic of their own. Exit code 2 means a usage or config error (argparse's
-convention, and the contract of ``kvwatch gate``).
+convention, and the contract of ``kvwatch gate``). Every error the CLI
+reports is one line on stderr, ``kvwatch SUBCOMMAND: ...``, never a
+traceback: CI logs show it as it is, and scripts can grep it.
 """
 
 from __future__ import annotations
@@ -10,14 +12,30 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import NoReturn
 
 from kvwatch import __version__
 
 GRAFANA_TOKEN_ENV = "GRAFANA_TOKEN"  # read when --token / --grafana-token is not given
 VLLM_PYTHON_ENV = "KVWATCH_VLLM_PYTHON"  # read when --vllm-python is not given
+# A server that is up answers one GET well within this, however busy it is.
+TARGET_TIMEOUT_S = 30.0
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse whose usage errors are one line on stderr (and exit 2, as argparse's).
+
+    argparse prints the whole usage block before the error; in a CI log that
+    buries the one line that says what was wrong. ``--help`` still shows the usage.
+    Subparsers are made of the same class (``add_subparsers`` takes the parent's).
+    """
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
 def _print_json(entries: list[dict]) -> int:
@@ -194,32 +212,75 @@ def _gate(args: argparse.Namespace) -> int:
         vllm_python=args.vllm_python or os.environ.get(VLLM_PYTHON_ENV) or sys.executable,
         vllm_args=tuple(args.vllm_arg),
     )
-    return _validated_run(options, run_gate)
+    called = [("--target", args.target), ("--metrics-url", args.metrics_url)]
+    return _validated_run(options, run_gate, [(f, url) for f, url in called if url])
 
 
-def _validated_run(options, run) -> int:
-    """Exit 2 on options that do not validate; else run and return the run's exit code."""
+def _validated_run(options, run, called: Sequence[tuple[str, str]] = ()) -> int:
+    """Exit 2 on options that do not validate; 3 when nothing answers at one of the
+    ``called`` addresses (a ``--target`` that is down: checked before any load
+    starts, so nothing is written); else run and return the run's exit code."""
     try:
         options.validate()
     except ValueError as exc:
         print(f"kvwatch gate: {exc}", file=sys.stderr)
         return 2
+    for flag, url in called:
+        if (why := _unanswered(url)) is not None:
+            print(f"kvwatch gate: nothing answers at {url} ({flag}): {why}", file=sys.stderr)
+            return 3
     _, code = run(options)
     return code
 
 
+def _unanswered(url: str) -> str | None:
+    """Why no HTTP server answers at ``url`` (refused, no such host, timed out), or
+    None when one answers, whatever its status: what it answers is the run's to judge.
+
+    The flags are valid by now, so this is the target's state, not the user's
+    spelling: exit 3 (the run broke), which a CI job reads as "the server it
+    should have started is not up", apart from exit 2 for a wrong command line.
+    """
+    import httpx
+
+    try:
+        httpx.get(url, timeout=TARGET_TIMEOUT_S)
+    except httpx.TransportError as exc:
+        return re.sub(r"^\[Errno -?\d+\] ", "", str(exc)) or type(exc).__name__
+    return None
+
+
 def _dashboards_build(args: argparse.Namespace) -> int:
     from kvwatch.dashboards import build
+    from kvwatch.loadtests.outputs import directory
 
     out = args.out or build.COMMITTED
+    try:
+        directory("--out", out)
+        if args.check:
+            stale = build.drift(out)
+        else:
+            written = build.write(out)
+    except ValueError as exc:
+        print(f"kvwatch dashboards build: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        verb = "read" if args.check else "write"
+        where = exc.filename or out
+        print(
+            f"kvwatch dashboards build: cannot {verb} {where}: {exc.strerror or exc}",
+            file=sys.stderr,
+        )
+        return 2
     if args.check:
-        stale = build.drift(out)
         for name in stale:
-            print(
-                f"kvwatch dashboards build: {out / name} differs from its builder", file=sys.stderr
-            )
+            if Path(name).stem not in build.DASHBOARDS:
+                how = "has no builder"
+            else:
+                how = "differs from its builder" if (out / name).exists() else "is missing"
+            print(f"kvwatch dashboards build: {out / name} {how}", file=sys.stderr)
         return 1 if stale else 0
-    for path in build.write(out):
+    for path in written:
         print(path)
     return 0
 
@@ -254,7 +315,7 @@ def _read_config(path: Path) -> dict:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="kvwatch", description="Leak detection and observability for LLM prefix caches."
     )
     parser.add_argument("--version", action="version", version=f"kvwatch {__version__}")

@@ -113,7 +113,12 @@ class GateOptions:
             raise ValueError("--max-replays must be >= 1")
         if self.locust_workers < 0:
             raise ValueError("--locust-workers must be >= 0")
-        for flag, url in (("--pushgateway", self.pushgateway), ("--grafana-url", self.grafana_url)):
+        for flag, url in (
+            ("--target", self.target),
+            ("--metrics-url", self.metrics_url),
+            ("--pushgateway", self.pushgateway),
+            ("--grafana-url", self.grafana_url),
+        ):
             if url is not None and not _is_http_url(url):
                 raise ValueError(f"{flag} takes an http(s) URL, not {url!r}")
         outputs.out_dir(self.out)

@@ -1,12 +1,16 @@
-"""The CLI contract: `kvwatch faults [--json]` and usage errors."""
+"""The CLI contract: `kvwatch faults [--json]`, usage errors, and what `kvwatch serve`
+says on stderr. Every error is checked through the real entry point, as one line
+that names the problem, with its exit code."""
 
 from __future__ import annotations
 
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -22,8 +26,20 @@ CACHE_FAULTS = {
 }
 
 
-def kvwatch(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "kvwatch", *args], capture_output=True, text=True)
+def kvwatch(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "kvwatch", *args], capture_output=True, text=True, cwd=cwd
+    )
+
+
+def one_line_error(out: subprocess.CompletedProcess, code: int) -> str:
+    """The one line a failed command wrote to stderr (and nothing to stdout), having
+    exited with ``code``."""
+    assert out.returncode == code, (out.returncode, out.stderr)
+    lines = out.stderr.splitlines()
+    assert len(lines) == 1 and out.stderr.endswith("\n"), out.stderr
+    assert out.stdout == "", out.stdout
+    return lines[0]
 
 
 def test_faults_json_lists_every_fault_with_its_seed():
@@ -46,9 +62,22 @@ def test_faults_table_is_human_readable():
     assert "caught by allocator on profile agentic-trie" in rows[1]  # interior-snapshot-leak
 
 
-def test_usage_errors_exit_2():
-    assert kvwatch("no-such-command").returncode == 2
-    assert kvwatch("faults", "--bogus").returncode == 2
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (
+            ["no-such-command"],
+            "kvwatch: error: argument command: invalid choice: 'no-such-command'",
+        ),
+        (["faults", "--bogus"], "kvwatch: error: unrecognized arguments: --bogus"),
+        (["gate", "--soak", "1x"], "kvwatch gate: error: argument --soak: --soak takes a duration"),
+        ([], "kvwatch: error: the following arguments are required: command"),
+    ],
+)
+def test_usage_errors_exit_2_in_one_line_without_the_usage_block(args, message):
+    line = one_line_error(kvwatch(*args), 2)
+    assert line.startswith(message), line
+    assert "--help" in line
 
 
 def test_fault_names_parse_from_env_and_reject_unknown_names():
@@ -109,11 +138,11 @@ def test_serve_on_a_missing_device_exits_2_with_a_message():
     assert out.returncode == 2 and "cannot start the engine" in out.stderr, out.stderr
 
 
-@pytest.mark.parametrize("port", ["99999", "-1", "http"])
+@pytest.mark.parametrize("port", ["99999", "65536", "-1", "http"])
 def test_serve_refuses_a_port_out_of_range_in_one_line(port):
-    out = kvwatch("serve", "--port", port)
-    assert out.returncode == 2, out.stderr
-    assert "want a TCP port in 0..65535" in out.stderr and "Traceback" not in out.stderr
+    line = one_line_error(kvwatch("serve", "--port", port), 2)
+    assert line.startswith("kvwatch serve: error: argument --port: want a TCP port in 0..65535")
+    assert repr(port) in line
 
 
 @pytest.mark.e2e
@@ -127,9 +156,9 @@ def test_serve_on_a_port_in_use_exits_2_in_one_line():
         out = kvwatch("serve", "--port", str(port))
     finally:
         taken.close()
-    assert out.returncode == 2, out.stderr
-    assert f"kvwatch serve: cannot listen on 127.0.0.1:{port}" in out.stderr
-    assert "Traceback" not in out.stderr
+    line = one_line_error(out, 2)
+    assert line.startswith(f"kvwatch serve: cannot listen on 127.0.0.1:{port}: "), line
+    assert "in use" in line
 
 
 def test_gate_engine_vllm_checks_its_flags_before_starting_anything(tmp_path):
@@ -180,3 +209,44 @@ def test_serve_says_where_it_listens_then_that_it_is_ready():
         rest = proc.stderr.read()
         proc.stderr.close()
     assert proc.returncode == 130 and rest == "", rest  # stopped cleanly, nothing more said
+
+
+def test_dashboards_build_into_a_file_exits_2_in_one_line(tmp_path):
+    taken = tmp_path / "dashboards.json"
+    taken.write_text("mine")
+    for args in (["--out", str(taken)], ["--out", str(taken), "--check"]):
+        line = one_line_error(kvwatch("dashboards", "build", *args), 2)
+        assert line == f"kvwatch dashboards build: --out {taken} is a file, not a directory"
+    assert taken.read_text() == "mine"
+
+
+def test_dashboards_build_where_it_cannot_write_exits_2_in_one_line(tmp_path):
+    below_a_file = tmp_path / "file" / "json"
+    below_a_file.parent.write_text("")
+    line = one_line_error(kvwatch("dashboards", "build", "--out", str(below_a_file)), 2)
+    assert line.startswith(f"kvwatch dashboards build: cannot write {below_a_file}: "), line
+
+
+@pytest.mark.parametrize("flag", ["--target", "--metrics-url"])
+def test_gate_with_a_target_that_is_not_a_url_is_a_usage_error(flag, tmp_path):
+    urls = {"--target": "http://127.0.0.1:9", "--metrics-url": "http://127.0.0.1:9/metrics"}
+    urls[flag] = "not-a-url"
+    args = [a for pair in urls.items() for a in pair]
+    line = one_line_error(kvwatch("gate", "--out", str(tmp_path / "out"), *args), 2)
+    assert line == f"kvwatch gate: {flag} takes an http(s) URL, not 'not-a-url'"
+    assert not (tmp_path / "out").exists()
+
+
+def test_gate_with_a_target_where_nothing_listens_exits_3_before_any_load(tmp_path):
+    """A socket bound but not listening refuses every connection while it is held,
+    so the address is certain to answer nothing."""
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        target = f"http://127.0.0.1:{closed.getsockname()[1]}"
+        out = kvwatch(
+            *("gate", "--out", str(tmp_path / "out"), "--profile", "agentic-trie"),
+            *("--target", target, "--metrics-url", f"{target}/metrics"),
+        )
+    line = one_line_error(out, 3)
+    assert line == f"kvwatch gate: nothing answers at {target} (--target): Connection refused"
+    assert not (tmp_path / "out").exists()  # no run started: nothing written
