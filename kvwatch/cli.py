@@ -212,22 +212,26 @@ def _gate(args: argparse.Namespace) -> int:
         vllm_python=args.vllm_python or os.environ.get(VLLM_PYTHON_ENV) or sys.executable,
         vllm_args=tuple(args.vllm_arg),
     )
-    called = [("--target", args.target), ("--metrics-url", args.metrics_url)]
-    return _validated_run(options, run_gate, [(f, url) for f, url in called if url])
+    called = []
+    if args.target and args.metrics_url:  # any answer to GET TARGET/health shows it is up
+        called = [("--target", args.target, f"{args.target.rstrip('/')}/health")]
+        called.append(("--metrics-url", args.metrics_url, args.metrics_url))
+    return _validated_run(options, run_gate, called)
 
 
-def _validated_run(options, run, called: Sequence[tuple[str, str]] = ()) -> int:
+def _validated_run(options, run, called: Sequence[tuple[str, str, str]] = ()) -> int:
     """Exit 2 on options that do not validate; 3 when nothing answers at one of the
-    ``called`` addresses (a ``--target`` that is down: checked before any load
-    starts, so nothing is written); else run and return the run's exit code."""
+    ``called`` addresses, ``(flag, its value, the URL asked)`` (a ``--target`` that
+    is down: checked before any load starts, so nothing is written); else run and
+    return the run's exit code."""
     try:
         options.validate()
     except ValueError as exc:
         print(f"kvwatch gate: {exc}", file=sys.stderr)
         return 2
-    for flag, url in called:
+    for flag, value, url in called:
         if (why := _unanswered(url)) is not None:
-            print(f"kvwatch gate: nothing answers at {url} ({flag}): {why}", file=sys.stderr)
+            print(f"kvwatch gate: nothing answers at {value} ({flag}): {why}", file=sys.stderr)
             return 3
     _, code = run(options)
     return code
@@ -235,7 +239,8 @@ def _validated_run(options, run, called: Sequence[tuple[str, str]] = ()) -> int:
 
 def _unanswered(url: str) -> str | None:
     """Why no HTTP server answers at ``url`` (refused, no such host, timed out), or
-    None when one answers, whatever its status: what it answers is the run's to judge.
+    None when one answers, whatever its status (a 404 too): what it answers is
+    the run's to judge.
 
     The flags are valid by now, so this is the target's state, not the user's
     spelling: exit 3 (the run broke), which a CI job reads as "the server it
