@@ -163,6 +163,7 @@ def run_gate(opts: GateOptions) -> tuple[dict, int]:
     if opts.report:
         from kvwatch.loadtests.report import write_report
 
+        opts.progress(f"writing {opts.out / 'report.html'}")
         write_report(summary, opts.out)
     code = verdicts.exit_code(summary)
     if line := verdicts.coverage_line(summary):

@@ -182,8 +182,10 @@ def test_requests_fails_at_the_first_barrier_whose_counts_hold_a_failure_or_a_5x
     assert DETECTORS["requests"](RunRecord(tuple(clean), 2, requests=ok)).verdict == PASS
     # a failure counted only at the end belongs after the last turn
     late = DETECTORS["requests"](RunRecord(tuple(clean), 2, requests=Counts({"none": 1}, 1, 0)))
-    assert late.failed and late.first_turn == 4
+    assert late.failed and late.first_turn == 4 and late.after_drain
     assert DETECTORS["requests"](RunRecord(tuple(clean), 2)).verdict == SKIPPED
+    broke = RunRecord(tuple(turns), 2, requests=bad, error="the engine stopped answering")
+    assert DETECTORS["requests"](broke).verdict == SKIPPED  # the gate's error, exit 3
 
 
 def test_the_drain_rule_flags_what_is_above_its_value_before_the_run():

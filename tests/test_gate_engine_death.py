@@ -26,13 +26,13 @@ pytestmark = pytest.mark.e2e
 
 
 def gate_until_first_turn(out: Path, then: Callable[[subprocess.Popen], None], *args: str):
-    """Run ``kvwatch gate``; call ``then(gate)`` once turn 1's barrier is reported."""
+    """Run ``kvwatch gate``; call ``then(gate)`` once turn 0's barrier is reported."""
     cmd = [sys.executable, "-m", "kvwatch", "gate", "--out", str(out), "--no-report", *args]
     gate = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
     lines, fired = [], False
     for line in gate.stderr:
         lines.append(line)
-        if not fired and "turn 1/" in line:
+        if not fired and "    turn 0:" in line:
             then(gate)
             fired = True
     code = gate.wait(120)

@@ -1,5 +1,8 @@
 """Ctrl-C on ``kvwatch gate``: the finished runs are judged and written, marked
-interrupted, every process the gate started is stopped, and it exits 130."""
+interrupted, every process the gate started is stopped, and it exits 130.
+
+Ctrl-C in a terminal signals the whole foreground process group: the gate,
+its server and its Locust processes at once; the test does the same."""
 
 from __future__ import annotations
 
@@ -31,7 +34,7 @@ def processes_mentioning(text: str) -> list[str]:
 def test_an_interrupted_gate_writes_a_partial_summary_and_exits_130(tmp_path):
     cmd = [sys.executable, "-m", "kvwatch", "gate", "--out", str(tmp_path)]
     cmd += ["--profile", "streaming-session", "-c", "1,8", "--max-replays", "2"]
-    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, start_new_session=True)
     lines = []
     try:
         for line in proc.stderr:  # the first run's result, then the second run's start
@@ -40,7 +43,7 @@ def test_an_interrupted_gate_writes_a_partial_summary_and_exits_130(tmp_path):
                 break
         assert lines and lines[-1].startswith("[2/2]"), "".join(lines)[-3000:]
         time.sleep(2)  # Locust is under way
-        proc.send_signal(signal.SIGINT)
+        os.killpg(proc.pid, signal.SIGINT)
         _, rest = proc.communicate(timeout=300)
     finally:
         if proc.poll() is None:

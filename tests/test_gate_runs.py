@@ -66,7 +66,7 @@ def test_a_clean_gate_passes_at_each_concurrency_and_writes_its_outputs(tmp_path
     assert "<testsuite" in junit.read_text()
     spans = (tmp_path / "spans" / "agentic-trie" / "spans.jsonl").read_text().splitlines()
     assert any(json.loads(line)["name"] for line in spans)
-    assert "turn 6/6" in err  # the progress display
+    assert "turn 5: " in err and "(6 of 6 turns" in err  # the progress display, from turn 0
 
 
 def engine_config(tmp_path: Path, profile: str) -> str:

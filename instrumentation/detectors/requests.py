@@ -5,7 +5,9 @@ with a 4xx; a load profile marks the answers it expects (a 4xx to bad input,
 a stream it cut itself) as successes. So any request the client counted as
 failed, and any 5xx, is a finding: a server error, a connection dropped, a
 stream that ended without ``[DONE]``. Runs that counted no requests (the
-pytest plugin) skip it.
+pytest plugin) skip it, and so do runs that broke (the engine stopped
+answering): their failed requests are the breakage, which the gate reports
+as an error, not as a leak.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ def detect(run: RunRecord) -> Verdict:
     sent = run.requests
     if sent is None:
         return skipped(ID, "no request counts")
+    if run.error is not None:  # its failed requests are the breakage, an error (exit 3)
+        return skipped(ID, f"the run broke: {run.error}")
     server_errors = sent.status.get("5xx", 0)
     if not sent.errors and not server_errors:
         return passed(ID, f"{sent.requests} requests, none failed, no 5xx")
