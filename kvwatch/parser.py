@@ -1,0 +1,219 @@
+"""The ``kvwatch`` command line's flags: one parser, its subcommands and the
+checks argparse makes on their values.
+
+Each subcommand names its handler (``handler``, a key of ``cli.HANDLERS``);
+a bad value is a usage error, one line on stderr and exit 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import NoReturn
+
+from kvwatch import __version__
+
+GRAFANA_TOKEN_ENV = "GRAFANA_TOKEN"  # read when --token / --grafana-token is not given
+VLLM_PYTHON_ENV = "KVWATCH_VLLM_PYTHON"  # read when --vllm-python is not given
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse whose usage errors are one line on stderr (and exit 2, as argparse's).
+
+    argparse prints the whole usage block before the error; in a CI log that
+    buries the one line that says what was wrong. ``--help`` still shows the usage.
+    Subparsers are made of the same class (``add_subparsers`` takes the parent's).
+    """
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _concurrency(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"want a list like 1,2,4,8, got {text!r}") from None
+    if not values:
+        raise argparse.ArgumentTypeError("want at least one concurrency")
+    return values
+
+
+def _port(text: str) -> int:
+    try:
+        port = int(text)
+    except ValueError:
+        port = -1
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(
+            f"want a TCP port in 0..65535 (0: any free one), got {text!r}"
+        )
+    return port
+
+
+def _duration(text: str) -> float:
+    from kvwatch.loadtests.soak import parse_duration
+
+    try:
+        return parse_duration(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = OneLineParser(
+        prog="kvwatch", description="Leak detection and observability for LLM prefix caches."
+    )
+    parser.add_argument("--version", action="version", version=f"kvwatch {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+    faults = sub.add_parser("faults", help="list the fault registry")
+    faults.add_argument("--json", action="store_true", help="print the registry as JSON")
+    faults.set_defaults(handler="faults")
+    _add_serve(sub)
+    profiles = sub.add_parser("profiles", help="list the load profiles")
+    profiles.add_argument("--json", action="store_true", help="print the profiles as JSON")
+    profiles.set_defaults(handler="profiles")
+    _add_gate(sub)
+    _add_dashboards(sub)
+    return parser
+
+
+def _add_serve(sub: argparse._SubParsersAction) -> None:
+    serve = sub.add_parser("serve", help="run the reference engine behind an OpenAI-compatible API")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument(
+        "--port", type=_port, default=8000, help="default: 8000; 0 takes a free port (printed)"
+    )
+    serve.add_argument(
+        "--prefix-cache", choices=["radix", "slots", "off"], default=None, help="default: radix"
+    )
+    serve.add_argument(
+        "--config",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help='JSON engine-config overrides, e.g. {"cache": {"full_kv": {"capacity": 1024}}}',
+    )
+    serve.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
+    serve.add_argument(
+        "--inject", action="append", default=[], metavar="FAULT", help="switch a fault on"
+    )
+    serve.add_argument("--enable-probe", action="store_true", help="mount /debug/* endpoints")
+    serve.add_argument("--probe-token", default=None, help="require this bearer token on /debug/*")
+    serve.add_argument("--capture-content", action="store_true", help="record prompt text on spans")
+    serve.add_argument("--max-body-bytes", type=int, default=4 * 1024 * 1024)
+    serve.add_argument(
+        "--max-header-bytes",
+        type=int,
+        default=16 * 1024,
+        help="all request headers together; more gets a 431 (default: 16384)",
+    )
+    serve.add_argument(
+        "--session-idle-timeout",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="close sessions no request has used for this long (default: never)",
+    )
+    serve.add_argument("--run-dir", type=Path, default=None, help="write spans.jsonl here")
+    serve.add_argument("--log-level", default="warning")
+    serve.set_defaults(handler="serve")
+
+
+def _add_gate(sub: argparse._SubParsersAction) -> None:
+    gate = sub.add_parser(
+        "gate",
+        help="run the load profiles in turns and judge them with the leak detectors",
+        description="Exit codes: 0 every detector passed, 1 a detector failed, "
+        "2 usage or config error, 3 the run itself broke.",
+    )
+    gate.add_argument("--profile", action="append", default=[], metavar="NAME", help="default: all")
+    gate.add_argument(
+        "-c", type=_concurrency, default=None, metavar="1,2,4,8", help="default: 1,2,4,8; soak: 4"
+    )
+    gate.add_argument("--turns", type=int, default=None, help="default: 6")
+    gate.add_argument(
+        "--soak",
+        type=_duration,
+        default=None,
+        metavar="DURATION",
+        help="instead of turns: agentic load for DURATION (600, 90s, 10m), probed while it runs",
+    )
+    gate.add_argument("--inject", action="append", default=[], metavar="FAULT")
+    gate.add_argument("--out", type=Path, default=Path("kvwatch-out"))
+    gate.add_argument("--junit", type=Path, default=None, metavar="FILE")
+    gate.add_argument("--target", default=None, metavar="URL", help="an external engine")
+    gate.add_argument("--metrics-url", default=None, metavar="URL", help="its /metrics page")
+    gate.add_argument(
+        "--gauges", default=None, help="gauge preset: kvwatch (default), vllm or sglang"
+    )
+    gate.add_argument(
+        "--gauge",
+        action="append",
+        default=[],
+        metavar="SERIES",
+        help='another usage series to trend, e.g. my_pool_used{pool="state"}',
+    )
+    gate.add_argument("--locust-workers", type=int, default=None, metavar="N", help="default: 0")
+    gate.add_argument("--seed", type=int, default=0)
+    gate.add_argument(
+        "--model",
+        default="kvwatch-tiny-hybrid",
+        help="the model name to ask for (--engine vllm: the model's directory)",
+    )
+    gate.add_argument(
+        "--engine",
+        choices=("kvwatch", "vllm"),
+        default=None,
+        help="the engine to start and probe (default: kvwatch); vllm: from --model DIR",
+    )
+    gate.add_argument(
+        "--vllm-python",
+        default=None,
+        metavar="PATH",
+        help=f"a Python with vLLM and kvwatch (default: ${VLLM_PYTHON_ENV} or this one)",
+    )
+    gate.add_argument(
+        "--vllm-arg",
+        action="append",
+        default=[],
+        metavar="ARG",
+        help="an argument for vLLM's server, e.g. --vllm-arg=--num-gpu-blocks-override=512",
+    )
+    gate.add_argument(
+        "--max-replays",
+        type=int,
+        default=None,
+        metavar="N",
+        help="replay at most N comparable requests per run, spread over the run (default: all)",
+    )
+    gate.add_argument("--no-report", action="store_true", help="skip report.html")
+    gate.add_argument(
+        "--pushgateway", default=None, metavar="URL", help="push the verdict metrics here"
+    )
+    gate.add_argument(
+        "--grafana-url", default=None, metavar="URL", help="annotate findings in this Grafana"
+    )
+    gate.add_argument(
+        "--grafana-token", default=None, metavar="T", help=f"default: ${GRAFANA_TOKEN_ENV}"
+    )
+    gate.set_defaults(handler="gate")
+
+
+def _add_dashboards(sub: argparse._SubParsersAction) -> None:
+    dashboards = sub.add_parser("dashboards", help="the Grafana dashboards: build or push")
+    dash = dashboards.add_subparsers(dest="action", required=True)
+    build = dash.add_parser("build", help="regenerate the dashboard JSON")
+    build.add_argument("--out", type=Path, default=None, help="default: the committed folder")
+    build.add_argument(
+        "--check", action="store_true", help="write nothing; exit 1 if the JSON has drifted"
+    )
+    build.set_defaults(handler="dashboards_build")
+    push = dash.add_parser("push", help="upsert the dashboards (and a datasource) into Grafana")
+    push.add_argument("--grafana-url", required=True, metavar="URL")
+    push.add_argument("--token", default=None, metavar="T", help=f"default: ${GRAFANA_TOKEN_ENV}")
+    push.add_argument(
+        "--prometheus-url", default=None, metavar="URL", help="create or update this datasource"
+    )
+    push.add_argument("--folder", default="kvwatch", metavar="UID", help="the folder's uid")
+    push.set_defaults(handler="dashboards_push")
