@@ -1,8 +1,11 @@
-"""A gate whose engine goes away mid-run reports ``error`` (exit 3), never ``pass``.
+"""A gate whose engine goes away mid-run reports ``error`` (exit 3), never ``pass``;
+one whose engine answers some requests with a 5xx fails (exit 1), never passes.
 
 Embedded: the gate's own ``kvwatch serve`` child is SIGKILLed after the first
 turn. Black-box: the target stops answering after the first turn while its
-gauges, served from elsewhere, stay flat; they alone would pass the run.
+gauges, served from elsewhere, stay flat; they alone would pass the run. And
+a black-box target whose gauges stay flat but that answers one request in
+seven with a 500 fails on ``requests``.
 """
 
 from __future__ import annotations
@@ -61,6 +64,9 @@ def test_an_embedded_engine_killed_mid_run_is_an_error(tmp_path):
 class StandIn(BaseHTTPRequestHandler):
     """A minimal OpenAI chat API and a flat Prometheus page (the kvwatch preset's series)."""
 
+    fail_every = 0  # answer every n-th POST with a 500 (0: never)
+    posts = 0
+
     def do_GET(self) -> None:
         if self.path == "/metrics":
             preset = PRESETS["kvwatch"]
@@ -71,15 +77,20 @@ class StandIn(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:
         self.rfile.read(int(self.headers.get("content-length", 0)))
+        type(self).posts += 1
+        if self.fail_every and type(self).posts % self.fail_every == 0:
+            error = {"error": {"message": "engine step failed", "type": "internal_error"}}
+            self._send("application/json", json.dumps(error), status=500)
+            return
         body = {
             "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}}],
             "usage": {"prompt_tokens": 9, "completion_tokens": 1, "total_tokens": 10},
         }
         self._send("application/json", json.dumps(body))
 
-    def _send(self, kind: str, text: str) -> None:
+    def _send(self, kind: str, text: str, status: int = 200) -> None:
         data = text.encode()
-        self.send_response(200)
+        self.send_response(status)
         self.send_header("content-type", kind)
         self.send_header("content-length", str(len(data)))
         self.end_headers()
@@ -90,8 +101,9 @@ class StandIn(BaseHTTPRequestHandler):
 
 
 @contextlib.contextmanager
-def stand_in() -> Iterator[ThreadingHTTPServer]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), StandIn)
+def stand_in(fail_every: int = 0) -> Iterator[ThreadingHTTPServer]:
+    handler = type("StandInServer", (StandIn,), {"fail_every": fail_every, "posts": 0})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
@@ -121,3 +133,26 @@ def test_a_black_box_target_that_goes_away_mid_run_is_an_error(tmp_path):
     assert code == 3, err[-3000:]
     assert summary["verdict"] == "error"
     assert "stopped answering" in summary["runs"][0]["error"]
+
+
+@pytest.mark.parametrize("fail_every", [0, 7])
+def test_a_black_box_target_that_answers_5xx_fails_on_requests(tmp_path, fail_every):
+    """Flat gauges pass gauge-trend either way; the 500s alone fail the gate."""
+    with stand_in(fail_every) as target, stand_in() as metrics:
+        cmd = [sys.executable, "-m", "kvwatch", "gate", "--out", str(tmp_path), "--no-report"]
+        cmd += ["--target", url(target), "--metrics-url", f"{url(metrics)}/metrics"]
+        cmd += ["--profile", "agentic-trie", "-c", "1"]
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    (run,) = summary["runs"]
+    assert run["detectors"]["gauge-trend"]["verdict"] == "pass", done.stderr[-3000:]
+    if not fail_every:
+        assert done.returncode == 0 and run["detectors"]["requests"]["verdict"] == "pass"
+        return
+    assert done.returncode == 1, done.stderr[-3000:]
+    verdict = run["detectors"]["requests"]
+    assert verdict["verdict"] == "fail" and run["errors"] > 0
+    lines = [d["detail"] for d in verdict["details"]]
+    assert "answered 5xx" in lines[0]
+    assert any("HTTP 500" in line and "engine step failed" in line for line in lines[1:]), lines
+    assert "FAIL requests at turn" in done.stderr  # the console names it, with its evidence
