@@ -187,7 +187,9 @@ def read_stats(path: Path) -> list[StatsRow]:
 def busiest(stats: Mapping[int, list[StatsRow]], timing: str | None) -> tuple[str, str] | None:
     """The (type, name) with the most requests over every concurrency together:
     one choice for the whole profile. ``timing``: TTFT or ITL rows, None: requests.
-    Ties go to the first name in sort order, so the choice never depends on row order."""
+    Ties go to a POST (a generation, whose latency is the one that matters; a
+    streaming session's turns tie with its session reads), then to the first
+    name in sort order, so the choice never depends on row order."""
     counts: dict[tuple[str, str], int] = {}
     for rows in stats.values():
         for r in rows:
@@ -195,7 +197,7 @@ def busiest(stats: Mapping[int, list[StatsRow]], timing: str | None) -> tuple[st
                 counts[(r.kind, r.name)] = counts.get((r.kind, r.name), 0) + r.count
     if not counts:
         return None
-    return min(counts, key=lambda k: (-counts[k], k))
+    return min(counts, key=lambda k: (-counts[k], k[0] != "POST", k))
 
 
 def latency_series(stats: Mapping[int, list[StatsRow]]) -> dict[str, dict[int, tuple[float, ...]]]:

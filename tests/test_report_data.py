@@ -176,10 +176,12 @@ def test_the_busiest_request_is_chosen_once_over_every_concurrency():
     assert all(math.isnan(v) for v in series["TTFT turn"][4])
 
 
-def test_ties_go_the_same_way_whatever_the_row_order():
+def test_ties_go_to_a_generation_whatever_the_row_order():
     a = StatsRow("POST", "turn", 4, (1.0, 1.0, 1.0))
     b = StatsRow("GET", "poll", 4, (1.0, 1.0, 1.0))
-    assert busiest({1: [a, b]}, None) == busiest({1: [b, a]}, None) == ("GET", "poll")
+    assert busiest({1: [a, b]}, None) == busiest({1: [b, a]}, None) == ("POST", "turn")
+    c = StatsRow("POST", "another", 4, (1.0, 1.0, 1.0))
+    assert busiest({1: [a, c]}, None) == busiest({1: [c, a]}, None) == ("POST", "another")
 
 
 def test_locust_cells_without_a_value_read_as_nan(tmp_path):
