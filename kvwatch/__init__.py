@@ -6,3 +6,7 @@ and dashboards live in their own top-level folders and import as
 """
 
 __version__ = "0.1.0"
+
+# The name `kvwatch serve` serves its reference model under, and the one load
+# profiles ask for by default.
+MODEL_NAME = "kvwatch-tiny-hybrid"

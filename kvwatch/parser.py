@@ -11,7 +11,7 @@ import argparse
 from pathlib import Path
 from typing import NoReturn
 
-from kvwatch import __version__
+from kvwatch import MODEL_NAME, __version__
 
 GRAFANA_TOKEN_ENV = "GRAFANA_TOKEN"  # read when --token / --grafana-token is not given
 VLLM_PYTHON_ENV = "KVWATCH_VLLM_PYTHON"  # read when --vllm-python is not given
@@ -158,7 +158,7 @@ def _add_gate(sub: argparse._SubParsersAction) -> None:
     gate.add_argument("--seed", type=int, default=0)
     gate.add_argument(
         "--model",
-        default="kvwatch-tiny-hybrid",
+        default=MODEL_NAME,
         help="the model name to ask for (--engine vllm: the model's directory)",
     )
     gate.add_argument(

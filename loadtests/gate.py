@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlparse
 
+from kvwatch import MODEL_NAME
 from kvwatch.engine.faults import parse_faults
 from kvwatch.instrumentation import gate as verdicts
 from kvwatch.instrumentation.coverage import since
@@ -75,7 +76,7 @@ class GateOptions:
     extra_gauges: tuple[str, ...] = ()
     locust_workers: int = 0
     seed: int = 0
-    model: str = "kvwatch-tiny-hybrid"
+    model: str = MODEL_NAME
     max_replays: int | None = None  # None: every comparable request
     run_timeout: float = 600.0
     report: bool = True

@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import NamedTuple
 
+from kvwatch import MODEL_NAME
 from kvwatch.instrumentation import names as n
 
 
@@ -94,7 +95,7 @@ class RunPlan:
     drain_timeout: float = 120.0
     turn_timeout: float = 180.0  # no barrier completes for this long: the run broke
     metrics_settle: float = 0.1  # seconds to wait before a scrape, past the gauges' caching
-    model: str = "kvwatch-tiny-hybrid"
+    model: str = MODEL_NAME
     soak: bool = False  # free-running episodes, no barrier (see above)
     gauges: GaugePreset = field(default_factory=lambda: PRESETS["kvwatch"])
 

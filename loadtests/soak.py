@@ -32,6 +32,7 @@ from pathlib import Path
 
 import requests
 
+from kvwatch import MODEL_NAME
 from kvwatch.engine.faults import parse_faults
 from kvwatch.instrumentation import gate as verdicts
 from kvwatch.instrumentation.record import Counts, RunRecord, Soak
@@ -71,7 +72,7 @@ class SoakOptions:
     out: Path = Path("kvwatch-out")
     junit: Path | None = None
     seed: int = 0
-    model: str = "kvwatch-tiny-hybrid"
+    model: str = MODEL_NAME
     episode_turns: int = 6  # turns before a user closes its conversations and starts anew
     probe_every: float = 0.0  # seconds; 0: duration / 60, within 0.5 .. 2
     warmup_fraction: float = 0.2  # of the duration, left out of the usage trend

@@ -21,6 +21,8 @@ import gevent
 import requests
 from locust import HttpUser, between, task
 
+from kvwatch import MODEL_NAME
+
 WORDS = [
     "pool",
     "page",
@@ -52,7 +54,7 @@ def sentence(rng: random.Random, lo: int = 4, hi: int = 12) -> str:
 class StreamingChatUser(HttpUser):
     abstract = True
     wait_time = between(0.0, 0.05)
-    model = "kvwatch-tiny-hybrid"
+    model = MODEL_NAME
     max_tokens = 12
 
     def on_start(self) -> None:

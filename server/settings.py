@@ -9,12 +9,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kvwatch import MODEL_NAME
+
 MIN_LIMIT_BYTES = 1024
 
 
 @dataclass(frozen=True)
 class ServerSettings:
-    model_name: str = "kvwatch-tiny-hybrid"
+    model_name: str = MODEL_NAME
     enable_probe: bool = False
     probe_token: str | None = None
     capture_content: bool = False  # put prompt text on spans (off: privacy by default)
