@@ -19,6 +19,9 @@ only over the millisecond at either end.
   each phase's p50 must follow its own truth.
 * Counters: the finished requests, output tokens and prefix hit rate over a
   phase equal what the client sent and what the server's usage blocks said.
+* Pressure: in a third window the server's test controls push a known
+  number of requests out to the host tier, and abort a known number of them
+  there; the retractions and aborts-by-stage panels count exactly those.
 * Gauges: every target of the pools dashboard, and the requests-by-state
   panel, equal the engine's probe read at a quiet moment, with a session
   holding pages.
@@ -101,11 +104,28 @@ class Window(NamedTuple):
         return f"{round((self.end - self.start + 0.002) * 1000)}ms"
 
 
+class ControlWindow(NamedTuple):
+    """Requests retracted by the test controls between two quiet scrapes, some
+    of them aborted while retracted."""
+
+    start: float
+    end: float
+    retracted: int
+    aborted: int
+
+    at = Window.at
+    rate_interval = Window.rate_interval
+
+
+RETRACTED, ABORTED = 3, 2  # the control window's requests: only retracted, then aborted too
+
+
 class Truth(NamedTuple):
     url: str
     stack: PromStack
     values: dict[str, list[str]]  # $instance
     windows: list[Window]
+    control: ControlWindow
     quiet: dict  # the probe at the quiet moment
     quiet_at: float  # a scrape after it
     first_tokens: dict[str, int]  # each phase prompt's first output token
@@ -189,6 +209,26 @@ def run_phase(client: openai.OpenAI, phase: Phase) -> list[Reply]:
     return [reply for share in shares for reply in share]
 
 
+def run_controls(url: str) -> None:
+    """RETRACTED requests pushed to the host tier and recovered, and ABORTED more
+    pushed there and aborted, one at a time: known retraction and abort counts."""
+    for i in range(RETRACTED + ABORTED):
+        controls = {"retract_after": 8, "hold_steps": 2}
+        if i >= RETRACTED:
+            controls |= {"abort_in": "retracted", "hold_steps": 64}
+        body = {
+            "model": "tiny",
+            "messages": [{"role": "user", "content": f"control {i}: " + FILLER}],
+            "max_tokens": 4,
+            "kvwatch": controls,
+        }
+        answer = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=WAIT_S)
+        assert answer.status_code == 200, answer.text
+        reason = answer.json()["choices"][0]["finish_reason"]
+        assert (reason == "abort") == (i >= RETRACTED), (i, reason)
+    wait_idle(url)
+
+
 def scrape_after(stack: PromStack, t: float) -> float:
     """The timestamp of the first successful scrape of the engine that started after
     ``t`` (its samples were all read after ``t``)."""
@@ -224,6 +264,10 @@ def truth(tmp_path_factory) -> Truth:
             end = scrape_after(stack, time.time())
             windows.append(Window(phase, start, end, replies))
             start = end
+        run_controls(url)
+        control = ControlWindow(
+            start, scrape_after(stack, time.time()), RETRACTED + ABORTED, ABORTED
+        )
         # a quiet moment with pages held: a session stays open after its turn
         sid = httpx.post(f"{url}/v1/sessions", json={}, timeout=WAIT_S).json()["id"]
         client.chat.completions.create(
@@ -235,7 +279,7 @@ def truth(tmp_path_factory) -> Truth:
         quiet = wait_idle(url)
         quiet_at = scrape_after(stack, time.time()) + 0.001
         values = variable_values(models()["kvwatch-serving"], stack)
-        yield Truth(url, stack, values, windows, quiet, quiet_at, first_tokens)
+        yield Truth(url, stack, values, windows, control, quiet, quiet_at, first_tokens)
 
 
 # -- reading the dashboards -------------------------------------------------------------------
@@ -262,7 +306,7 @@ def scalar(truth: Truth, expr: str, at: float) -> float:
     return value
 
 
-def over(truth: Truth, w: Window, expr: str) -> str:
+def over(truth: Truth, w: Window | ControlWindow, expr: str) -> str:
     return fill(expr, truth.values, w.rate_interval())
 
 
@@ -355,7 +399,9 @@ def target_expr(uid: str, title: str, ref: str) -> str:
     return expr
 
 
-def raw_delta(truth: Truth, w: Window, name: str, by: str = "") -> dict[tuple, float]:
+def raw_delta(
+    truth: Truth, w: Window | ControlWindow, name: str, by: str = ""
+) -> dict[tuple, float]:
     """A counter's exact increase over the window: its samples at the two quiet scrapes."""
     head = f"sum by ({by}) " if by else "sum "
     expr = head + f'({n.prom(name)}{{instance=~"{truth.values["instance"][0]}"}})'
@@ -363,7 +409,9 @@ def raw_delta(truth: Truth, w: Window, name: str, by: str = "") -> dict[tuple, f
     return {k: v - before.get(k, 0.0) for k, v in after.items()}
 
 
-def counted(truth: Truth, w: Window, uid: str, title: str, ref: str) -> dict[tuple, float]:
+def counted(
+    truth: Truth, w: Window | ControlWindow, uid: str, title: str, ref: str
+) -> dict[tuple, float]:
     """The panel's per-second rate over the window, times the window's sampled length."""
     shown = series(truth, over(truth, w, target_expr(uid, title, ref)), w.at())
     return {k: v * (w.end - w.start) for k, v in shown.items()}
@@ -475,3 +523,17 @@ def test_requests_by_state_equal_the_probe_queue_at_a_quiet_moment(truth):
     expr = fill(target_expr("kvwatch-serving", "Requests by state", "A"), truth.values)
     shown = series(truth, expr, truth.quiet_at)
     assert shown == {(("state", k),): v for k, v in truth.quiet["queue"].items()}
+
+
+def test_retractions_and_aborts_count_what_the_test_controls_did(truth):
+    """The counters are exact; the panels' rates may stretch the sampled interval
+    to the window's edges (Prometheus extrapolates), which costs well under 1 %
+    here, where one request more or less would be 20 %."""
+    w = truth.control
+    assert raw_delta(truth, w, n.RETRACTIONS) == {(): w.retracted}
+    assert raw_delta(truth, w, n.ABORTS, "stage")[(("stage", "retracted"),)] == w.aborted
+    (shown,) = counted(truth, w, "kvwatch-serving", "Retractions", "A").values()
+    assert shown == pytest.approx(w.retracted, rel=0.01)
+    aborts = dict(counted(truth, w, "kvwatch-serving", "Aborts by stage", "A"))
+    assert aborts.pop((("stage", "retracted"),)) == pytest.approx(w.aborted, rel=0.01)
+    assert all(v == 0 for v in aborts.values()), aborts  # no other stage saw an abort
