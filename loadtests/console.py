@@ -125,7 +125,4 @@ def _at(verdict) -> str:
 
 
 def _evidence(verdict) -> str:
-    """The verdict's one-line evidence, without the turn it already names."""
-    text = verdict.summary()
-    prefix = f"{verdict.where}: "
-    return text[len(prefix) :] if text.startswith(prefix) else text
+    return verdict.headline() if verdict.evidence else verdict.note

@@ -56,15 +56,17 @@ class Verdict(NamedTuple):
         """When it first failed, as people read it: ``turn 3`` or ``after the drain``."""
         return "after the drain" if self.after_drain else f"turn {self.first_turn}"
 
-    def summary(self) -> str:
-        if not self.evidence:
-            return self.note
+    def headline(self) -> str:
+        """The first piece of evidence as one line, its group named once."""
         head = self.evidence[0]
         # Audit details name their group (and tier) already: "full.kv (host): ..."
         named = head.group and head.detail.startswith(head.group)
-        where = f"{head.group}: " if head.group and not named else ""
+        group = f"{head.group}: " if head.group and not named else ""
         more = f" (+{len(self.evidence) - 1} more)" if len(self.evidence) > 1 else ""
-        return f"{self.where}: {where}{head.detail}{more}"
+        return f"{group}{head.detail}{more}"
+
+    def summary(self) -> str:
+        return f"{self.where}: {self.headline()}" if self.evidence else self.note
 
     def as_dict(self) -> dict:
         return {
