@@ -27,7 +27,6 @@ can never pass. Every path is built under ``--out`` from checked names
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -44,9 +43,10 @@ from kvwatch.instrumentation.record import Counts
 from kvwatch.instrumentation.sources import HttpSource
 from kvwatch.loadtests import outputs
 from kvwatch.loadtests import profiles as catalog
-from kvwatch.loadtests.console import Progress, turn_line
+from kvwatch.loadtests.console import Progress
+from kvwatch.loadtests.locust_run import run_locust
 from kvwatch.loadtests.plan import RunPlan, preset
-from kvwatch.loadtests.servers import EngineServer, ServerError, locust_commands, stop
+from kvwatch.loadtests.servers import EngineServer, ServerError
 
 BLACK_BOX_DETECTORS = ("gauge-trend", "requests")
 # what vLLM's audit and gauges can tell (targets/vllm_source.py): no heap, no
@@ -319,7 +319,7 @@ def _run_one(
     (where / "plan.json").write_text(plan.to_json())
     counted = HttpSource(server.url, white_box=True, token=server.token) if kvwatch else None
     before = counted.coverage() if counted else {}
-    error = _locust(opts, progress, profile, c, target, where, record)
+    error = run_locust(opts, progress, profile, c, target, where, record)
     if server is not None and (gone := server.exited()):
         return _broken(profile.name, c, opts.turns, gone)  # a partial record is not judged
     if error is None and not record.exists():
@@ -347,48 +347,6 @@ def _run_one(
     return verdicts.judge(
         profile.name, c, run, requests=requests, errors=errors, detectors=detectors
     )
-
-
-def _locust(opts, progress, profile, c, target, where: Path, record: Path) -> str | None:
-    """Run Locust to the end of the plan; an error message if it broke."""
-    cmds = locust_commands(
-        profile.user, c, target, where / "plan.json", where, opts.locust_workers, opts.run_timeout
-    )
-    log = (where / "locust.log").open("w")
-    procs = [subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT) for cmd in cmds]
-    turns = Path(f"{record}.progress")
-    seen, deadline = 0, time.monotonic() + opts.run_timeout + 60
-    try:
-        while procs[0].poll() is None:
-            if time.monotonic() > deadline:
-                return f"the load run did not finish in {opts.run_timeout:.0f} s"
-            seen = _follow(opts, progress, turns, seen)
-            progress.heartbeat(
-                f"waiting for turn {seen} of {opts.turns}"
-                if seen < opts.turns
-                else "waiting for the drain"
-            )
-            time.sleep(0.2)
-        _follow(opts, progress, turns, seen)
-        for worker in procs[1:]:
-            worker.wait(30)
-        if procs[0].returncode != 0:
-            return f"locust exited with {procs[0].returncode} (see {where / 'locust.log'})"
-        return None
-    finally:
-        for proc in procs:
-            stop(proc, grace=5)
-        log.close()
-
-
-def _follow(opts: GateOptions, progress: Progress, turns: Path, seen: int) -> int:
-    """Print the barriers reached since ``seen``; returns how many lines were read."""
-    if not turns.exists():
-        return seen
-    lines = turns.read_text().splitlines()
-    for line in lines[seen:]:
-        progress.say(f"    {turn_line(json.loads(line), opts.turns)}")
-    return len(lines)
 
 
 def spread(items: list, most: int | None) -> list:
