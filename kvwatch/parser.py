@@ -121,12 +121,25 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
 
 
 def _add_gate(sub: argparse._SubParsersAction) -> None:
+    """The gate's flags, in the order ``--help`` lists them: each helper adds one
+    group, and the groups are called in that order so the help text stays as it is."""
     gate = sub.add_parser(
         "gate",
         help="run the load profiles in turns and judge them with the leak detectors",
         description="Exit codes: 0 every detector passed, 1 a detector failed, "
         "2 usage or config error, 3 the run itself broke.",
     )
+    _add_gate_load(gate)
+    _add_gate_outputs(gate)
+    _add_gate_target(gate)
+    _add_gate_locust(gate)
+    _add_gate_engine(gate)
+    _add_gate_publishing(gate)
+    gate.set_defaults(handler="gate")
+
+
+def _add_gate_load(gate: argparse.ArgumentParser) -> None:
+    """What load runs: the profiles, their concurrencies, turns or a soak, and faults."""
     gate.add_argument("--profile", action="append", default=[], metavar="NAME", help="default: all")
     gate.add_argument(
         "-c", type=_concurrency, default=None, metavar="1,2,4,8", help="default: 1,2,4,8; soak: 4"
@@ -140,8 +153,17 @@ def _add_gate(sub: argparse._SubParsersAction) -> None:
         help="instead of turns: agentic load for DURATION (600, 90s, 10m), probed while it runs",
     )
     gate.add_argument("--inject", action="append", default=[], metavar="FAULT")
+
+
+def _add_gate_outputs(gate: argparse.ArgumentParser) -> None:
+    """Where the verdict goes: the output folder and the JUnit file."""
     gate.add_argument("--out", type=Path, default=Path("kvwatch-out"))
     gate.add_argument("--junit", type=Path, default=None, metavar="FILE")
+
+
+def _add_gate_target(gate: argparse.ArgumentParser) -> None:
+    """A black-box run against an external engine: its address, its metrics and the
+    usage gauges to trend."""
     gate.add_argument("--target", default=None, metavar="URL", help="an external engine")
     gate.add_argument("--metrics-url", default=None, metavar="URL", help="its /metrics page")
     gate.add_argument(
@@ -154,8 +176,17 @@ def _add_gate(sub: argparse._SubParsersAction) -> None:
         metavar="SERIES",
         help='another usage series to trend, e.g. my_pool_used{pool="state"}',
     )
+
+
+def _add_gate_locust(gate: argparse.ArgumentParser) -> None:
+    """How Locust drives the load: its worker processes and the seed its users draw from."""
     gate.add_argument("--locust-workers", type=int, default=None, metavar="N", help="default: 0")
     gate.add_argument("--seed", type=int, default=0)
+
+
+def _add_gate_engine(gate: argparse.ArgumentParser) -> None:
+    """The engine the gate starts and the model it asks for, and how much of a run
+    the cache-off engine replays."""
     gate.add_argument(
         "--model",
         default=MODEL_NAME,
@@ -187,6 +218,11 @@ def _add_gate(sub: argparse._SubParsersAction) -> None:
         metavar="N",
         help="replay at most N comparable requests per run, spread over the run (default: all)",
     )
+
+
+def _add_gate_publishing(gate: argparse.ArgumentParser) -> None:
+    """What the gate publishes beyond summary.json: the HTML report, the
+    Pushgateway's metrics and Grafana's annotations."""
     gate.add_argument("--no-report", action="store_true", help="skip report.html")
     gate.add_argument(
         "--pushgateway", default=None, metavar="URL", help="push the verdict metrics here"
@@ -197,7 +233,6 @@ def _add_gate(sub: argparse._SubParsersAction) -> None:
     gate.add_argument(
         "--grafana-token", default=None, metavar="T", help=f"default: ${GRAFANA_TOKEN_ENV}"
     )
-    gate.set_defaults(handler="gate")
 
 
 def _add_dashboards(sub: argparse._SubParsersAction) -> None:
