@@ -8,7 +8,7 @@ findings also appear as annotations at their turns (``--grafana-url``).
 
 from __future__ import annotations
 
-from grafana_foundation_sdk.builders.dashboard import Dashboard, Row
+from grafana_foundation_sdk.builders.dashboard import Dashboard
 
 from kvwatch.dashboards import panels as p
 from kvwatch.instrumentation import names as n
@@ -19,6 +19,25 @@ PINNED = 'state=~"pinned_.*|host"'
 
 
 def build() -> Dashboard:
+    board = p.dashboard(
+        TITLE,
+        UID,
+        refresh="30s",
+        since="now-6h",
+        variables=[p.label_variable("profile", n.GATE_RUN_REQUESTS, "profile")],
+    )
+    return p.with_rows(
+        board,
+        {
+            "Verdicts": [*_verdict_stats(), *_per_run()],
+            "Live leak signals": _live_signals(),
+        },
+    )
+
+
+def _verdict_stats() -> list:
+    """The gate's headline: its verdict, and how many detector runs failed and
+    how many runs broke."""
     verdict = p.single(
         "Gate verdict",
         "none",
@@ -40,6 +59,12 @@ def build() -> Dashboard:
         "broken",
         span=8,
     )
+    return [verdict, failing, broken]
+
+
+def _per_run() -> list:
+    """Each run's detail: detector verdicts, first failing turns, heap bytes per
+    context token by turn, and requests against failed requests."""
     detectors = p.grid(
         "Detector verdicts by run",
         p.series(n.GATE_DETECTOR_FAILED, p.PROFILE),
@@ -66,6 +91,12 @@ def build() -> Dashboard:
         "{{profile}} c={{concurrency}} {{kind}}",
         span=24,
     )
+    return [detectors, first_turn, heap, requests]
+
+
+def _live_signals() -> list:
+    """What the detectors judge, live from the engine: root-ref drift, interior
+    snapshots and pinned pages."""
     drift = p.graph(
         "Root-ref drift (actual - expected)",
         "none",
@@ -88,24 +119,4 @@ def build() -> Dashboard:
             "{{state}}",
         ),
     ).span(8)
-    return (
-        p.dashboard(
-            TITLE,
-            UID,
-            refresh="30s",
-            since="now-6h",
-            variables=[p.label_variable("profile", n.GATE_RUN_REQUESTS, "profile")],
-        )
-        .with_row(Row("Verdicts"))
-        .with_panel(verdict)
-        .with_panel(failing)
-        .with_panel(broken)
-        .with_panel(detectors)
-        .with_panel(first_turn)
-        .with_panel(heap)
-        .with_panel(requests)
-        .with_row(Row("Live leak signals"))
-        .with_panel(drift)
-        .with_panel(interior)
-        .with_panel(pinned)
-    )
+    return [drift, interior, pinned]

@@ -17,6 +17,7 @@ from grafana_foundation_sdk.builders.dashboard import (
     Dashboard,
     DatasourceVariable,
     QueryVariable,
+    Row,
 )
 from grafana_foundation_sdk.builders.prometheus import Dataquery
 from grafana_foundation_sdk.models.common import LegendDisplayMode, StackingMode
@@ -168,3 +169,14 @@ def dashboard(
     for variable in (datasource_variable(), instance_variable(), *variables):
         out = out.with_variable(variable)
     return out.annotation(gate_annotations())
+
+
+def with_rows(board: Dashboard, rows: dict[str, list]) -> Dashboard:
+    """``board`` with each row of ``rows`` (its title, then its panels) in order:
+    Grafana lays a panel out under the row added last before it, so the panels
+    follow their row's title."""
+    for title, row_panels in rows.items():
+        board = board.with_row(Row(title))
+        for panel in row_panels:
+            board = board.with_panel(panel)
+    return board

@@ -7,7 +7,7 @@ refs, snapshots and session-held pages.
 
 from __future__ import annotations
 
-from grafana_foundation_sdk.builders.dashboard import Dashboard, Row
+from grafana_foundation_sdk.builders.dashboard import Dashboard
 
 from kvwatch.dashboards import panels as p
 from kvwatch.instrumentation import names as n
@@ -28,6 +28,23 @@ def _capacity(*matchers: str) -> str:
 
 
 def build() -> Dashboard:
+    board = p.dashboard(
+        TITLE,
+        UID,
+        variables=[p.label_variable("group", n.POOL_CAPACITY, "group", p.INSTANCE)],
+    )
+    return p.with_rows(
+        board,
+        {
+            "Pools by group": _pools_by_group(),
+            "Tree, snapshots and sessions": _tree_and_sessions(),
+        },
+    )
+
+
+def _pools_by_group() -> list:
+    """Pages per group: by owner and against capacity (one panel per ``$group``),
+    usage by group, and the State pools by owner."""
     group = 'group=~"$group"'
     by_owner = p.graph(
         "Pages by owner: $group",
@@ -56,6 +73,12 @@ def build() -> Dashboard:
         ),
         (f"sum by (group) ({_capacity(STATE_FAMILY)})", "{{group}} capacity"),
     )
+    return [by_owner, against_capacity, usage, state_pools]
+
+
+def _tree_and_sessions() -> list:
+    """The radix tree's side: root refs against expected, snapshots, session-held
+    pages, and tree nodes and retained records."""
     root_refs = p.graph(
         "Root refs against expected",
         "none",
@@ -83,20 +106,4 @@ def build() -> Dashboard:
         (f"sum({p.series(n.TREE_NODES, p.INSTANCE)})", "tree nodes"),
         (f"sum({p.series(n.RECORD_BYTES, p.INSTANCE)}) / 1024", "record KiB"),
     )
-    return (
-        p.dashboard(
-            TITLE,
-            UID,
-            variables=[p.label_variable("group", n.POOL_CAPACITY, "group", p.INSTANCE)],
-        )
-        .with_row(Row("Pools by group"))
-        .with_panel(by_owner)
-        .with_panel(against_capacity)
-        .with_panel(usage)
-        .with_panel(state_pools)
-        .with_row(Row("Tree, snapshots and sessions"))
-        .with_panel(root_refs)
-        .with_panel(snapshots)
-        .with_panel(sessions)
-        .with_panel(tree)
-    )
+    return [root_refs, snapshots, sessions, tree]
