@@ -3,13 +3,25 @@
 The engine core publishes; instrumentation subscribes. Events are immutable
 NamedTuples so a subscriber can keep them without copying, and emitting with
 no subscriber costs one dict lookup.
+
+Events are telemetry, never control: a handler that raises is caught, logged
+once per (event type, handler) and counted (``EventBus.failures``), and the
+engine goes on exactly as if nobody listened. The engine's probe reports the
+count as a ``listener`` finding, so a broken listener is seen, not silent.
+Inside ``EventBus.deferred()`` events queue up and are delivered in order
+when the outermost block exits, so a listener never sees a half-done change.
 """
 
 from __future__ import annotations
 
-from collections import defaultdict
-from collections.abc import Callable
+import contextlib
+import logging
+import types
+from collections import Counter, defaultdict, deque
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, NamedTuple
+
+log = logging.getLogger(__name__)
 
 
 class NodeEvicted(NamedTuple):
@@ -82,8 +94,26 @@ class SlotEvicted(NamedTuple):
 
 
 class EventBus:
+    """Delivers each event to its type's handlers, in the order they subscribed.
+
+    Invariants: the engine's behaviour never depends on its listeners (a
+    raising handler is isolated and counted, the other handlers still get the
+    event); a handler that subscribes or unsubscribes during a delivery does
+    not change that delivery (it iterates over a copy); within ``deferred()``
+    nothing is delivered until the outermost block exits, and then every
+    queued event is, in emit order, whether or not the block raised.
+    """
+
+    # one count per event type, one entry per (event type, handler) that ever
+    # raised: bounded by the code, not by the traffic (registry walks skip them)
+    __bounded__ = ("_failures", "_logged")
+
     def __init__(self) -> None:
         self._subscribers: dict[type, list[Callable[[Any], None]]] = defaultdict(list)
+        self._failures: Counter[str] = Counter()
+        self._logged: set[tuple[str, str]] = set()
+        self._depth = 0  # open deferred() blocks
+        self._queue: deque[NamedTuple] = deque()  # emitted inside them, not delivered yet
 
     def subscribe(self, event_type: type, handler: Callable[[Any], None]) -> Callable[[], None]:
         """Call ``handler(event)`` for every ``event_type`` event; returns an unsubscribe."""
@@ -91,8 +121,58 @@ class EventBus:
         return lambda: self._subscribers[event_type].remove(handler)
 
     def emit(self, event: NamedTuple) -> None:
-        for handler in self._subscribers.get(type(event), ()):
-            handler(event)
+        if self._depth:
+            self._queue.append(event)
+        else:
+            self._deliver(event)
+
+    @contextlib.contextmanager
+    def deferred(self) -> Iterator[None]:
+        """Hold every event emitted in the block until the outermost block exits.
+
+        Nested blocks only count their depth; the outermost exit delivers the
+        queue in emit order (events emitted by handlers meanwhile join its
+        end), then lets the block's exception, if any, propagate.
+        """
+        self._depth += 1
+        try:
+            yield
+        finally:
+            self._depth -= 1
+            if not self._depth:
+                self._flush()
+
+    def _flush(self) -> None:
+        self._depth += 1  # handlers' own emits queue behind the ones still pending
+        try:
+            while self._queue:
+                self._deliver(self._queue.popleft())
+        finally:
+            self._depth -= 1
+
+    def _deliver(self, event: NamedTuple) -> None:
+        for handler in tuple(self._subscribers.get(type(event), ())):
+            try:
+                handler(event)
+            except Exception:  # telemetry must not change what the engine does
+                self._failed(type(event).__name__, handler)
+
+    def _failed(self, event_name: str, handler: Callable[[Any], None]) -> None:
+        self._failures[event_name] += 1
+        name = getattr(handler, "__qualname__", None) or repr(handler)
+        key = (event_name, f"{getattr(handler, '__module__', '')}.{name}")
+        if key not in self._logged:
+            self._logged.add(key)
+            log.exception("an event handler raised: %s on %s (counted; logged once)", *key[::-1])
+
+    @property
+    def failures(self) -> Mapping[str, int]:
+        """Handler failures so far by event type name: a read-only copy."""
+        return types.MappingProxyType(dict(self._failures))
+
+    @property
+    def failure_count(self) -> int:
+        return sum(self._failures.values())
 
 
 # -- request lifecycle ------------------------------------------------------------------

@@ -4,7 +4,8 @@ Each test makes a real function on one request's path raise (the sampler,
 the page allocation, the commit of its step) while others share its batch.
 The loop goes on, the others produce exactly what a clean run produces, and
 the probe is clean once everything drained. Also: under pool pressure,
-retracted requests give up their recovery points before anyone fails.
+retracted requests give up their recovery points before anyone fails; and a
+listener that raises on every event changes nothing the engine does.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import pytest
 from conversations import small_cache
 
-from kvwatch.engine import Engine, EngineConfig, SamplingParams
+from kvwatch.engine import Engine, EngineConfig, SamplingParams, events
 from kvwatch.engine.events import RequestRetracted
 
 SAMPLED = [SamplingParams(max_tokens=16, temperature=0.8, seed=s, ignore_eos=True) for s in (1, 2)]
@@ -105,6 +106,26 @@ def test_retracted_requests_give_up_their_recovery_points_before_a_request_fails
     assert [c.token_ids for c in got] == [c.token_ids for c in want]
     assert len(retracted) >= 3
     assert_drained_and_clean(engine)
+
+
+def test_a_raising_listener_changes_nothing_the_engine_does():
+    """A handler on every event type raises each time: the outputs are the clean
+    run's token for token, the audit is clean, and every failure is counted."""
+    engine = Engine(EngineConfig(cache=small_cache()))
+    delivered: list[str] = []
+
+    def broken(event) -> None:
+        delivered.append(type(event).__name__)
+        raise RuntimeError("listener bug")
+
+    kinds = [v for v in vars(events).values() if isinstance(v, type) and hasattr(v, "_fields")]
+    for kind in kinds:
+        engine.events.subscribe(kind, broken)
+    got = [engine.generate([p], s)[0].token_ids for p, s in zip(PROMPTS, SAMPLED, strict=True)]
+    assert got == clean_outputs()
+    assert_drained_and_clean(engine)
+    assert delivered and engine.events.failure_count == len(delivered)
+    assert engine.events.failures["RequestFinished"] == 2
 
 
 def run_turn(engine: Engine, tokens: list[int], params, session_id: str | None = None):
