@@ -21,6 +21,7 @@ from typing import NamedTuple
 
 import torch
 
+from kvwatch.contracts import Finding, FindingKind, finding
 from kvwatch.engine.cache.hybrid import HybridPrefixCache
 from kvwatch.engine.config import MAX_ROLLBACK, EngineConfig
 from kvwatch.engine.errors import SessionError, busy_session
@@ -321,9 +322,13 @@ class Engine:
 
     # -- observation ---------------------------------------------------------------------
     def probe(self) -> ProbeReport:
-        """The full report at a step boundary: usage, audit findings, bounds."""
+        """The full report at a step boundary: usage, audit findings, bounds.
+
+        Event handlers that raised since the engine was built (the bus isolates
+        them, so nothing else would show it) add one ``listener`` finding.
+        """
         spec = self.config.scheduler.spec
-        return take_probe(
+        report = take_probe(
             self.cache,
             self.step_count,
             self._queue(),
@@ -331,6 +336,17 @@ class Engine:
             live_sessions=len(self.sessions.open),
             record_bytes=self.sessions.blob_bytes,
         )
+        if listener := self._listener_finding():
+            report = report._replace(findings=(*report.findings, listener))
+        return report
+
+    def _listener_finding(self) -> Finding | None:
+        failures = self.events.failures
+        if not failures:
+            return None
+        counts = ", ".join(f"{name} {n}" for name, n in sorted(failures.items()))
+        detail = f"event handlers raised {sum(failures.values())} times ({counts}); see the log"
+        return finding(FindingKind.LISTENER, None, [], detail)
 
     def stats(self) -> EngineStats:
         """Usage, tree and queue figures without the audit: cheap, for gauges."""

@@ -29,6 +29,9 @@ class FindingKind(StrEnum):
     REF_MISMATCH = "ref_mismatch"  # a ref count differs from what live holders imply
     TREE = "tree"  # a structure or counter invariant of the tree is broken
     SLOT_TABLE = "slot_table"  # the slot cache's entries disagree with its slots
+    # an event listener raised: the engine isolated it and went on, so its
+    # telemetry (metrics, spans, lifecycle counts) missed what it was told
+    LISTENER = "listener"
 
 
 # who is wrong about a page's owner: the allocator detector's findings

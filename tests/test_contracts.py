@@ -62,6 +62,7 @@ def test_the_json_has_the_documented_fields():
         "ref_mismatch",
         "tree",
         "slot_table",
+        "listener",
     }
     assert {k.value for k in OWNERSHIP} == {"orphan", "double_owned", "free_and_owned"}
 

@@ -68,6 +68,20 @@ def test_allocator_fails_on_an_exceeded_bound_a_rising_interior_count_and_a_bad_
     assert v.summary().startswith("after the drain: full.kv: 3 pages still used, 0 before")
 
 
+def test_quiescence_fails_on_a_listener_finding_at_the_turn_it_appears():
+    """An event handler that raised is isolated by the engine; the probe's
+    ``listener`` finding is what keeps it from passing unseen."""
+    broken = make_probe(findings=(make_finding(FindingKind.LISTENER, group=None),))
+    v = DETECTORS["quiescence"](run_of([*CLEAN[:2], broken, *CLEAN[3:]]))
+    assert v.failed and v.first_turn == 2 and "listener seen" in v.evidence[0].detail
+    v = DETECTORS["quiescence"](run_of(CLEAN, drained=broken))
+    assert v.failed and v.after_drain
+    assert DETECTORS["quiescence"](run_of(CLEAN)).verdict == PASS
+    # the other detectors leave it alone: one detector owns it
+    others = [d for d in DETECTORS if d != "quiescence"]
+    assert not any(DETECTORS[d](run_of([*CLEAN[:2], broken, *CLEAN[3:]])).failed for d in others)
+
+
 def test_refcount_fails_on_root_drift():
     probes = [*CLEAN[:1], make_probe(root=(2, 1)), *CLEAN[2:]]
     v = DETECTORS["refcount"](run_of(probes))

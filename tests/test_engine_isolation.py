@@ -13,6 +13,7 @@ from __future__ import annotations
 import pytest
 from conversations import small_cache
 
+from kvwatch.contracts import FindingKind
 from kvwatch.engine import Engine, EngineConfig, SamplingParams, events
 from kvwatch.engine.events import RequestRetracted
 
@@ -110,7 +111,8 @@ def test_retracted_requests_give_up_their_recovery_points_before_a_request_fails
 
 def test_a_raising_listener_changes_nothing_the_engine_does():
     """A handler on every event type raises each time: the outputs are the clean
-    run's token for token, the audit is clean, and every failure is counted."""
+    run's token for token, the audit is clean, and every failure is counted and
+    shows in the probe as one ``listener`` finding."""
     engine = Engine(EngineConfig(cache=small_cache()))
     delivered: list[str] = []
 
@@ -123,9 +125,14 @@ def test_a_raising_listener_changes_nothing_the_engine_does():
         engine.events.subscribe(kind, broken)
     got = [engine.generate([p], s)[0].token_ids for p, s in zip(PROMPTS, SAMPLED, strict=True)]
     assert got == clean_outputs()
-    assert_drained_and_clean(engine)
     assert delivered and engine.events.failure_count == len(delivered)
     assert engine.events.failures["RequestFinished"] == 2
+    report = engine.probe()
+    assert [f.kind for f in report.findings] == [FindingKind.LISTENER]
+    assert f"raised {len(delivered)} times" in report.findings[0].detail
+    assert "RequestFinished 2" in report.findings[0].detail
+    assert report.live_requests == 0 and not engine.requests
+    assert all(g.by_owner["request"] == 0 for g in report.groups.values())
 
 
 def run_turn(engine: Engine, tokens: list[int], params, session_id: str | None = None):

@@ -15,14 +15,22 @@ cache is flushed; then, against the probe taken before the run:
 It knows nothing of any particular bug: whatever a request or a session
 leaves behind once it is gone shows up here. Coming back lower is fine (a
 flush may drop cache the baseline held).
+
+It also fails on a ``listener`` finding in any probe of the run: an event
+handler (a metric, a span, a lifecycle count, the session clock) raised. The
+engine isolates such failures so they cannot change what it serves, which
+leaves the listener's own state behind its events; this is where that is
+seen, at the first turn whose probe reports it.
 """
 
 from __future__ import annotations
 
+from kvwatch.contracts import FindingKind
 from kvwatch.instrumentation.detectors.base import (
     Evidence,
     Verdict,
     fail_after_drain,
+    findings_detector,
     not_back,
     passed,
     skipped,
@@ -34,6 +42,9 @@ HOST = "host"
 
 
 def detect(run: RunRecord) -> Verdict:
+    listeners = findings_detector(ID, {FindingKind.LISTENER}, run)
+    if listeners.failed:
+        return listeners
     if run.drained is None or run.baseline is None:
         return skipped(ID, "no probes before and after the run")
     base, after = run.baseline, run.drained
