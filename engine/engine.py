@@ -8,15 +8,21 @@
     completion = engine.take(rid)
 
 One step, as the loop below reads: apply aborts, schedule (admission and
-allocation, retracting under pressure), run the model, apply the aborts that
-arrived while it ran, then apply the results (commit, stop, finish).
+allocation, retracting under pressure), run the model, call the
+``on_batch_computed`` hooks and apply the aborts that arrived while it ran,
+then apply the results (commit, stop, finish).
+
+Events (``engine.events``) are telemetry: what listeners do never changes
+what the engine does. A caller that must act inside a step (a server handing
+over disconnects mid-step) registers a hook instead; hooks are control, and
+what they raise propagates out of ``step``.
 """
 
 from __future__ import annotations
 
 import itertools
 import traceback
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import NamedTuple
 
 import torch
@@ -41,6 +47,9 @@ from kvwatch.engine.records import Session, SessionRegistry, Trajectory
 from kvwatch.engine.request import Request, RequestOutput, SamplingParams, Status
 from kvwatch.engine.runner import ModelRunner, Work, WorkResult
 from kvwatch.engine.scheduler import Scheduler
+from kvwatch.engine.views import ComputedBatch
+
+BatchHook = Callable[[ComputedBatch], None]
 
 
 class Completion(NamedTuple):
@@ -88,6 +97,7 @@ class Engine:
         self._ids = itertools.count()
         self._in_step = False
         self._aborts: list[str] = []
+        self._batch_hooks: list[BatchHook] = []
 
     # -- the loop ------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
@@ -99,19 +109,38 @@ class Engine:
             works = self.scheduler.schedule(self.step_count)
             results = self._run(works)
             if works:
-                ids = tuple(w.request.id for w in works)
-                tokens = sum(w.n + len(w.drafts) for w in works)
-                self.events.emit(BatchComputed(self.step_count, ids, tokens))
-                self._apply_aborts()  # disconnects that arrived while the batch ran
+                self._between_phases(works)
             outputs = self.scheduler.update(works, results)
             self.step_count += 1
             return outputs
         finally:
             self._in_step = False
 
+    def _between_phases(self, works: list[Work]) -> None:
+        """After the forward, before its results are applied: telemetry, then the
+        hooks, then the aborts they (or other threads, through them) asked for."""
+        ids = tuple(w.request.id for w in works)
+        tokens = sum(w.n + len(w.drafts) for w in works)
+        self.events.emit(BatchComputed(self.step_count, ids, tokens))
+        batch = ComputedBatch(self.step_count, ids, tuple(len(w.drafts) for w in works))
+        for hook in tuple(self._batch_hooks):
+            hook(batch)  # control: what it raises leaves the step
+        self._apply_aborts()  # disconnects that arrived while the batch ran
+
+    def on_batch_computed(self, hook: BatchHook) -> Callable[[], None]:
+        """Call ``hook(batch)`` in every step that computed a batch, after the
+        forward and before its results are applied; returns the hook's removal.
+
+        Unlike an event handler, a hook is control: it may abort requests (they
+        are aborted at that point, mid-prefill, mid-decode or mid-verify), and
+        what it raises propagates out of ``step``. Hooks run in the order added.
+        """
+        self._batch_hooks.append(hook)
+        return lambda: self._batch_hooks.remove(hook)
+
     @property
     def in_step(self) -> bool:
-        """True while ``step`` runs: event hooks run inside it, and aborts are deferred."""
+        """True while ``step`` runs: hooks and event handlers run inside it, and aborts are deferred."""
         return self._in_step
 
     def _run(self, works: list[Work]) -> list[WorkResult | None]:

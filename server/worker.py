@@ -13,7 +13,8 @@ as soon as the request is done, so finished requests never pile up in it.
 
 Aborts (a client went away) take a faster lane than calls: ``abort_soon``
 is safe from any thread, and the worker hands pending aborts to the engine
-both between steps and right after a step's batch ran (``BatchComputed``).
+both between steps and right after a step's batch ran (its
+``on_batch_computed`` hook, a control call of the engine's, not an event).
 So a disconnect that arrives while a batch computes lands at the engine's
 own safe point inside that step: mid-prefill, mid-decode or mid-verify.
 
@@ -46,7 +47,6 @@ from typing import Any, NamedTuple
 
 from kvwatch.contracts import ProbeReport
 from kvwatch.engine.engine import Completion, Engine
-from kvwatch.engine.events import BatchComputed
 from kvwatch.engine.request import Request, RequestOutput, SamplingParams, Status
 from kvwatch.server.finished import FinishedLog
 
@@ -104,7 +104,7 @@ class EngineWorker:
         self._last_seen: frozenset = frozenset()  # what the last step's probe showed
         self.finished: FinishedLog | None = None  # set with --enable-probe
         self._thread = threading.Thread(target=self._run, name="kvwatch-engine", daemon=True)
-        engine.events.subscribe(BatchComputed, lambda _: self._drain_aborts())
+        engine.on_batch_computed(lambda _batch: self._drain_aborts())
 
     # -- lifecycle ----------------------------------------------------------------------
     def start(self) -> None:

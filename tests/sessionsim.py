@@ -6,8 +6,8 @@ import random
 from collections.abc import Callable
 
 from kvwatch.engine import Engine, SamplingParams
-from kvwatch.engine.events import BatchComputed
 from kvwatch.engine.model.tokenizer import ASSISTANT, BOS, END, SYSTEM, USER
+from kvwatch.engine.views import ComputedBatch
 
 
 def user_turn(rng: random.Random, n: int) -> list[int]:
@@ -67,14 +67,14 @@ class SessionDriver:
         return out
 
 
-def abort_mid_verify(engine: Engine, after_tokens: int) -> Callable[[BatchComputed], None]:
-    """An event hook that aborts a session turn in the middle of a verify step."""
+def abort_mid_verify(engine: Engine, after_tokens: int) -> Callable[[ComputedBatch], None]:
+    """A hook for ``Engine.on_batch_computed`` that aborts a session turn in the
+    middle of a verify step, once it has generated ``after_tokens`` tokens."""
 
-    def hook(batch: BatchComputed) -> None:
-        for rid in batch.request_ids:
-            work = engine.scheduler.in_flight.get(rid)
+    def hook(batch: ComputedBatch) -> None:
+        for rid in batch.verifying:
             req = engine.requests.get(rid)
-            if work and work.drafts and req.session and len(req.output_ids) >= after_tokens:
+            if req.session and len(req.output_ids) >= after_tokens:
                 engine.abort(rid)
 
     return hook

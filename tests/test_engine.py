@@ -24,6 +24,7 @@ from kvwatch.engine.events import (
 from kvwatch.engine.model.layers import attend, linear_scan
 from kvwatch.engine.model.tokenizer import ASSISTANT, BOS, END, USER, ByteTokenizer, ChatTemplate
 from kvwatch.engine.request import Status
+from kvwatch.engine.views import ComputedBatch
 
 GREEDY = SamplingParams(max_tokens=8)
 
@@ -196,16 +197,48 @@ def test_abort_at_every_stage_frees_exactly_what_the_request_held():
     engine.abort(decode)
     verify = engine.add_request(repetitive, SamplingParams(max_tokens=40))
 
-    def abort_mid_verify(batch: BatchComputed) -> None:
-        if verify in batch.request_ids and engine.scheduler.in_flight[verify].drafts:
+    def abort_mid_verify(batch: ComputedBatch) -> None:
+        if verify in batch.verifying:
             engine.abort(verify)
 
-    engine.events.subscribe(BatchComputed, abort_mid_verify)
+    engine.on_batch_computed(abort_mid_verify)
     while not engine.requests[verify].done:
         engine.step()
     assert [e.stage for e in seen] == ["queued", "prefill", "decode", "verify"]
     assert engine.probe().clean
     drain_and_flush(engine)
+
+
+def test_batch_hooks_are_control_and_batch_events_are_telemetry():
+    """A hook runs after the forward and before the results are applied, and what it
+    raises leaves the step; a ``BatchComputed`` handler that raises changes nothing."""
+    engine = make_engine()
+    order: list[str] = []
+    engine.events.subscribe(BatchComputed, lambda e: order.append(f"event {e.step}"))
+    engine.events.subscribe(TokensGenerated, lambda e: order.append(f"tokens {e.step}"))
+
+    def broken_listener(event: BatchComputed) -> None:
+        raise RuntimeError("listener bug")
+
+    engine.events.subscribe(BatchComputed, broken_listener)
+    batches: list[ComputedBatch] = []
+    remove = engine.on_batch_computed(lambda b: (batches.append(b), order.append("hook")))
+    rid = engine.add_request(words(10), GREEDY)
+    engine.step()
+    assert order == ["event 0", "hook", "tokens 0"]
+    assert batches == [ComputedBatch(0, (rid,), (0,))] and batches[0].verifying == ()
+    assert engine.events.failures == {"BatchComputed": 1}
+    remove()
+    engine.step()
+    assert len(batches) == 1 and order[-1] == "tokens 1"  # a removed hook is not called
+
+    def broken_hook(batch: ComputedBatch) -> None:
+        raise RuntimeError("control failed")
+
+    engine.on_batch_computed(broken_hook)
+    with pytest.raises(RuntimeError, match="control failed"):
+        engine.step()
+    assert not engine.in_step
 
 
 def test_abort_of_retracted_and_paused_requests():

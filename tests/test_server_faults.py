@@ -17,7 +17,7 @@ from fastapi.testclient import TestClient
 from sessionsim import abort_mid_verify
 
 from kvwatch.engine import Engine, EngineConfig, Fault, SchedulerConfig, SpecConfig
-from kvwatch.engine.events import BatchComputed, RequestFailed, RequestRetracted
+from kvwatch.engine.events import RequestFailed, RequestRetracted
 from kvwatch.server import EngineWorker, ServerSettings, create_app
 
 CHAT, TEXT, SESSIONS = "/v1/chat/completions", "/v1/completions", "/v1/sessions"
@@ -132,7 +132,7 @@ def test_session_calls_never_answer_5xx_with_a_fault_on(fault):
         faults=frozenset({fault}),
     )
     client = serve(config)
-    client.engine.events.subscribe(BatchComputed, abort_mid_verify(client.engine, 2))
+    client.engine.on_batch_computed(abort_mid_verify(client.engine, 2))
     statuses = []
     with client:
         sids = [client.post(SESSIONS, json={"record": True}).json()["id"] for _ in range(2)]

@@ -16,12 +16,13 @@ from sessionsim import SessionDriver, abort_mid_verify
 from kvwatch.contracts import FindingKind
 from kvwatch.engine import Engine, EngineConfig, Fault, SamplingParams, SchedulerConfig, SpecConfig
 from kvwatch.engine.config import FULL_KV
-from kvwatch.engine.events import BatchComputed
 
 PARAMS = SamplingParams(max_tokens=24)
 
 
 def cut_turns(faults: frozenset, turns: int = 5):
+    """Session turns cut mid-verify; returns the engine, the driver, a probe per turn,
+    and the removal of the hook that cuts them."""
     engine = Engine(
         EngineConfig(
             cache=small_cache(full=512),
@@ -29,7 +30,7 @@ def cut_turns(faults: frozenset, turns: int = 5):
             faults=faults,
         )
     )
-    engine.events.subscribe(BatchComputed, abort_mid_verify(engine, after_tokens=2))
+    stop_cutting = engine.on_batch_computed(abort_mid_verify(engine, after_tokens=2))
     driver = SessionDriver(engine, 2, seed=11)
     reports, gaps = [], 0
     for _ in range(turns):
@@ -40,19 +41,19 @@ def cut_turns(faults: frozenset, turns: int = 5):
         )
         reports.append(engine.probe())
     assert gaps >= turns, "every turn should leave a speculative gap"
-    return engine, driver, reports
+    return engine, driver, reports, stop_cutting
 
 
 def test_resuming_frees_every_gap_and_stays_equivalent():
-    engine, driver, reports = cut_turns(frozenset())
+    _, driver, reports, stop_cutting = cut_turns(frozenset())
     assert all(r.clean for r in reports), [r.findings for r in reports]
-    engine.events._subscribers[BatchComputed].clear()
+    stop_cutting()
     for _sid, prompt, output in driver.turn(SamplingParams(max_tokens=8)):
         assert output == oracle(prompt, SamplingParams(max_tokens=8))
 
 
 def test_session_tail_leak_is_flagged():
-    _, driver, reports = cut_turns(frozenset({Fault.SESSION_TAIL_LEAK}), turns=10)
+    _, driver, reports, _ = cut_turns(frozenset({Fault.SESSION_TAIL_LEAK}), turns=10)
     orphaned = [
         sum(len(f.pages) for f in r.findings if f.kind == FindingKind.ORPHAN and f.group == FULL_KV)
         for r in reports
@@ -68,7 +69,7 @@ def test_session_tail_leak_is_flagged():
 
 
 def test_session_tail_unaligned_free_is_flagged():
-    _, _, reports = cut_turns(frozenset({Fault.SESSION_TAIL_UNALIGNED_FREE}))
+    _, _, reports, _ = cut_turns(frozenset({Fault.SESSION_TAIL_UNALIGNED_FREE}))
     kinds = {f.kind for r in reports[1:] for f in r.findings if f.group == FULL_KV}
     assert kinds & {FindingKind.FREE_AND_OWNED, FindingKind.DOUBLE_OWNED}, kinds
 

@@ -9,7 +9,7 @@ from sessionsim import SessionDriver, abort_mid_verify
 from kvwatch.engine import Engine, EngineConfig, SamplingParams, SchedulerConfig, SpecConfig
 from kvwatch.engine.cache.holder import HolderStatus
 from kvwatch.engine.errors import SessionError
-from kvwatch.engine.events import BatchComputed, RequestRetracted
+from kvwatch.engine.events import RequestRetracted
 from kvwatch.engine.request import Status
 
 PARAMS = SamplingParams(max_tokens=10)
@@ -89,7 +89,7 @@ def test_a_session_that_starts_on_a_cached_prefix_stays_within_its_state_bound()
 
 def test_resume_frees_the_speculative_tail_page_aligned():
     eng = engine()
-    eng.events.subscribe(BatchComputed, abort_mid_verify(eng, after_tokens=2))
+    eng.on_batch_computed(abort_mid_verify(eng, after_tokens=2))
     driver = SessionDriver(eng, 1, seed=3)
     sid = driver.ids[0]
     driver.turn(SamplingParams(max_tokens=30))
@@ -108,13 +108,13 @@ def test_resume_frees_the_speculative_tail_page_aligned():
 
 def test_aborted_turns_leave_the_session_usable_and_equivalent():
     eng = engine()
-    eng.events.subscribe(BatchComputed, abort_mid_verify(eng, after_tokens=3))
+    remove = eng.on_batch_computed(abort_mid_verify(eng, after_tokens=3))
     driver = SessionDriver(eng, 3, seed=4)
     for _ in range(3):
         driver.turn(SamplingParams(max_tokens=20))
     assert eng.probe().clean
     # With the hook gone, turns run out and still match a full replay.
-    eng.events._subscribers[BatchComputed].clear()
+    remove()
     for _sid, prompt, output in driver.turn(PARAMS):
         assert output == oracle(prompt, PARAMS)
 
