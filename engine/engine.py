@@ -28,7 +28,7 @@ from typing import NamedTuple
 import torch
 
 from kvwatch.contracts import Finding, FindingKind, finding
-from kvwatch.engine.cache.hybrid import HybridPrefixCache
+from kvwatch.engine.cache.backends import build_cache
 from kvwatch.engine.config import MAX_ROLLBACK, EngineConfig
 from kvwatch.engine.errors import SessionError, busy_session
 from kvwatch.engine.events import (
@@ -77,7 +77,7 @@ class Engine:
         self.tokenizer = ByteTokenizer()
         self.chat_template = ChatTemplate(self.tokenizer)
         self.model = HybridModel(config.model, config.cache.window, config.device)
-        self.cache = HybridPrefixCache(
+        self.cache = build_cache(
             config.cache,
             page_layouts(config.model),
             faults=config.faults,

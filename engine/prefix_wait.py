@@ -25,9 +25,8 @@ past s, finishes, or leaves the running set (retracted, paused, aborted).
 
 from __future__ import annotations
 
-from kvwatch.engine.cache.hybrid import HybridPrefixCache
-from kvwatch.engine.cache.node import Node
 from kvwatch.engine.cache.owner import OwnerKind
+from kvwatch.engine.cache.protocol import PrefixCache
 from kvwatch.engine.request import Request, Status
 
 
@@ -53,19 +52,19 @@ class PrefixWaits:
     """One step's waits, built while the scheduler walks its queue.
 
     ``promises`` (holder id -> depths) and ``wanted`` go to
-    ``HybridPrefixCache.promise`` at the end of the step's scheduling: each
+    ``PrefixCache.promise`` at the end of the step's scheduling: each
     sharer captures and keeps the state its waiters need, and a kept snapshot
     stays until no queued request wants it (a waiter may still be queued, for
     want of batch room, after its sharer finished).
     """
 
-    def __init__(self, cache: HybridPrefixCache, running: list[Request]) -> None:
+    def __init__(self, cache: PrefixCache, running: list[Request]) -> None:
         self.cache = cache
         self.page = cache.page_size
-        self.enabled = cache.radix
+        self.enabled = cache.branch_waits
         self.sharers = [r for r in running if self._sharer(r)]
         self.promises: dict[int, frozenset[int]] = {}
-        self.wanted: set[Node] = set()  # kept snapshots a queued request still needs
+        self.wanted: set[object] = set()  # kept snapshots a queued request still needs
         self.decided: dict[str, bool] = {}  # request id -> waits, once per step
 
     def admitted(self, req: Request) -> None:
@@ -88,10 +87,7 @@ class PrefixWaits:
 
     def _decide(self, req: Request) -> bool:
         limit = req.prompt_len - 1  # the last prompt token is always computed
-        kept = self.cache.kept_for_waiters
-        if kept:
-            walk = self.cache.tree.walk(req.tokens, req.extra_key, limit)
-            self.wanted.update(n for n in walk.nodes if n in kept)
+        self.wanted |= self.cache.kept_on_path(req.tokens, req.extra_key, limit)
         for q in self.sharers:
             if q.extra_key != req.extra_key:
                 continue
@@ -110,7 +106,7 @@ class PrefixWaits:
         return (
             req.status is Status.RUNNING
             and h is not None
-            and h.owner.kind is OwnerKind.REQUEST
+            and h.kind is OwnerKind.REQUEST
             and (h.computed_len < req.prompt_len or bool(self.cache.promised_by(h)))
         )
 

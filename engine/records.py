@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
-from kvwatch.engine.cache.holder import Holder
+from kvwatch.engine.cache.protocol import Handle
 from kvwatch.engine.config import MAX_ROLLBACK
 from kvwatch.engine.errors import SessionError, busy_session, closed_session, unknown_session
 
@@ -107,7 +107,7 @@ class Session:
     record: bool
     routed_experts: bool
     tokens: list[int] = field(default_factory=list)  # the conversation; the holder reads this list
-    holder: Holder | None = None  # the cache slot, from the first turn's admission on
+    holder: Handle | None = None  # the cache slot, from the first turn's admission on
     records: SessionRecords | None = None
     turn_ends: list[int] = field(default_factory=lambda: [0])  # len(tokens) after each turn
     in_flight: str | None = None  # id of the turn being served

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
-from kvwatch.engine.cache.holder import Holder
+from kvwatch.engine.cache.protocol import Handle
 from kvwatch.engine.model.tokenizer import STOP_TOKENS
 
 if TYPE_CHECKING:
@@ -61,7 +61,7 @@ class Request:
     arrival: int  # engine step at arrival; lower runs first
     extra_key: str | None = None
     status: Status = Status.WAITING
-    holder: Holder | None = None
+    holder: Handle | None = None
     cached_tokens: int = 0  # prompt tokens served from the cache at first admission
     finish_reason: str | None = None
     error: str | None = None

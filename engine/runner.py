@@ -25,8 +25,7 @@ from typing import NamedTuple
 
 import torch
 
-from kvwatch.engine.cache.hybrid import HybridPrefixCache
-from kvwatch.engine.config import LINEAR_STATE
+from kvwatch.engine.cache.protocol import PrefixCache
 from kvwatch.engine.model.model import ForwardItem, ForwardResult, HybridModel
 from kvwatch.engine.model.paged import PagedKV
 from kvwatch.engine.request import Request
@@ -49,7 +48,7 @@ class WorkResult(NamedTuple):
 
 
 class ModelRunner:
-    def __init__(self, model: HybridModel, cache: HybridPrefixCache) -> None:
+    def __init__(self, model: HybridModel, cache: PrefixCache) -> None:
         self.model = model
         self.cache = cache
 
@@ -69,7 +68,8 @@ class ModelRunner:
             points = {b for b in range(w.start + 1, end + 1) if b % p == 0} | {end}
             points = frozenset(points | {b for b, _ in self.cache.capture_points(h, w.start, end)})
             logits = (end - 1,) if end == len(req.tokens) else ()
-        kv = PagedKV(self.cache.pools, h.full_pages, h.swa_pages, int(h.working[LINEAR_STATE][0]))
+        table = self.cache.page_table(h)
+        kv = PagedKV(self.cache.pools, table.full, table.swa, table.linear)
         return ForwardItem(tokens, w.start, kv, points, logits)
 
     def _finish(self, w: Work, it: ForwardItem, out: ForwardResult) -> WorkResult:

@@ -25,10 +25,10 @@ import bisect
 from collections import deque
 
 from kvwatch.engine.cache.holder import HolderStatus
-from kvwatch.engine.cache.hybrid import Capture, HybridPrefixCache, Match
 from kvwatch.engine.cache.owner import OwnerKind
 from kvwatch.engine.cache.pool import PoolExhausted
-from kvwatch.engine.config import FULL_KV, SchedulerConfig
+from kvwatch.engine.cache.protocol import Capture, Match, PrefixCache
+from kvwatch.engine.config import SchedulerConfig
 from kvwatch.engine.events import (
     EventBus,
     PrefillChunk,
@@ -57,7 +57,7 @@ class Scheduler:
     def __init__(
         self,
         cfg: SchedulerConfig,
-        cache: HybridPrefixCache,
+        cache: PrefixCache,
         events: EventBus,
         faults: frozenset[Fault],
         max_model_len: int,
@@ -195,7 +195,7 @@ class Scheduler:
     def _drop_promises_without_waiters(self) -> None:
         """With the queue empty no one waits to branch off: what was kept for
         waiters goes now, not at the next step (an idle engine takes none)."""
-        if not self.waiting and (self.cache.kept_for_waiters or self.cache.promises):
+        if not self.waiting and self.cache.keeps_for_waiters():
             self.cache.promise({}, set())
 
     def _apply(self, work: Work, res: WorkResult) -> RequestOutput:
@@ -317,10 +317,8 @@ class Scheduler:
 
     # -- leaving -----------------------------------------------------------------------
     def _finish(self, req: Request, reason: str) -> None:
-        h = req.holder
         if req.params.return_routed_experts or (req.session and req.session.routed_experts):
-            pool = self.cache.pools[FULL_KV]
-            req.routed_experts = pool.read_aux(EXPERTS, h.full_pages, 0, h.computed_len)
+            req.routed_experts = self.cache.read_aux(req.holder, EXPERTS)
         self._let_go(req, commit=True)
         req.status, req.finish_reason = Status.FINISHED, reason
         if req.session is not None:

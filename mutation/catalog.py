@@ -49,7 +49,10 @@ SCOPE = (
         for name in [
             "commit",
             "holder",
-            "hybrid",
+            "base",
+            "backends",
+            "promises",
+            "radix_cache",
             "pool",
             "pressure",
             "radix",

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import torch
 
+from kvwatch.engine.cache.base import CacheBase
 from kvwatch.engine.cache.holder import Holder
-from kvwatch.engine.cache.hybrid import Capture, HybridPrefixCache
 from kvwatch.engine.cache.node import Node, Tier
 from kvwatch.engine.cache.pool import PageLayout
+from kvwatch.engine.cache.protocol import Capture, Handle, holder_of
 from kvwatch.engine.config import (
     FULL_KV,
     GROUP_NAMES,
@@ -72,49 +73,51 @@ def prefix_values(
 class SimRunner:
     """Drives holders through allocate -> write -> advance like the engine does."""
 
-    def __init__(self, cache: HybridPrefixCache) -> None:
+    def __init__(self, cache: CacheBase) -> None:
         self.cache = cache
 
-    def values(self, holder: Holder) -> list[int]:
+    def values(self, h: Handle) -> list[int]:
+        holder = holder_of(h)
         return prefix_values(holder.tokens, holder.extra_key)
 
-    def compute(self, holder: Holder, n: int) -> None:
+    def compute(self, h: Handle, n: int) -> None:
         """Compute the next ``n`` tokens (the caller made sure they exist)."""
         cache = self.cache
-        start, end = holder.computed_len, holder.computed_len + n
-        assert end <= len(holder.tokens)
-        cache.allocate(holder, n)
-        vals = torch.tensor(self.values(holder)[start:end], dtype=torch.int64)
-        self.write(holder, start, vals)
-        hashes = self.values(holder)
+        start, end = h.computed_len, h.computed_len + n
+        assert end <= len(holder_of(h).tokens)
+        cache.allocate(h, n)
+        vals = torch.tensor(self.values(h)[start:end], dtype=torch.int64)
+        self.write(h, start, vals)
+        hashes = self.values(h)
         captures = [
             Capture(b, kind, torch.tensor(hashes[b - 1]))
-            for b, kind in cache.capture_points(holder, start, end)
+            for b, kind in cache.capture_points(h, start, end)
         ]
-        cache.advance(holder, end, captures)
-        cache.pools[LINEAR_STATE].set_page_data(holder.working[LINEAR_STATE], hashes[end - 1])
+        cache.advance(h, end, captures)
+        cache.set_working_state(h, hashes[end - 1])
 
-    def write(self, holder: Holder, start: int, vals: torch.Tensor) -> None:
-        cache = self.cache
+    def write(self, h: Handle, start: int, vals: torch.Tensor) -> None:
+        cache, holder = self.cache, holder_of(h)
         cache.pools[FULL_KV].write_tokens(holder.full_pages, start, vals)
-        pages, offset = cache.swa_table(holder, start, len(vals))
+        pages, offset = cache.working.swa_table(holder, start, len(vals))
         cache.pools[SWA_KV].write_tokens(pages, offset, vals)
 
     # -- checks ---------------------------------------------------------------------
-    def check_holder(self, holder: Holder) -> None:
+    def check_holder(self, h: Handle | Holder) -> None:
         """The holder's pages and working state describe exactly its own tokens."""
         cache = self.cache
+        holder = h if isinstance(h, Holder) else holder_of(h)
         c = holder.computed_len
         if c == 0:
             assert (
                 int(cache.pools[LINEAR_STATE].page_data(holder.working[LINEAR_STATE]).item()) == 0
             )
             return
-        hashes = self.values(holder)[:c]
+        hashes = self.values(holder.handle)[:c]
         got = cache.pools[FULL_KV].read_tokens(holder.full_pages, 0, c).tolist()
         assert got == hashes, f"holder {holder.id}: full.kv differs from its tokens"
         lo = max(0, c - cache.config.window)
-        pages, offset = cache.swa_table(holder, lo, c - lo)
+        pages, offset = cache.working.swa_table(holder, lo, c - lo)
         got = cache.pools[SWA_KV].read_tokens(pages, offset, c - lo).tolist()
         assert got == hashes[lo:], f"holder {holder.id}: swa window differs from its tokens"
         state = int(cache.pools[LINEAR_STATE].page_data(holder.working[LINEAR_STATE]).item())
@@ -152,28 +155,28 @@ class SimRunner:
 
     def _check_snapshot(self, pages, tier: Tier, hashes: list[int], what: str) -> None:
         cache, w = self.cache, self.cache.config.window
-        linear = cache.pool(LINEAR_STATE, tier)
+        linear = cache.store.pool(LINEAR_STATE, tier)
         assert int(linear.page_data(pages[LINEAR_STATE]).item()) == hashes[-1], (
             f"{what}: linear state"
         )
-        window = cache.pool(SWA_WINDOW, tier).read_tokens(pages[SWA_WINDOW], 0, w).tolist()
+        window = cache.store.pool(SWA_WINDOW, tier).read_tokens(pages[SWA_WINDOW], 0, w).tolist()
         want = [0] * max(0, w - len(hashes)) + hashes[-w:]
         assert window == want, f"{what}: swa window snapshot"
 
 
 def run_turn(
-    sim: SimRunner, holder: Holder, new_tokens: list[int], *, chunk: int, decode: list[int]
+    sim: SimRunner, holder: Handle, new_tokens: list[int], *, chunk: int, decode: list[int]
 ) -> None:
     """One turn the way the engine runs it: append the user's tokens, prefill them in
     chunks, decode ``decode`` one token at a time, committing after every step, then
     commit the turn's terminal snapshot."""
-    cache = sim.cache
-    holder.tokens += new_tokens
-    while holder.computed_len < len(holder.tokens):
-        sim.compute(holder, min(chunk, len(holder.tokens) - holder.computed_len))
+    cache, tokens = sim.cache, holder_of(holder).tokens
+    tokens += new_tokens
+    while holder.computed_len < len(tokens):
+        sim.compute(holder, min(chunk, len(tokens) - holder.computed_len))
         cache.commit_chunk(holder)
     for token in decode:
-        holder.tokens.append(token)
+        tokens.append(token)
         sim.compute(holder, 1)
         cache.commit_chunk(holder)
     cache.commit_chunk(holder, terminal=True)

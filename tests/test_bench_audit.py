@@ -17,8 +17,10 @@ import torch
 from cachesim import cache_config
 
 from kvwatch.engine.cache.audit import audit
-from kvwatch.engine.cache.hybrid import HybridPrefixCache
+from kvwatch.engine.cache.backends import build_cache
+from kvwatch.engine.cache.base import CacheBase
 from kvwatch.engine.cache.pool import PageLayout
+from kvwatch.engine.cache.protocol import holder_of
 from kvwatch.engine.config import (
     FULL_KV,
     GROUP_NAMES,
@@ -32,9 +34,9 @@ IDLE = QueueReport(0, 0, 0, 0)
 TREE_PAGES = int(os.environ.get("KVWATCH_BENCH_TREE_PAGES", "10000"))
 
 
-def filled_cache(pages: int, suffix: int = 1024) -> HybridPrefixCache:
+def filled_cache(pages: int, suffix: int = 1024) -> CacheBase:
     config = cache_config(window=32, interval=256, page=16, full=pages, swa=4096, snapshots=4096)
-    cache = HybridPrefixCache(config, {g: PageLayout((), torch.float16) for g in GROUP_NAMES})
+    cache = build_cache(config, {g: PageLayout((), torch.float16) for g in GROUP_NAMES})
     rng = random.Random(0)
     systems = [[rng.randrange(1000) for _ in range(512)] for _ in range(16)]
     running = 0
@@ -44,7 +46,7 @@ def filled_cache(pages: int, suffix: int = 1024) -> HybridPrefixCache:
         before = cache.tree.page_count
         holder = cache.open(rng.choice(systems) + [rng.randrange(1000) for _ in range(suffix)])
         cache.match(holder)
-        n = min(len(holder.tokens) - holder.computed_len, (pool.free_count - 80) * 16)
+        n = min(len(holder_of(holder).tokens) - holder.computed_len, (pool.free_count - 80) * 16)
         cache.allocate(holder, n)
         cache.advance(holder, holder.computed_len + n)
         cache.commit_chunk(holder)

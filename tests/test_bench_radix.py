@@ -17,8 +17,9 @@ from benchtrace import agentic_trace
 from cachesim import cache_config
 
 from kvwatch.engine.cache.audit import audit
-from kvwatch.engine.cache.hybrid import HybridPrefixCache
+from kvwatch.engine.cache.backends import build_cache
 from kvwatch.engine.cache.pool import PageLayout
+from kvwatch.engine.cache.protocol import holder_of
 from kvwatch.engine.config import GROUP_NAMES
 
 AGENTS = int(os.environ.get("KVWATCH_BENCH_AGENTS", "3"))
@@ -27,14 +28,14 @@ ROUNDS = int(os.environ.get("KVWATCH_BENCH_ROUNDS", "3"))
 
 def replay(trace) -> dict[str, float]:
     config = cache_config(window=32, interval=256, page=16, full=65536, swa=8192, snapshots=2048)
-    cache = HybridPrefixCache(config, {g: PageLayout((), torch.float16) for g in GROUP_NAMES})
+    cache = build_cache(config, {g: PageLayout((), torch.float16) for g in GROUP_NAMES})
     spent = {"match": 0.0, "insert": 0.0}
     for prompt in trace.prompts:
         holder = cache.open(list(prompt))
         t0 = time.perf_counter()
         cache.match(holder)
         t1 = time.perf_counter()
-        n = len(holder.tokens) - holder.computed_len
+        n = len(holder_of(holder).tokens) - holder.computed_len
         cache.allocate(holder, n)
         cache.advance(holder, holder.computed_len + n)
         t2 = time.perf_counter()

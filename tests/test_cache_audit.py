@@ -19,14 +19,15 @@ from cachesim import INT_LAYOUTS, SimRunner, cache_config, run_turn
 
 from kvwatch.contracts import FindingKind
 from kvwatch.engine.cache.audit import audit
-from kvwatch.engine.cache.holder import Holder
-from kvwatch.engine.cache.hybrid import HybridPrefixCache
+from kvwatch.engine.cache.backends import build_cache
+from kvwatch.engine.cache.base import CacheBase
 from kvwatch.engine.cache.node import Node
+from kvwatch.engine.cache.protocol import Handle, holder_of
 
 
 class Built(NamedTuple):
-    cache: HybridPrefixCache
-    live: Holder
+    cache: CacheBase
+    live: Handle
     branch: Node
     done: Node
     locked: Node
@@ -34,7 +35,7 @@ class Built(NamedTuple):
 
 def built_cache() -> Built:
     config = cache_config(window=8, interval=16, page=4, full=64, swa=32, snapshots=8)
-    cache = HybridPrefixCache(config, INT_LAYOUTS)
+    cache = build_cache(config, INT_LAYOUTS)
     sim = SimRunner(cache)
     done = cache.open([*range(8), *range(100, 112)])
     cache.match(done)
@@ -46,7 +47,7 @@ def built_cache() -> Built:
     (branch,) = cache.tree.root.children.values()
     (done,) = cache.tree.evictable
     assert audit(cache).clean
-    return Built(cache, live, branch, done, live.lock_node)
+    return Built(cache, live, branch, done, holder_of(live).lock_node)
 
 
 def tree_problems(cache) -> list[str]:
@@ -56,7 +57,7 @@ def tree_problems(cache) -> list[str]:
 def test_the_built_cache_is_clean_and_shaped_as_drawn():
     b = built_cache()
     branch, done, locked = b.branch, b.done, b.locked
-    assert b.live.lock_node is locked
+    assert holder_of(b.live).lock_node is locked
     assert branch.depth == 8 and len(branch.children) == 2
     assert done.depth == locked.depth == 20 and done.tokens[0] == 108
     assert (branch.refs, locked.refs, done.refs) == (1, 1, 0)

@@ -11,7 +11,9 @@ from cachesim import INT_LAYOUTS, SimRunner, cache_config, run_turn
 
 from kvwatch.contracts import FindingKind
 from kvwatch.engine.cache.audit import audit
-from kvwatch.engine.cache.hybrid import HybridPrefixCache
+from kvwatch.engine.cache.backends import build_cache
+from kvwatch.engine.cache.base import CacheBase
+from kvwatch.engine.cache.protocol import holder_of
 from kvwatch.engine.cache.usage import usage_bounds
 from kvwatch.engine.config import (
     FULL_KV,
@@ -28,7 +30,7 @@ def words(rng: random.Random, n: int) -> list[int]:
     return [rng.randrange(40) for _ in range(n)]
 
 
-def kinds(cache: HybridPrefixCache) -> list[str]:
+def kinds(cache: CacheBase) -> list[str]:
     return [f.kind for f in audit(cache).findings]
 
 
@@ -41,7 +43,7 @@ def retracted_sharer(faults: frozenset[Fault]):
     is an interior node with a single device holder (B).
     """
     rng = random.Random(1)
-    cache = HybridPrefixCache(CONFIG, INT_LAYOUTS, faults=faults)
+    cache = build_cache(CONFIG, INT_LAYOUTS, faults=faults)
     sim = SimRunner(cache)
     prompt = words(rng, 40)
     seeder = cache.open([*prompt, 0])
@@ -59,7 +61,7 @@ def retracted_sharer(faults: frozenset[Fault]):
 def test_snapshot_release_keeps_host_referenced_recovery_state():
     cache, a = retracted_sharer(NONE)
     assert kinds(cache) == []
-    assert cache.recover(a).resume_len == 40  # recovers exactly where it stopped
+    assert cache.match(a).resume_len == 40  # recovers exactly where it stopped
 
 
 def test_snapshot_release_ignoring_host_refs_is_flagged():
@@ -67,7 +69,7 @@ def test_snapshot_release_ignoring_host_refs_is_flagged():
     report = audit(cache)
     assert [f.kind for f in report.findings] == [FindingKind.TREE]
     assert "retracted holder(s) recover from it, but its state is gone" in report.findings[0].detail
-    assert cache.recover(a).resume_len == 0  # the recovery state is gone: recompute all
+    assert cache.match(a).resume_len == 0  # the recovery state is gone: recompute all
 
 
 # -- seed 000, second review comment --------------------------------------------------
@@ -80,16 +82,16 @@ def branch_past_history_only_node(faults: frozenset[Fault]):
     running turns on its own path.
     """
     rng = random.Random(2)
-    cache = HybridPrefixCache(CONFIG, INT_LAYOUTS, faults=faults)
+    cache = build_cache(CONFIG, INT_LAYOUTS, faults=faults)
     sim = SimRunner(cache)
     a = cache.open(words(rng, 44))
     cache.match(a)
     run_turn(sim, a, [], chunk=16, decode=words(rng, 4))
-    n1 = a.lock_node
+    n1 = holder_of(a).lock_node
     run_turn(sim, a, words(rng, 40), chunk=16, decode=words(rng, 4))
     assert n1.snapshot is not None and n1.snapshot.history_only
 
-    b = cache.open(a.tokens[: n1.depth + 16] + [99] * 5)
+    b = cache.open(holder_of(a).tokens[: n1.depth + 16] + [99] * 5)
     cache.match(b)
     pinned = []
     for _ in range(6):
@@ -100,8 +102,8 @@ def branch_past_history_only_node(faults: frozenset[Fault]):
 
 def test_history_only_node_is_skipped_and_commit_goes_on():
     cache, b, pinned = branch_past_history_only_node(NONE)
-    assert b.cached_len == len(b.tokens) - len(b.tokens) % CONFIG.page_size
-    assert not b.pending
+    assert b.cached_len == len(holder_of(b).tokens) - len(holder_of(b).tokens) % CONFIG.page_size
+    assert not holder_of(b).pending
     assert not any(bound.exceeded for bound in usage_bounds(cache).values())
     assert len(set(pinned)) == 1, pinned  # flat across turns
     assert kinds(cache) == []
@@ -115,7 +117,7 @@ def test_history_only_anchor_fault_is_flagged_by_the_usage_bound():
     # The commit is stuck in front of the history-only node, so nothing B ran
     # after it reached the tree, and B keeps every snapshot it took.
     assert b.cached_len < 100
-    assert len(b.pending) >= 6
+    assert len(holder_of(b).pending) >= 6
     assert kinds(cache) == []  # nothing is orphaned: B still owns what it keeps
 
 
@@ -123,7 +125,7 @@ def test_history_only_anchor_fault_is_flagged_by_the_usage_bound():
 def misses(faults: frozenset[Fault], trim_to_empty: bool):
     """A request misses the tree, or its match trims back to nothing."""
     rng = random.Random(3)
-    cache = HybridPrefixCache(CONFIG, INT_LAYOUTS, faults=faults)
+    cache = build_cache(CONFIG, INT_LAYOUTS, faults=faults)
     sim = SimRunner(cache)
     prompt = words(rng, 40)
     if trim_to_empty:  # history is cached but no node on the path has a snapshot
@@ -155,9 +157,9 @@ def test_root_ref_leak_on_miss_is_flagged(trim_to_empty):
     assert report.findings[0].detail.startswith("root:")
 
 
-def emptied_tree(faults: frozenset[Fault]) -> HybridPrefixCache:
+def emptied_tree(faults: frozenset[Fault]) -> CacheBase:
     """Cache a conversation, finish it, then flush: the tree is just the root again."""
-    cache = HybridPrefixCache(CONFIG, INT_LAYOUTS, faults=faults)
+    cache = build_cache(CONFIG, INT_LAYOUTS, faults=faults)
     sim = SimRunner(cache)
     holder = cache.open(words(random.Random(4), 50))
     cache.match(holder)
@@ -171,7 +173,7 @@ def emptied_tree(faults: frozenset[Fault]) -> HybridPrefixCache:
 def test_root_stays_out_of_the_evict_set():
     cache = emptied_tree(NONE)
     assert cache.tree.root not in cache.tree.evictable
-    assert cache.evict(FULL_KV, 4) == 0  # nothing to evict, and no error
+    assert cache.store.evict(FULL_KV, 4) == 0  # nothing to evict, and no error
     assert kinds(cache) == []
 
 
@@ -180,4 +182,4 @@ def test_root_in_evict_set_is_flagged():
     report = audit(cache)
     assert [f.kind for f in report.findings] == [FindingKind.TREE]
     assert "root is in the evict set" in report.findings[0].detail
-    assert cache.evict(FULL_KV, 4) == 0  # latent, as in the report: nothing is ever taken
+    assert cache.store.evict(FULL_KV, 4) == 0  # latent, as in the report: nothing is ever taken

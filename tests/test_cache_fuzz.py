@@ -24,10 +24,11 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from kvwatch.engine.cache.audit import audit
+from kvwatch.engine.cache.backends import build_cache
 from kvwatch.engine.cache.holder import Holder, HolderStatus
-from kvwatch.engine.cache.hybrid import Capture, HybridPrefixCache
 from kvwatch.engine.cache.node import Tier
 from kvwatch.engine.cache.pool import PoolExhausted
+from kvwatch.engine.cache.protocol import Capture, holder_of
 from kvwatch.engine.config import (
     FULL_KV,
     LINEAR_STATE,
@@ -47,7 +48,7 @@ class CacheMachine(RuleBasedStateMachine):
 
     def __init__(self) -> None:
         super().__init__()
-        self.cache = HybridPrefixCache(CONFIGS[self.SIZE], INT_LAYOUTS)
+        self.cache = build_cache(CONFIGS[self.SIZE], INT_LAYOUTS)
         self.sim = SimRunner(self.cache)
         self.seqs: list[list[int]] = [[]]  # conversations that finished a turn
         self.first: dict[tuple, int] = {}  # cached prefix -> the page it was first written to
@@ -75,7 +76,7 @@ class CacheMachine(RuleBasedStateMachine):
         cut = max(0, len(base) - back)
         tail = data.draw(st.lists(TOKENS, min_size=1, max_size=24))
         tokens = base[:cut] + tail
-        holder = self.cache.open(tokens, extra_key=extra)
+        holder = holder_of(self.cache.open(tokens, extra_key=extra))
         self._match(holder)
 
     @_has(HolderStatus.ACTIVE)
@@ -86,10 +87,10 @@ class CacheMachine(RuleBasedStateMachine):
         if need > 0:  # decoding past the prompt: the "sampled" tokens join the sequence
             holder.tokens += data.draw(st.lists(TOKENS, min_size=need, max_size=need))
         try:
-            self.sim.compute(holder, n)
+            self.sim.compute(holder.handle, n)
         except PoolExhausted:
             if data.draw(st.booleans()):
-                self.cache.retract(holder)
+                self.cache.retract(holder.handle)
 
     @_has(HolderStatus.ACTIVE)
     @rule(data=st.data(), chunk=st.integers(1, 24), decode=st.integers(0, 8))
@@ -105,12 +106,12 @@ class CacheMachine(RuleBasedStateMachine):
                 )
                 if holder.computed_len + n > len(holder.tokens):
                     holder.tokens += data.draw(st.lists(TOKENS, min_size=n, max_size=n))
-                self.sim.compute(holder, n)
-                self.cache.commit_chunk(holder)
+                self.sim.compute(holder.handle, n)
+                self.cache.commit_chunk(holder.handle)
         except PoolExhausted:
-            self.cache.retract(holder)
+            self.cache.retract(holder.handle)
             return
-        self.cache.commit_chunk(holder, terminal=True)
+        self.cache.commit_chunk(holder.handle, terminal=True)
         self.seqs.append(list(holder.tokens))
 
     @_has(HolderStatus.ACTIVE)
@@ -122,28 +123,28 @@ class CacheMachine(RuleBasedStateMachine):
             return
         start = holder.computed_len
         try:
-            self.cache.allocate(holder, k + 1)
+            self.cache.allocate(holder.handle, k + 1)
         except PoolExhausted:
             return
         drafts = data.draw(st.lists(TOKENS, min_size=k + 1, max_size=k + 1))
         holder.tokens += drafts
-        self.sim.write(holder, start, self._values(holder, start, start + k + 1))
+        self.sim.write(holder.handle, start, self._values(holder, start, start + k + 1))
         accepted = data.draw(st.integers(0, k)) + 1
         del holder.tokens[start + accepted :]
         end = start + accepted
-        hashes = self.sim.values(holder)
+        hashes = self.sim.values(holder.handle)
         caps = [
             Capture(b, kind, self._tensor(hashes[b - 1]))
-            for b, kind in self.cache.capture_points(holder, start, end)
+            for b, kind in self.cache.capture_points(holder.handle, start, end)
         ]
-        self.cache.advance(holder, end, caps)
+        self.cache.advance(holder.handle, end, caps)
         self.cache.pools[LINEAR_STATE].set_page_data(holder.working[LINEAR_STATE], hashes[end - 1])
-        self.cache.trim(holder, end)
+        self.cache.trim(holder.handle, end)
 
     @_has(HolderStatus.ACTIVE)
     @rule(data=st.data(), terminal=st.booleans())
     def commit(self, data, terminal):
-        self.cache.commit_chunk(self._pick(data, HolderStatus.ACTIVE), terminal=terminal)
+        self.cache.commit_chunk(self._pick(data, HolderStatus.ACTIVE).handle, terminal=terminal)
 
     @_has(HolderStatus.ACTIVE)
     @rule(data=st.data())
@@ -154,7 +155,7 @@ class CacheMachine(RuleBasedStateMachine):
     @_has(HolderStatus.ACTIVE)
     @rule(data=st.data())
     def retract(self, data):
-        self.cache.retract(self._pick(data, HolderStatus.ACTIVE))
+        self.cache.retract(self._pick(data, HolderStatus.ACTIVE).handle)
 
     @_has(HolderStatus.RETRACTED)
     @rule(data=st.data())
@@ -165,7 +166,7 @@ class CacheMachine(RuleBasedStateMachine):
     @rule(data=st.data(), commit=st.booleans())
     def release(self, data, commit):
         holder = data.draw(st.sampled_from(sorted(self.cache.holders.values(), key=lambda h: h.id)))
-        self.cache.release(holder, commit=commit)
+        self.cache.release(holder.handle, commit=commit)
 
     @rule(
         action=st.sampled_from(["evict"] * 4 + ["prune"] * 3 + ["flush"]),
@@ -176,9 +177,9 @@ class CacheMachine(RuleBasedStateMachine):
     def pressure(self, action, group, n, host):
         """Outside pressure: evict leaves, prune snapshots, or (rarely) flush everything."""
         if action == "evict":
-            self.cache.evict(FULL_KV, n)
+            self.cache.store.evict(FULL_KV, n)
         elif action == "prune":
-            self.cache.prune(group, n, Tier.HOST if host else Tier.DEVICE)
+            self.cache.store.prune(group, n, Tier.HOST if host else Tier.DEVICE)
         else:
             self.cache.flush()
 
@@ -194,10 +195,10 @@ class CacheMachine(RuleBasedStateMachine):
             default=0,
         )
         try:
-            match = self.cache.match(holder)
+            match = self.cache.match(holder.handle)
         except PoolExhausted:
             if holder.status is HolderStatus.NEW:
-                self.cache.release(holder, commit=False)
+                self.cache.release(holder.handle, commit=False)
             return
         assert match.resume_len >= floor, "state recovery skipped a usable snapshot"
         assert match.resume_len <= match.hit_len <= len(holder.tokens) - 1
@@ -214,7 +215,7 @@ class CacheMachine(RuleBasedStateMachine):
         self.first = {key: page for key, page in self.first.items() if page not in gone}
 
     def _values(self, holder: Holder, start: int, end: int):
-        return self._tensor(self.sim.values(holder)[start:end])
+        return self._tensor(self.sim.values(holder.handle)[start:end])
 
     @staticmethod
     def _tensor(values):

@@ -10,11 +10,12 @@ import torch
 from cachesim import INT_LAYOUTS, SimRunner, cache_config, run_turn
 
 from kvwatch.engine.cache.audit import audit
+from kvwatch.engine.cache.backends import build_cache
 from kvwatch.engine.cache.holder import HolderStatus, PendingKind
-from kvwatch.engine.cache.hybrid import HybridPrefixCache
 from kvwatch.engine.cache.node import EMPTY_PAGES, Tier
 from kvwatch.engine.cache.owner import Owner, OwnerKind
 from kvwatch.engine.cache.pool import OwnershipError, PageLayout, PagePool, PoolExhausted
+from kvwatch.engine.cache.protocol import holder_of
 from kvwatch.engine.cache.radix import RadixTree
 from kvwatch.engine.cache.usage import group_usage
 from kvwatch.engine.config import (
@@ -145,7 +146,7 @@ def test_host_ref_pins_a_node_against_eviction():
 
 # -- HybridPrefixCache -------------------------------------------------------------------
 def test_capture_points_mark_intervals_and_the_frontier_page():
-    cache = HybridPrefixCache(small_config(), INT_LAYOUTS)
+    cache = build_cache(small_config(), INT_LAYOUTS)
     h = cache.open([])
     assert cache.capture_points(h, 0, 3) == []
     assert cache.capture_points(h, 0, 7) == [(4, PendingKind.TRACK)]
@@ -158,7 +159,7 @@ def test_capture_points_mark_intervals_and_the_frontier_page():
 
 
 def test_match_leaves_the_last_token_to_compute():
-    cache = HybridPrefixCache(small_config(), INT_LAYOUTS)
+    cache = build_cache(small_config(), INT_LAYOUTS)
     sim = SimRunner(cache)
     h = cache.open(list(range(8)))
     cache.match(h)
@@ -172,7 +173,7 @@ def test_match_leaves_the_last_token_to_compute():
 
 
 def test_allocation_failure_is_atomic():
-    cache = HybridPrefixCache(small_config(swa_kv=GroupSpec(SWA_KV, 4, 4)), INT_LAYOUTS)
+    cache = build_cache(small_config(swa_kv=GroupSpec(SWA_KV, 4, 4)), INT_LAYOUTS)
     h = cache.open(list(range(40)))
     cache.match(h)
     before = {g: p.free_count for g, p in cache.pools.items()}
@@ -183,30 +184,36 @@ def test_allocation_failure_is_atomic():
 
 
 def test_window_slides_and_trim_keeps_a_partial_page():
-    cache = HybridPrefixCache(small_config(), INT_LAYOUTS)
+    cache = build_cache(small_config(), INT_LAYOUTS)
     sim = SimRunner(cache)
     h = cache.open(list(range(30)))
     cache.match(h)
     sim.compute(h, 22)
-    assert sorted(h.swa_pages) == [3, 4, 5]  # positions >= 22 - 8 = 14 live in pages 3..5
+    assert sorted(holder_of(h).swa_pages) == [
+        3,
+        4,
+        5,
+    ]  # positions >= 22 - 8 = 14 live in pages 3..5
     cache.allocate(h, 5)  # speculative slots for positions 22..26; one is accepted
     sim.write(h, 22, torch.tensor(sim.values(h)[22:23]))
     cache.advance(h, 23)
-    cache.pools[LINEAR_STATE].set_page_data(h.working[LINEAR_STATE], sim.values(h)[22])
+    cache.pools[LINEAR_STATE].set_page_data(holder_of(h).working[LINEAR_STATE], sim.values(h)[22])
     cache.trim(h, 23)
-    assert len(h.full_pages) == 6 and h.allocated_len == 23  # page 5 holds 20..22 and stays
+    assert (
+        len(holder_of(h).full_pages) == 6 and h.allocated_len == 23
+    )  # page 5 holds 20..22 and stays
     sim.check_holder(h)
     assert audit(cache).clean
 
 
 def test_retract_parks_the_recovery_snapshot_on_the_host():
-    cache = HybridPrefixCache(small_config(), INT_LAYOUTS)
+    cache = build_cache(small_config(), INT_LAYOUTS)
     sim = SimRunner(cache)
     h = cache.open(list(range(20)))
     cache.match(h)
     run_turn(sim, h, [], chunk=6, decode=[])
     cache.retract(h)
-    anchor = h.anchor
+    anchor = holder_of(h).anchor
     assert h.status is HolderStatus.RETRACTED and anchor.depth == 20 and anchor.host_refs == 1
     assert anchor.snapshot.tier is Tier.HOST
     usage = group_usage(cache)
@@ -217,15 +224,15 @@ def test_retract_parks_the_recovery_snapshot_on_the_host():
         "slot": 0,
         "host": 1,
     }
-    h.tokens.append(7)
-    assert cache.recover(h).resume_len == 20
+    holder_of(h).tokens.append(7)
+    assert cache.match(h).resume_len == 20
     assert anchor.snapshot.tier is Tier.DEVICE and anchor.host_refs == 0
     sim.check_holder(h)
     assert audit(cache).clean
 
 
 def test_group_usage_splits_pinned_and_evictable_tree_pages():
-    cache = HybridPrefixCache(small_config(), INT_LAYOUTS)
+    cache = build_cache(small_config(), INT_LAYOUTS)
     sim = SimRunner(cache)
     a, b = cache.open(list(range(17))), cache.open([9] * 17)
     for h in (a, b):
@@ -258,7 +265,7 @@ def test_a_prompt_leaving_the_tree_without_state_there_captures_it_for_its_sibli
     """Branch capture: the tree has history to 12 but state only at 24 (a deeper
     terminal); a prompt that leaves at 12 recomputes from 0, captures a BRANCH
     snapshot at 12 and commits it, and the next sibling resumes there."""
-    cache = HybridPrefixCache(small_config(), INT_LAYOUTS)
+    cache = build_cache(small_config(), INT_LAYOUTS)
     sim = SimRunner(cache)
     seeder = cache.open([*range(25)])
     cache.match(seeder)
@@ -266,10 +273,10 @@ def test_a_prompt_leaving_the_tree_without_state_there_captures_it_for_its_sibli
     cache.release(seeder, commit=True)  # state only at its terminal, 24 (interval 16 superseded)
     first = cache.open([*range(12), 90, 91, 92, 93, 94])
     m = cache.match(first)
-    assert (m.hit_len, m.resume_len, first.branch_at) == (12, 0, 12)
+    assert (m.hit_len, m.resume_len, holder_of(first).branch_at) == (12, 0, 12)
     assert (12, PendingKind.BRANCH) in cache.capture_points(first, 8, 16)
     run_turn(sim, first, [], chunk=8, decode=[])
-    branch = next(n for n in first.lock_node.path() if n.depth == 12)
+    branch = next(n for n in holder_of(first).lock_node.path() if n.depth == 12)
     assert len(branch.children) == 2 and branch.has_complete_snapshot
     cache.release(first, commit=True)
     second = cache.open([*range(12), 80, 81, 82, 83, 84])
@@ -285,7 +292,7 @@ def test_probe_counts_only_superseded_interior_snapshots(leak):
     """A branch point's state and a path's deepest state are kept on purpose; a turn
     end that a later turn's terminal supersedes is what seed 000 leaks."""
     faults = frozenset({Fault.INTERIOR_SNAPSHOT_LEAK}) if leak else frozenset()
-    cache = HybridPrefixCache(small_config(), INT_LAYOUTS, faults=faults)
+    cache = build_cache(small_config(), INT_LAYOUTS, faults=faults)
     sim = SimRunner(cache)
     for tail in ([90, 91, 92, 93, 94], [80, 81, 82, 83, 84]):  # two branches at 12
         h = cache.open([*range(12), *tail])
@@ -302,7 +309,7 @@ def test_probe_counts_only_superseded_interior_snapshots(leak):
 
 
 def test_shared_snapshot_lives_while_shared_and_goes_when_the_sharer_leaves():
-    cache = HybridPrefixCache(small_config(), INT_LAYOUTS)
+    cache = build_cache(small_config(), INT_LAYOUTS)
     sim = SimRunner(cache)
     seeder = cache.open([*range(20), 0])
     cache.match(seeder)
@@ -310,11 +317,11 @@ def test_shared_snapshot_lives_while_shared_and_goes_when_the_sharer_leaves():
     cache.release(seeder, commit=True)
     a, b = cache.open([*range(20), 1]), cache.open([*range(20), 2])
     assert cache.match(a).resume_len == cache.match(b).resume_len == 20
-    shared = a.lock_node
+    shared = holder_of(a).lock_node
     run_turn(sim, a, [5] * 10, chunk=8, decode=[])
     run_turn(sim, b, [6] * 10, chunk=8, decode=[])
     assert shared.refs == 2 and shared.has_complete_snapshot  # kept for the sharer
-    first_terminal = a.lock_node
+    first_terminal = holder_of(a).lock_node
     cache.release(b, commit=True)
     # b's turn stays cached as a sibling leaf: the branch point's state is where
     # a third conversation would resume, so it stays though a alone locks it
@@ -322,10 +329,10 @@ def test_shared_snapshot_lives_while_shared_and_goes_when_the_sharer_leaves():
     # once b's leaf is evicted it is no branch point, and a's own terminal supersedes
     # it: it goes at once, not at a's next commit, so no probe sees a holder pinning
     # three snapshots
-    assert cache.evict(FULL_KV, 1) >= 1
+    assert cache.store.evict(FULL_KV, 1) >= 1
     assert len(shared.children) == 1
     assert shared.snapshot.history_only and first_terminal.has_complete_snapshot
     run_turn(sim, a, [7] * 10, chunk=8, decode=[])
     assert first_terminal.snapshot.history_only
-    assert a.lock_node.has_complete_snapshot  # the deepest anchor always stays
+    assert holder_of(a).lock_node.has_complete_snapshot  # the deepest anchor always stays
     assert audit(cache).clean

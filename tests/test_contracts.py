@@ -9,7 +9,7 @@ import sys
 
 from kvwatch.contracts import OWNERSHIP, FindingKind, ProbeReport
 from kvwatch.engine import Engine, EngineConfig, SamplingParams
-from kvwatch.engine.cache.hybrid import HybridPrefixCache
+from kvwatch.engine.cache.backends import build_cache
 from kvwatch.engine.config import CacheConfig, PrefixCacheMode
 from kvwatch.engine.faults import Fault
 from kvwatch.engine.probe import QueueReport, take_probe
@@ -35,7 +35,7 @@ def test_an_engine_probe_round_trips_through_json_in_both_modes():
 
 
 def test_findings_keep_their_kind_through_json():
-    cache = HybridPrefixCache(CacheConfig(), faults=frozenset({Fault.ROOT_REF_LEAK_ON_MISS}))
+    cache = build_cache(CacheConfig(), faults=frozenset({Fault.ROOT_REF_LEAK_ON_MISS}))
     cache.match(cache.open([1, 2, 3, 4, 5]))  # a miss keeps the root's ref
     report = take_probe(cache, 0, QueueReport(0, 0, 0, 0))
     assert [f.kind for f in report.findings] == [FindingKind.REF_MISMATCH]

@@ -9,6 +9,7 @@ from conversations import small_cache
 
 from kvwatch.contracts import FindingKind
 from kvwatch.engine import Engine, EngineConfig, Fault, SamplingParams, SchedulerConfig, SpecConfig
+from kvwatch.engine.cache.protocol import holder_of
 from kvwatch.engine.config import FULL_KV, LINEAR_STATE, SWA_WINDOW
 from kvwatch.engine.events import SpecVerified
 
@@ -34,7 +35,7 @@ def abort_mid_prefill(faults: frozenset, how: str) -> Engine:
             engine.step()
         holder = engine.requests[rid].holder
         assert (
-            holder.computed_len < 200 and holder.track() is not None
+            holder.computed_len < 200 and holder_of(holder).track() is not None
         )  # mid-prefill, snapshot held
         engine.abort(rid) if how == "abort" else engine.pause(rid)
     return engine

@@ -13,7 +13,8 @@ import random
 from cachesim import INT_LAYOUTS, SimRunner, cache_config, run_turn
 
 from kvwatch.engine.cache.audit import audit
-from kvwatch.engine.cache.hybrid import HybridPrefixCache
+from kvwatch.engine.cache.backends import build_cache
+from kvwatch.engine.cache.base import CacheBase
 from kvwatch.engine.cache.pool import PoolExhausted
 from kvwatch.engine.cache.usage import SNAPSHOTS_PER_HOLDER, usage_bounds
 from kvwatch.engine.config import (
@@ -34,9 +35,9 @@ class Outcome:
         self.turns_done = 0
 
 
-def agentic_trie(faults: frozenset[Fault]) -> tuple[HybridPrefixCache, Outcome]:
+def agentic_trie(faults: frozenset[Fault]) -> tuple[CacheBase, Outcome]:
     rng = random.Random(0)
-    cache = HybridPrefixCache(CONFIG, INT_LAYOUTS, faults=faults)
+    cache = build_cache(CONFIG, INT_LAYOUTS, faults=faults)
     sim = SimRunner(cache)
     system = [rng.randrange(50) for _ in range(96)]
     seeder = cache.open([*system, 0])

@@ -8,6 +8,7 @@ from sessionsim import SessionDriver, abort_mid_verify
 
 from kvwatch.engine import Engine, EngineConfig, SamplingParams, SchedulerConfig, SpecConfig
 from kvwatch.engine.cache.holder import HolderStatus
+from kvwatch.engine.cache.protocol import holder_of
 from kvwatch.engine.errors import SessionError
 from kvwatch.engine.events import RequestRetracted
 from kvwatch.engine.request import Status
@@ -100,7 +101,7 @@ def test_resume_frees_the_speculative_tail_page_aligned():
     free_before = eng.cache.pools["full.kv"].free_count
     resumed = eng.cache.resume(holder)  # what the next turn's admission does
     assert resumed == holder.computed_len == holder.allocated_len
-    assert len(holder.full_pages) == -(-resumed // 16)  # the partial page stays
+    assert len(holder_of(holder).full_pages) == -(-resumed // 16)  # the partial page stays
     assert eng.cache.pools["full.kv"].free_count >= free_before
     eng.cache.park(holder)
     assert eng.probe().clean

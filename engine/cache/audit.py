@@ -32,7 +32,6 @@ from kvwatch.contracts import Finding, FindingKind, RootRefs, finding
 from kvwatch.engine.cache.claims import (
     Claims,
     claim_holders,
-    claim_slots,
     owner_key,
     owner_name,
 )
@@ -40,11 +39,11 @@ from kvwatch.engine.cache.holder import Holder
 from kvwatch.engine.cache.node import Node, Tier
 from kvwatch.engine.cache.owner import Owner, OwnerKind
 from kvwatch.engine.cache.pool import PagePool
-from kvwatch.engine.cache.radix import TREE_OWNER
+from kvwatch.engine.cache.radix import TREE_OWNER, RadixTree
 from kvwatch.engine.config import FULL_KV, STATE_GROUPS
 
 if TYPE_CHECKING:
-    from kvwatch.engine.cache.hybrid import HybridPrefixCache
+    from kvwatch.engine.cache.base import CacheBase
 
 
 class AuditReport(NamedTuple):
@@ -56,25 +55,24 @@ class AuditReport(NamedTuple):
         return not self.findings
 
 
-def audit(cache: HybridPrefixCache) -> AuditReport:
+def audit(cache: CacheBase) -> AuditReport:
     claims = Claims()
     refs = _holder_refs(cache)
     scan = _scan_tree(cache, claims, refs)
     claim_holders(cache, claims)
-    claim_slots(cache, claims)
+    cache.claim_stored(claims)
     owners = claims.owner_keys()
     findings: list[Finding] = []
-    for group, pool in cache.pools.items():
+    for group, pool in cache.store.pools.items():
         findings += _audit_pool(pool, group, Tier.DEVICE, claims, owners, cache.holders)
-    for group, pool in cache.host_pools.items():
+    for group, pool in cache.store.host_pools.items():
         findings += _audit_pool(pool, group, Tier.HOST, claims, owners, cache.holders)
     findings += scan.ref_findings
     findings += [
         finding(FindingKind.TREE, None, [], p) for p in scan.problems + _holder_problems(cache)
     ]
-    if cache.slots is not None:
-        findings += cache.slots.findings()
-    return AuditReport(tuple(findings), RootRefs(cache.tree.root.refs, refs.device[0]))
+    findings += cache.stored_findings()
+    return AuditReport(tuple(findings), RootRefs(cache.store.tree.root.refs, refs.device[0]))
 
 
 class _HolderRefs(NamedTuple):
@@ -90,7 +88,7 @@ class _TreeScan(NamedTuple):
     ref_findings: list[Finding]
 
 
-def _holder_refs(cache: HybridPrefixCache) -> _HolderRefs:
+def _holder_refs(cache: CacheBase) -> _HolderRefs:
     device: Counter[int] = Counter()
     host: Counter[int] = Counter()
     nodes: dict[int, Node] = {}
@@ -105,7 +103,7 @@ def _holder_refs(cache: HybridPrefixCache) -> _HolderRefs:
     return _HolderRefs(device, host, nodes)
 
 
-def _scan_tree(cache: HybridPrefixCache, claims: Claims, refs: _HolderRefs) -> _TreeScan:
+def _scan_tree(cache: CacheBase, claims: Claims, refs: _HolderRefs) -> _TreeScan:
     """One walk over the tree: claim each node's pages; check each link, each
     node's shape and snapshot, and the tree's counters; then the refs.
 
@@ -120,85 +118,122 @@ def _scan_tree(cache: HybridPrefixCache, claims: Claims, refs: _HolderRefs) -> _
     Refs are compared where they can differ from zero: at nodes that hold refs,
     and at the few nodes on live holders' paths.
     """
-    tree, p = cache.tree, cache.page_size
-    root = tree.root
-    out: list[str] = []
+    tree = cache.store.tree
     per_snapshot = {g: cache.config.pages_per_snapshot(g) for g in STATE_GROUPS}
-    want_evict, with_state = set(), set()
-    state_pages: dict[tuple[str, Tier], tuple[list[np.ndarray], list[int], list[int]]] = {}
-    body: list[Node] = []
-    with_refs: list[Node] = []
-    page_arrays: list[np.ndarray] = []
-    page_lengths: list[int] = []
-    first = len(claims.who)
-    pages = 0
-    stack = [root]
+    walked = _walk(tree.root, cache.page_size, per_snapshot, first=len(claims.who))
+    state = _claim_walked(claims, walked)
+    out = walked.problems
+    for n in walked.with_refs:
+        if n.host_refs and not n.has_complete_snapshot:
+            out.append(
+                f"node {n.id} (depth {n.depth}): {n.host_refs} retracted holder(s) recover "
+                "from it, but its state is gone"
+            )
+    out += _counter_problems(tree, walked, state)
+    return _TreeScan(out, _ref_findings(tree.root, walked.with_refs, refs))
+
+
+class _Walked(NamedTuple):
+    """What one walk over the tree saw (``body`` in walk order, root excluded)."""
+
+    body: list[Node]
+    first: int  # the claimant index of body[0]
+    page_arrays: list[np.ndarray]  # each node's full.kv pages, in body order
+    pages: int
+    # (group, tier) -> snapshot page arrays, their claimant indices, their sizes
+    state_pages: dict[tuple[str, Tier], tuple[list[np.ndarray], list[int], list[int]]]
+    with_refs: list[Node]
+    want_evict: set[Node]  # unlocked leaves: exactly the evict set
+    with_state: set[Node]
+    problems: list[str]
+
+
+def _walk(root: Node, p: int, per_snapshot: dict[str, int], *, first: int) -> _Walked:
+    w = _Walked(
+        body=[],
+        first=first,
+        page_arrays=[],
+        pages=0,
+        state_pages={},
+        with_refs=[],
+        want_evict=set(),
+        with_state=set(),
+        problems=[],
+    )
+    out, pages, stack = w.problems, 0, [root]
     while stack:
         parent = stack.pop()
         for key, n in parent.children.items():
-            index = first + len(body)
-            body.append(n)
-            tokens, ids, kids = n.tokens, n.pages, n.children
-            n_tokens = len(tokens)
-            page_arrays.append(ids)
-            n_pages = ids.size
-            page_lengths.append(n_pages)
+            index = first + len(w.body)
+            w.body.append(n)
+            n_tokens, n_pages = len(n.tokens), n.pages.size
+            w.page_arrays.append(n.pages)
             pages += n_pages
-            if kids:
+            if n.children:
                 stack.append(n)
             if n.refs or n.host_refs:
-                with_refs.append(n)
-            elif not kids:
-                want_evict.add(n)
+                w.with_refs.append(n)
+            elif not n.children:
+                w.want_evict.add(n)
             if not n_tokens or n_tokens != n_pages * p:
                 out.append(f"node {n.id}: {n_tokens} tokens over {n_pages} pages")
             if n.parent is not parent or n.key != key or n.depth != parent.depth + n_tokens:
                 out.append(f"node {n.id}: depth or parent link broken")
             if parent is not root and parent.extra_key != n.extra_key:
                 out.append(f"node {n.id}: extra key differs from its parent's")
-            snap = n.snapshot
-            if snap is not None and snap.pages:
-                with_state.add(n)
-                for group, held_ids in snap.pages.items():
-                    held, claimant, sizes = state_pages.setdefault((group, snap.tier), ([], [], []))
-                    held.append(held_ids)
-                    claimant.append(index)
-                    sizes.append(held_ids.size)
-                    if held_ids.size != per_snapshot[group]:
-                        out.append(f"node {n.id}: {group} snapshot has {held_ids.size} pages")
-                if not snap.complete:
-                    out.append(f"node {n.id}: snapshot holds only {sorted(snap.pages)}")
-    claims.owners.extend(itertools.repeat(TREE_OWNER, len(body)))
-    claims.who.extend(body)
+            if n.snapshot is not None and n.snapshot.pages:
+                _walk_snapshot(n, index, w, per_snapshot)
+    return w._replace(pages=pages)
+
+
+def _walk_snapshot(n: Node, index: int, w: _Walked, per_snapshot: dict[str, int]) -> None:
+    snap = n.snapshot
+    w.with_state.add(n)
+    for group, held_ids in snap.pages.items():
+        held, claimant, sizes = w.state_pages.setdefault((group, snap.tier), ([], [], []))
+        held.append(held_ids)
+        claimant.append(index)
+        sizes.append(held_ids.size)
+        if held_ids.size != per_snapshot[group]:
+            w.problems.append(f"node {n.id}: {group} snapshot has {held_ids.size} pages")
+    if not snap.complete:
+        w.problems.append(f"node {n.id}: snapshot holds only {sorted(snap.pages)}")
+
+
+def _claim_walked(claims: Claims, w: _Walked) -> Counter[tuple[str, Tier]]:
+    """Register every node as the tree's claimant; returns state pages per (group, tier)."""
+    claims.owners.extend(itertools.repeat(TREE_OWNER, len(w.body)))
+    claims.who.extend(w.body)
+    lengths = [a.size for a in w.page_arrays]
     claims.add_many(
-        FULL_KV, Tier.DEVICE, page_arrays, range(first, first + len(body)), page_lengths
+        FULL_KV, Tier.DEVICE, w.page_arrays, range(w.first, w.first + len(w.body)), lengths
     )
     state: Counter[tuple[str, Tier]] = Counter()
-    for (group, tier), (held, claimant, sizes) in state_pages.items():
+    for (group, tier), (held, claimant, sizes) in w.state_pages.items():
         claims.add_many(group, tier, held, claimant, sizes)
         state[group, tier] = sum(sizes)
-    for n in with_refs:
-        if n.host_refs and not n.has_complete_snapshot:
-            out.append(
-                f"node {n.id} (depth {n.depth}): {n.host_refs} retracted holder(s) recover "
-                "from it, but its state is gone"
-            )
-    for n in tree.evictable - want_evict:
+    return state
+
+
+def _counter_problems(tree: RadixTree, w: _Walked, state: Counter) -> list[str]:
+    """The tree's own counters and sets against what the walk counted."""
+    out = []
+    for n in tree.evictable - w.want_evict:
         what = "root" if n.is_root else f"node {n.id}"
         out.append(f"{what} is in the evict set but is not an unlocked non-root leaf")
-    for n in want_evict - tree.evictable:
+    for n in w.want_evict - tree.evictable:
         out.append(f"node {n.id} is an unlocked leaf missing from the evict set")
-    if tree.node_count != len(body):
-        out.append(f"node counter {tree.node_count} != {len(body)} nodes")
-    if tree.page_count != pages:
-        out.append(f"page counter {tree.page_count} != {pages} pages held by nodes")
+    if tree.node_count != len(w.body):
+        out.append(f"node counter {tree.node_count} != {len(w.body)} nodes")
+    if tree.page_count != w.pages:
+        out.append(f"page counter {tree.page_count} != {w.pages} pages held by nodes")
     if +tree.state_pages != +state:
         out.append(f"state page counters {dict(+tree.state_pages)} != held {dict(state)}")
-    if tree.snapshot_nodes != with_state:
+    if tree.snapshot_nodes != w.with_state:
         out.append(
-            f"snapshot set has {len(tree.snapshot_nodes)} nodes, {len(with_state)} carry state"
+            f"snapshot set has {len(tree.snapshot_nodes)} nodes, {len(w.with_state)} carry state"
         )
-    return _TreeScan(out, _ref_findings(root, with_refs, refs))
+    return out
 
 
 def _ref_findings(root: Node, with_refs: list[Node], refs: _HolderRefs) -> list[Finding]:
@@ -239,89 +274,100 @@ def _audit_pool(
     owners: np.ndarray,
     holders: Mapping[int, Holder],
 ) -> list[Finding]:
-    out: list[Finding] = []
-    label = group if tier is Tier.DEVICE else f"{group} (host)"
-    snap = pool.view()
-    claimed = claims.arrays(group, tier)
-    pages = claimed.pages
-    held = np.bincount(pages, minlength=pool.capacity)
-    on_stack = np.bincount(snap.free_pages, minlength=pool.capacity)
-    tagged = snap.owner_kind != int(OwnerKind.FREE)
+    """Every page of one pool against the free stack, its tag and its claimants."""
+    view = _PoolAudit(pool, group, tier, claims, holders)
+    return view.stack_findings() + view.claim_findings() + view.tag_findings(owners)
 
-    def tag(page: int) -> str:
-        kind = OwnerKind(int(snap.owner_kind[page]))
+
+class _PoolAudit:
+    """One pool's pages counted three ways: on the free stack, claimed, tagged.
+
+    ::
+
+        page     on_stack  held  tagged   verdict
+        free     1         0     no       fine
+        held     0         1     yes      fine (if the tag is the claimant's)
+        ...      >1        -     -        double free
+        ...      1         >0    or yes   free and owned
+        ...      0         >1    -        held twice
+        ...      0         0     -        orphan
+    """
+
+    def __init__(
+        self,
+        pool: PagePool,
+        group: str,
+        tier: Tier,
+        claims: Claims,
+        holders: Mapping[int, Holder],
+    ) -> None:
+        self.group, self.claims, self.holders = group, claims, holders
+        self.label = group if tier is Tier.DEVICE else f"{group} (host)"
+        self.snap = snap = pool.view()
+        self.claimed = claims.arrays(group, tier)
+        self.held = np.bincount(self.claimed.pages, minlength=pool.capacity)
+        self.on_stack = np.bincount(snap.free_pages, minlength=pool.capacity)
+        self.tagged = snap.owner_kind != int(OwnerKind.FREE)
+
+    def tag(self, page: int) -> str:
+        kind = OwnerKind(int(self.snap.owner_kind[page]))
         if kind is OwnerKind.FREE:
             return "free"
-        owner = Owner(kind, int(snap.owner_id[page]))
-        return owner_name(owner, holders.get(owner.id))
+        owner = Owner(kind, int(self.snap.owner_id[page]))
+        return owner_name(owner, self.holders.get(owner.id))
 
-    def holders_of(page: int) -> str:
-        return ", ".join(claims.describe(int(i)) for i in claimed.who()[pages == page])
+    def holders_of(self, page: int) -> str:
+        who = self.claimed.who()[self.claimed.pages == page]
+        return ", ".join(self.claims.describe(int(i)) for i in who)
 
-    twice_free = np.flatnonzero(on_stack > 1).tolist()
-    if twice_free:
-        out.append(
-            finding(
-                FindingKind.DOUBLE_OWNED,
-                group,
-                twice_free,
-                f"{label}: {len(twice_free)} pages on the free stack twice (double free)",
+    def _finding(self, kind: FindingKind, pages: list[int], what: str) -> Finding:
+        return finding(kind, self.group, pages, f"{self.label}: {len(pages)} {what}")
+
+    def stack_findings(self) -> list[Finding]:
+        out = []
+        twice_free = np.flatnonzero(self.on_stack > 1).tolist()
+        if twice_free:
+            what = "pages on the free stack twice (double free)"
+            out.append(self._finding(FindingKind.DOUBLE_OWNED, twice_free, what))
+        free = (self.on_stack > 0) & ((self.held > 0) | self.tagged)
+        if free_owned := np.flatnonzero(free).tolist():
+            p = free_owned[0]
+            what = f"free pages still tagged or held; page {p} tagged {self.tag(p)}, held by [{self.holders_of(p)}]"
+            out.append(self._finding(FindingKind.FREE_AND_OWNED, free_owned, what))
+        return out
+
+    def claim_findings(self) -> list[Finding]:
+        out = []
+        if doubles := np.flatnonzero(self.held > 1).tolist():
+            p = doubles[0]
+            what = f"pages held twice; page {p} held by [{self.holders_of(p)}]"
+            out.append(self._finding(FindingKind.DOUBLE_OWNED, doubles, what))
+        if orphans := np.flatnonzero((self.held == 0) & (self.on_stack == 0)).tolist():
+            last = Counter(self.tag(p) for p in orphans[:256])
+            what = (
+                f"allocated pages held by no live holder; last owners {dict(last.most_common(4))}"
             )
-        )
-    free_owned = np.flatnonzero((on_stack > 0) & ((held > 0) | tagged)).tolist()
-    if free_owned:
-        p = free_owned[0]
-        out.append(
-            finding(
-                FindingKind.FREE_AND_OWNED,
-                group,
-                free_owned,
-                f"{label}: {len(free_owned)} free pages still tagged or held; page {p} tagged {tag(p)}, held by [{holders_of(p)}]",
-            )
-        )
-    doubles = np.flatnonzero(held > 1).tolist()
-    if doubles:
-        p = doubles[0]
-        out.append(
-            finding(
-                FindingKind.DOUBLE_OWNED,
-                group,
-                doubles,
-                f"{label}: {len(doubles)} pages held twice; page {p} held by [{holders_of(p)}]",
-            )
-        )
-    orphans = np.flatnonzero((held == 0) & (on_stack == 0)).tolist()
-    if orphans:
-        last = Counter(tag(p) for p in orphans[:256])
-        out.append(
-            finding(
-                FindingKind.ORPHAN,
-                group,
-                orphans,
-                f"{label}: {len(orphans)} allocated pages held by no live holder; last owners {dict(last.most_common(4))}",
-            )
-        )
-    if pages.size:
-        # Tags against claimants, one int64 compare per claimed page; a page
-        # held twice is reported above, not again here.
-        tags = owner_key(snap.owner_kind, snap.owner_id)
+            out.append(self._finding(FindingKind.ORPHAN, orphans, what))
+        return out
+
+    def tag_findings(self, owners: np.ndarray) -> list[Finding]:
+        """Tags against claimants, one int64 compare per claimed page; a page
+        held twice is reported by ``claim_findings``, not again here."""
+        pages, claimed = self.claimed.pages, self.claimed
+        if not pages.size:
+            return []
+        tags = owner_key(self.snap.owner_kind, self.snap.owner_id)
         expected = np.repeat(owners[claimed.claimants], claimed.lengths)
         bad_at = pages[tags[pages] != expected]
-        bad = bad_at[held[bad_at] == 1].tolist()
-        if bad:
-            p = bad[0]
-            out.append(
-                finding(
-                    FindingKind.DOUBLE_OWNED,
-                    group,
-                    bad,
-                    f"{label}: {len(bad)} pages tagged for another owner; page {p} tagged {tag(p)}, held by [{holders_of(p)}]",
-                )
-            )
-    return out
+        bad = bad_at[self.held[bad_at] == 1].tolist()
+        if not bad:
+            return []
+        p = bad[0]
+        what = f"pages tagged for another owner; page {p} tagged {self.tag(p)}, held by [{self.holders_of(p)}]"
+        return [self._finding(FindingKind.DOUBLE_OWNED, bad, what)]
 
 
-def _holder_problems(cache: HybridPrefixCache) -> list[str]:
+def _holder_problems(cache: CacheBase) -> list[str]:
     p = cache.page_size
     out = []
     for h in cache.holders.values():
@@ -336,14 +382,14 @@ def _holder_problems(cache: HybridPrefixCache) -> list[str]:
             if h.lock_node.depth != h.cached_len:
                 problems.append(f"lock at depth {h.lock_node.depth}, cached_len {h.cached_len}")
             path = list(h.lock_node.path())
-            if path[-1] is not cache.tree.root:
+            if path[-1] is not cache.store.tree.root:
                 problems.append("locked node is no longer in the tree")
             borrowed = np.concatenate([n.pages for n in reversed(path)])
             if not np.array_equal(borrowed, h.full_pages[: h.cached_len // p]):
                 problems.append("borrowed pages differ from the locked path's pages")
         elif h.cached_len:
             problems.append(f"cached_len {h.cached_len} without a lock")
-        if h.anchor is not None and list(h.anchor.path())[-1] is not cache.tree.root:
+        if h.anchor is not None and list(h.anchor.path())[-1] is not cache.store.tree.root:
             problems.append("host-ref'd node is no longer in the tree")
         out += [f"{h.owner}: {what}" for what in problems]
     return out

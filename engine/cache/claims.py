@@ -27,7 +27,7 @@ from kvwatch.engine.cache.slots import Slot
 from kvwatch.engine.config import FULL_KV, SWA_KV
 
 if TYPE_CHECKING:
-    from kvwatch.engine.cache.hybrid import HybridPrefixCache
+    from kvwatch.engine.cache.base import CacheBase
 
 EMPTY = np.empty(0, dtype=np.int64)
 
@@ -113,7 +113,7 @@ def owner_key(kinds: np.ndarray, ids: np.ndarray) -> np.ndarray:
     return (kinds.astype(np.int64) << 48) | ids
 
 
-def claim_holders(cache: HybridPrefixCache, claims: Claims) -> None:
+def claim_holders(cache: CacheBase, claims: Claims) -> None:
     p = cache.page_size
     for h in cache.holders.values():
         me = claims.register(h.owner, h)
@@ -124,15 +124,6 @@ def claim_holders(cache: HybridPrefixCache, claims: Claims) -> None:
         for pend in h.pending.values():
             for group, ids in pend.pages.items():
                 claims.add(group, Tier.DEVICE, ids, me)
-
-
-def claim_slots(cache: HybridPrefixCache, claims: Claims) -> None:
-    if cache.slots is None:
-        return
-    for slot in cache.slots.slots:
-        me = claims.register(Owner(OwnerKind.SLOT, slot.index), slot)
-        for group, ids in slot.pages.items():
-            claims.add(group, Tier.DEVICE, ids, me)
 
 
 def owner_name(owner: Owner, holder: Holder | None) -> str:

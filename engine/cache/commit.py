@@ -29,15 +29,15 @@ from kvwatch.engine.cache.holder import Holder, HolderStatus, PendingKind
 from kvwatch.engine.cache.node import Node, Tier
 from kvwatch.engine.cache.owner import OwnerKind
 from kvwatch.engine.cache.radix import TREE_OWNER
-from kvwatch.engine.config import FULL_KV, PrefixCacheMode
+from kvwatch.engine.config import FULL_KV
 from kvwatch.engine.events import SnapshotTaken
 from kvwatch.engine.faults import Fault
 
 if TYPE_CHECKING:
-    from kvwatch.engine.cache.hybrid import HybridPrefixCache
+    from kvwatch.engine.cache.radix_cache import RadixPrefixCache
 
 
-def commit_chunk(cache: HybridPrefixCache, holder: Holder, terminal: bool = False) -> int:
+def commit_chunk(cache: RadixPrefixCache, holder: Holder, terminal: bool = False) -> int:
     """Commit what ``holder`` has computed; returns how many tokens joined its cached prefix.
 
     With ``terminal`` the frontier snapshot (the TRACK) is committed too: a turn
@@ -49,8 +49,8 @@ def commit_chunk(cache: HybridPrefixCache, holder: Holder, terminal: bool = Fals
     return insert(cache, holder, terminal)
 
 
-def insert(cache: HybridPrefixCache, holder: Holder, terminal: bool) -> int:
-    if cache.config.mode is not PrefixCacheMode.RADIX or holder.status is not HolderStatus.ACTIVE:
+def insert(cache: RadixPrefixCache, holder: Holder, terminal: bool) -> int:
+    if holder.status is not HolderStatus.ACTIVE:
         return 0
     before = holder.cached_len
     if terminal and (track := holder.track()) is not None:
@@ -58,14 +58,14 @@ def insert(cache: HybridPrefixCache, holder: Holder, terminal: bool) -> int:
     _extend(cache, holder)
     _attach_pending(cache, holder)
     if holder.lock_node is not None:
-        cache.tree.touch(holder.lock_node)
+        cache.store.tree.touch(holder.lock_node)
     if Fault.INTERIOR_SNAPSHOT_LEAK not in cache.faults:
         release_superseded(cache, holder)
     return holder.cached_len - before
 
 
-def _extend(cache: HybridPrefixCache, holder: Holder) -> None:
-    tree, p = cache.tree, cache.page_size
+def _extend(cache: RadixPrefixCache, holder: Holder) -> None:
+    tree, p = cache.store.tree, cache.page_size
     end = holder.computed_len - holder.computed_len % p
     node = holder.lock_node or tree.root
     pos = holder.cached_len
@@ -84,14 +84,14 @@ def _extend(cache: HybridPrefixCache, holder: Holder) -> None:
         node, pos = child, child.depth
 
 
-def _new_leaf(cache: HybridPrefixCache, holder: Holder, parent: Node, pos: int, end: int) -> Node:
+def _new_leaf(cache: RadixPrefixCache, holder: Holder, parent: Node, pos: int, end: int) -> Node:
     p = cache.page_size
     pages = np.array(holder.full_pages[pos // p : end // p], dtype=np.int64)
-    cache.pools[FULL_KV].transfer(pages, holder.owner, TREE_OWNER)
-    return cache.tree.add_leaf(parent, holder.tokens[pos:end], pages, holder.extra_key)
+    cache.store.pools[FULL_KV].transfer(pages, holder.owner, TREE_OWNER)
+    return cache.store.tree.add_leaf(parent, holder.tokens[pos:end], pages, holder.extra_key)
 
 
-def _adoptable(cache: HybridPrefixCache, node: Node) -> bool:
+def _adoptable(cache: RadixPrefixCache, node: Node) -> bool:
     """Whether the commit may pass through an existing node.
 
     It always may: a history-only node is filled or skipped later. With the
@@ -104,27 +104,27 @@ def _adoptable(cache: HybridPrefixCache, node: Node) -> bool:
     return Fault.HISTORY_ONLY_ANCHOR not in cache.faults
 
 
-def _adopt_history(cache: HybridPrefixCache, holder: Holder, node: Node) -> None:
+def _adopt_history(cache: RadixPrefixCache, holder: Holder, node: Node) -> None:
     """Swap the holder's copies of ``node``'s pages for the tree's own."""
     p = cache.page_size
     a, b = node.start // p, node.depth // p
     tree_pages = node.pages.tolist()
     mine = holder.full_pages[a:b]
     if mine != tree_pages:
-        cache.pools[FULL_KV].free(mine, holder.owner)
+        cache.store.pools[FULL_KV].free(mine, holder.owner)
         holder.full_pages[a:b] = tree_pages
 
 
-def _step_lock(cache: HybridPrefixCache, holder: Holder, child: Node) -> None:
+def _step_lock(cache: RadixPrefixCache, holder: Holder, child: Node) -> None:
     """Move the holder's lock one node down: a lock on ``child`` covers its parent's path."""
     if holder.lock_node is None:
-        cache.tree.inc(cache.tree.root)
-    cache.tree.inc(child)
+        cache.store.tree.inc(cache.store.tree.root)
+    cache.store.tree.inc(child)
     holder.lock_node = child
     holder.cached_len = child.depth
 
 
-def _attach_pending(cache: HybridPrefixCache, holder: Holder) -> None:
+def _attach_pending(cache: RadixPrefixCache, holder: Holder) -> None:
     ready = sorted(
         b
         for b, pend in holder.pending.items()
@@ -135,26 +135,26 @@ def _attach_pending(cache: HybridPrefixCache, holder: Holder) -> None:
         node = _node_ending_at(cache, holder, b)
         snap = node.snapshot
         if snap is None or snap.history_only:
-            cache.give_state(node, pend.pages, holder.owner)
+            cache.store.give_state(node, pend.pages, holder.owner)
             kind = "fill" if snap is not None else str(pend.kind)
             cache.events.emit(SnapshotTaken(node.id, node.depth, kind))
         else:  # the node already has this boundary's state; ours is a duplicate
             assert snap.complete, "state groups are always released together"
-            cache.free_groups(pend.pages, holder.owner, Tier.DEVICE)
+            cache.store.free_groups(pend.pages, holder.owner, Tier.DEVICE)
 
 
-def _node_ending_at(cache: HybridPrefixCache, holder: Holder, b: int) -> Node:
+def _node_ending_at(cache: RadixPrefixCache, holder: Holder, b: int) -> Node:
     """The node on the holder's locked path that ends at ``b``, splitting one if needed."""
     assert holder.lock_node is not None and 0 < b <= holder.cached_len
     for node in holder.lock_node.path():
         if node.start < b <= node.depth:
             if node.depth == b:
                 return node
-            return cache.tree.split(node, (b - node.start) // cache.page_size)
+            return cache.store.tree.split(node, (b - node.start) // cache.page_size)
     raise AssertionError(f"boundary {b} is not on the holder's path")
 
 
-def release_superseded(cache: HybridPrefixCache, holder: Holder) -> None:
+def release_superseded(cache: RadixPrefixCache, holder: Holder) -> None:
     """Free interior snapshots on the holder's path that nobody can still need.
 
     Walking up from the deepest node with a complete snapshot D (never touched,
@@ -170,7 +170,7 @@ def release_superseded(cache: HybridPrefixCache, holder: Holder) -> None:
       seed-000 review comment);
     * its depth is not one the holder promised: a queued request waits to
       branch off there. The node is kept (``kept_for_waiters``) until the
-      promise lapses, and ``set_promises`` decides again then.
+      promise lapses, and ``RadixPrefixCache.promise`` decides again then.
 
     Holders copy a snapshot into their own pages when they resume and never
     borrow its pages, so no sliding-window condition is needed on top.
@@ -188,29 +188,13 @@ def release_superseded(cache: HybridPrefixCache, holder: Holder) -> None:
             continue
         if node.host_refs and Fault.SNAPSHOT_RELEASE_IGNORES_HOST_REFS not in cache.faults:
             continue
-        if node.depth in cache.promised_by(holder):
-            cache.kept_for_waiters.add(node)
+        if node.depth in cache.promises.promised_by(holder.id):
+            cache.promises.keep(node)
             continue
-        cache.drop_snapshot(node, "superseded")
+        cache.store.drop_snapshot(node, "superseded")
 
 
-def set_promises(
-    cache: HybridPrefixCache, points: dict[int, frozenset[int]], wanted: set[Node]
-) -> None:
-    """Replace the promised depths (holder id -> depths) for this step.
-
-    A snapshot kept for a promise stays while a queued request still wants it
-    (``wanted``: kept nodes on a queued prompt's path), even after the holder
-    that promised it has left. Once none does (its waiter was admitted and
-    locked it, or went away), it is superseded again (``release_lone``).
-    """
-    cache.promises = points
-    lapsed = cache.kept_for_waiters - wanted
-    cache.kept_for_waiters &= wanted
-    release_lone(cache, list(lapsed))
-
-
-def release_for_sharers(cache: HybridPrefixCache, path: list[Node]) -> None:
+def release_for_sharers(cache: RadixPrefixCache, path: list[Node]) -> None:
     """A holder left ``path``: snapshots it shared are now one holder's alone.
 
     Each active holder whose locked path runs through such a node releases
@@ -228,13 +212,13 @@ def release_for_sharers(cache: HybridPrefixCache, path: list[Node]) -> None:
             release_superseded(cache, other)
 
 
-def release_unbranched(cache: HybridPrefixCache, parents: list[Node], group: str) -> int:
+def release_unbranched(cache: RadixPrefixCache, parents: list[Node], group: str) -> int:
     """Eviction left these parents: those down to one child are no branch point
     any more (``release_lone``). Returns the ``group`` pages freed."""
     return release_lone(cache, parents)[group]
 
 
-def release_lone(cache: HybridPrefixCache, nodes: list[Node]) -> Counter[str]:
+def release_lone(cache: RadixPrefixCache, nodes: list[Node]) -> Counter[str]:
     """Nodes down to one child keep state that no branch needs: it is superseded again.
 
     Unreferenced, it goes now; on live holders' paths, as those holders'
@@ -249,6 +233,6 @@ def release_lone(cache: HybridPrefixCache, nodes: list[Node]) -> Counter[str]:
     for node in lone:
         if node.refs == 0 and node.host_refs == 0 and node.snapshot.tier is Tier.DEVICE:
             freed.update({g: len(ids) for g, ids in node.snapshot.pages.items()})
-            cache.drop_snapshot(node, "superseded")
+            cache.store.drop_snapshot(node, "superseded")
     release_for_sharers(cache, lone)
     return freed

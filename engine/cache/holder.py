@@ -22,12 +22,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from kvwatch.engine.cache.node import Node
 from kvwatch.engine.cache.owner import Owner
 from kvwatch.engine.cache.slots import SlotTicket
+
+if TYPE_CHECKING:
+    from kvwatch.engine.cache.protocol import Handle
 
 
 class HolderStatus(StrEnum):
@@ -73,6 +77,7 @@ class Holder:
     branch_at: int = 0  # capture a BRANCH snapshot here (0: none)
     snapshot_at: int | None = None  # slots mode: the prompt's last turn boundary
     slot_ticket: SlotTicket | None = None  # slots mode: the prepared snapshot
+    handle: Handle | None = field(default=None, repr=False)  # what ``open`` gave out
 
     def own_full_pages(self, page_size: int) -> list[int]:
         """The ``full.kv`` pages this holder owns (beyond its borrowed prefix)."""

@@ -33,20 +33,20 @@ from kvwatch.engine.config import FULL_KV, MAX_ROLLBACK, SWA_KV
 from kvwatch.engine.faults import Fault
 
 if TYPE_CHECKING:
-    from kvwatch.engine.cache.hybrid import HybridPrefixCache
+    from kvwatch.engine.cache.base import CacheBase
 
 
-def park(cache: HybridPrefixCache, holder: Holder) -> None:
+def park(cache: CacheBase, holder: Holder) -> None:
     """End a turn: keep everything; the frontier snapshot becomes a turn-end snapshot."""
     if (track := holder.track()) is not None:
         track.kind = PendingKind.TERMINAL
     ends = sorted(b for b, pend in holder.pending.items() if pend.kind is PendingKind.TERMINAL)
     for b in ends[: -(MAX_ROLLBACK + 1)]:
-        cache.free_groups(holder.pending.pop(b).pages, holder.owner, Tier.DEVICE)
+        cache.store.free_groups(holder.pending.pop(b).pages, holder.owner, Tier.DEVICE)
     holder.status = HolderStatus.PARKED
 
 
-def resume(cache: HybridPrefixCache, holder: Holder) -> int | None:
+def resume(cache: CacheBase, holder: Holder) -> int | None:
     """Reopen a parked slot for ``holder.tokens``; returns where computing resumes.
 
     ``None`` means the slot had nothing to resume from and is NEW again: the
@@ -60,14 +60,14 @@ def resume(cache: HybridPrefixCache, holder: Holder) -> int | None:
     return holder.computed_len
 
 
-def settle(cache: HybridPrefixCache, holder: Holder, limit: int) -> None:
+def settle(cache: CacheBase, holder: Holder, limit: int) -> None:
     """Bring a parked slot's computed tokens back to at most ``limit`` (after a
     rollback, or to leave the logit reserve). Never fails: without a snapshot to
     rewind to, the slot is dropped and becomes NEW."""
     if holder.computed_len <= limit:
         return
     for b in [b for b in holder.pending if b > limit]:
-        cache.free_groups(holder.pending.pop(b).pages, holder.owner, Tier.DEVICE)
+        cache.store.free_groups(holder.pending.pop(b).pages, holder.owner, Tier.DEVICE)
     b = max(holder.pending, default=-1)
     if b >= max(holder.cached_len, 1):
         try:
@@ -75,20 +75,20 @@ def settle(cache: HybridPrefixCache, holder: Holder, limit: int) -> None:
         except PoolExhausted:
             pass
         else:
-            cache.restore_state(holder, holder.pending[b].pages, b)
+            cache.working.restore_state(holder, holder.pending[b].pages, b)
             free_tail(cache, holder, b)
             return
     drop(cache, holder)
 
 
-def drop(cache: HybridPrefixCache, holder: Holder) -> None:
+def drop(cache: CacheBase, holder: Holder) -> None:
     """Empty a parked slot: every page goes back and the slot is NEW, so its
     session's next turn matches the tree like a new request."""
     cache.drop_everything(holder)
     holder.status = HolderStatus.NEW
 
 
-def free_tail(cache: HybridPrefixCache, holder: Holder, prefix_len: int) -> None:
+def free_tail(cache: CacheBase, holder: Holder, prefix_len: int) -> None:
     """Free [prefix_len, allocated_len) page-aligned and set both lengths to prefix_len."""
     if prefix_len >= holder.allocated_len:  # no gap: nothing to free
         return
@@ -96,19 +96,19 @@ def free_tail(cache: HybridPrefixCache, holder: Holder, prefix_len: int) -> None
     keep = math.ceil(prefix_len / p)
     first = prefix_len // p if Fault.SESSION_TAIL_UNALIGNED_FREE in cache.faults else keep
     if Fault.SESSION_TAIL_LEAK not in cache.faults:
-        cache.pools[FULL_KV].free(holder.full_pages[first:], holder.owner)
+        cache.store.pools[FULL_KV].free(holder.full_pages[first:], holder.owner)
     del holder.full_pages[keep:]
-    ps = cache.pools[SWA_KV].page_size
+    ps = cache.store.pools[SWA_KV].page_size
     tail = [j for j in holder.swa_pages if j * ps >= prefix_len]
-    cache.pools[SWA_KV].free([holder.swa_pages.pop(j) for j in tail], holder.owner)
+    cache.store.pools[SWA_KV].free([holder.swa_pages.pop(j) for j in tail], holder.owner)
     holder.computed_len = holder.allocated_len = prefix_len
 
 
-def _cover_window(cache: HybridPrefixCache, holder: Holder, b: int) -> None:
+def _cover_window(cache: CacheBase, holder: Holder, b: int) -> None:
     """A restore writes the window below ``b``: make sure its swa.kv pages exist."""
-    ps = cache.pools[SWA_KV].page_size
+    ps = cache.store.pools[SWA_KV].page_size
     lo = max(0, b - cache.config.window)
     missing = [j for j in range(lo // ps, math.ceil(b / ps)) if j not in holder.swa_pages]
     if missing:
-        pages = cache.alloc(SWA_KV, len(missing), holder.owner)
+        pages = cache.store.alloc(SWA_KV, len(missing), holder.owner)
         holder.swa_pages.update(zip(missing, pages.tolist(), strict=True))

@@ -2,8 +2,8 @@
 
 Everything here is about pages, not requests: allocating with eviction and
 pruning as fallbacks, freeing a node's pages, and moving a snapshot between the
-device and host tiers. ``HybridPrefixCache`` builds the request lifecycle on
-top of it.
+device and host tiers. A backend (``RadixPrefixCache``, ``SlotPrefixCache``)
+owns one and builds the request lifecycle on top of it.
 
 Pressure order for one group (``alloc``):
 
@@ -11,14 +11,20 @@ Pressure order for one group (``alloc``):
 2. state groups only: prune snapshots of unreferenced nodes, oldest first
    (the node keeps its history and becomes a history-only anchor);
 3. evict unreferenced leaves, oldest first (frees history and state);
-4. raise ``PoolExhausted``. The scheduler then retracts; the cache never
+4. the backend's reclaimers, in the order it registered them (retracted
+   holders' recovery nodes, slot snapshots: see ``Reclaimer``);
+5. raise ``PoolExhausted``. The scheduler then retracts; the cache never
    raises anything else on a shortage.
+
+Eviction can leave a parent with one child; ``on_unbranched`` (set by the
+radix backend) then decides about that parent's state.
 """
 
 from __future__ import annotations
 
 import heapq
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -32,6 +38,12 @@ from kvwatch.engine.events import EventBus, NodeEvicted, SnapshotMoved, Snapshot
 from kvwatch.engine.faults import Fault
 
 DEFAULT_LAYOUT = PageLayout((), torch.float32)
+
+
+class Reclaimer(Protocol):
+    """A last resort under pressure: free ``wanted`` pages of ``group`` if it can."""
+
+    def __call__(self, group: str, wanted: int, tier: Tier) -> int: ...
 
 
 class CacheStorage:
@@ -61,6 +73,9 @@ class CacheStorage:
             spec.name: pool(spec, Tier.HOST) for spec in config.groups if spec.host_capacity
         }
         self.tree = RadixTree(self.page_size, faults)
+        self.reclaimers: list[Reclaimer] = []  # after prune and evict, in order
+        # eviction left these parents (group): returns the group's pages freed
+        self.on_unbranched: Callable[[list[Node], str], int] | None = None
 
     def pool(self, group: str, tier: Tier = Tier.DEVICE) -> PagePool:
         return self.pools[group] if tier is Tier.DEVICE else self.host_pools[group]
@@ -90,6 +105,15 @@ class CacheStorage:
 
     def make_room(self, group: str, wanted: int, tier: Tier = Tier.DEVICE) -> int:
         """Free at least ``wanted`` pages of ``group`` if the cache can; returns pages freed."""
+        got = self.prune_and_evict(group, wanted, tier)
+        for reclaim in self.reclaimers:
+            if got >= wanted:
+                break
+            got += reclaim(group, wanted - got, tier)
+        return got
+
+    def prune_and_evict(self, group: str, wanted: int, tier: Tier = Tier.DEVICE) -> int:
+        """Steps 2 and 3 of the pressure order; returns pages of ``group`` freed."""
         got = 0
         if self.config.group(group).family is Family.STATE:
             got += self.prune(group, wanted, tier)
@@ -98,8 +122,21 @@ class CacheStorage:
         return got
 
     def evict(self, group: str, wanted: int) -> int:
-        """Evict LRU unreferenced leaves until ``wanted`` pages of ``group`` are freed."""
-        return self.tree.evict(wanted, lambda node: self._release_node(node, group))
+        """Evict LRU unreferenced leaves until ``wanted`` pages of ``group`` are freed.
+
+        A parent left with one child is no longer a branch point; the
+        ``on_unbranched`` hook frees what that makes superseded.
+        """
+        parents: list[Node] = []
+
+        def release(node: Node) -> int:
+            parents.append(node.parent)
+            return self._release_node(node, group)
+
+        got = self.tree.evict(wanted, release)
+        if self.on_unbranched is not None:
+            got += self.on_unbranched(parents, group)
+        return got
 
     def prune(self, group: str, wanted: int, tier: Tier = Tier.DEVICE) -> int:
         """Drop snapshots of unreferenced nodes, LRU first, until ``wanted`` pages are freed."""

@@ -36,7 +36,7 @@ from kvwatch.engine.cache.owner import OWNER_LABEL, OwnerKind
 from kvwatch.engine.config import FULL_KV, MAX_ROLLBACK, STATE_GROUPS, SWA_KV
 
 if TYPE_CHECKING:
-    from kvwatch.engine.cache.hybrid import HybridPrefixCache
+    from kvwatch.engine.cache.base import CacheBase
 
 SNAPSHOTS_PER_HOLDER = 2
 
@@ -51,7 +51,7 @@ class GroupUsage(NamedTuple):
     host_capacity: int
 
 
-def _anchored(cache: HybridPrefixCache) -> set[Node]:
+def _anchored(cache: CacheBase) -> set[Node]:
     """Retracted holders' recovery nodes and everything above them: pinned even
     at zero refs, because eviction only takes leaves."""
     out: set[Node] = set()
@@ -61,12 +61,12 @@ def _anchored(cache: HybridPrefixCache) -> set[Node]:
     return out
 
 
-def group_usage(cache: HybridPrefixCache) -> dict[str, GroupUsage]:
+def group_usage(cache: CacheBase) -> dict[str, GroupUsage]:
     """Per group: capacity, free pages, pages by owner kind, and the tree-held
     pages eviction or pruning may take back (one walk over the tree)."""
     anchored = _anchored(cache)
-    evictable = dict.fromkeys(cache.pools, 0)
-    for node in cache.tree.nodes()[1:]:
+    evictable = dict.fromkeys(cache.store.pools, 0)
+    for node in cache.store.tree.nodes()[1:]:
         locked = node.refs > 0
         if not locked and node not in anchored:
             evictable[FULL_KV] += len(node.pages)
@@ -75,10 +75,10 @@ def group_usage(cache: HybridPrefixCache) -> dict[str, GroupUsage]:
             for group, pages in snap.pages.items():
                 evictable[group] += len(pages)
     out = {}
-    for group, pool in cache.pools.items():
+    for group, pool in cache.store.pools.items():
         counts = np.bincount(pool.owner_kind, minlength=len(OwnerKind)).tolist()
         by_owner = {label: counts[int(kind)] for kind, label in OWNER_LABEL.items()}
-        host = cache.host_pools.get(group)
+        host = cache.store.host_pools.get(group)
         by_owner["host"] = host.used_count if host else 0
         spec = cache.config.group(group)
         out[group] = GroupUsage(
@@ -93,8 +93,29 @@ def group_usage(cache: HybridPrefixCache) -> dict[str, GroupUsage]:
     return out
 
 
+class _Live(NamedTuple):
+    """The holders a bound is computed for, at one moment."""
+
+    active: list[Holder]  # running, or a session parked between turns
+    retracted: list[Holder]
+    slack_tokens: int
+    stored: list  # the backend's whole-state snapshots (slots)
+
+    @property
+    def count(self) -> int:
+        return len(self.active) + len(self.retracted)
+
+    def ahead(self, h: Holder) -> int:
+        """Tokens a holder may hold pages for beyond what it computed: the step's
+        slack; a parked slot also keeps what was placed for a step it never ran
+        (pushed out mid-step), until it resumes and frees that tail."""
+        if h.status is HolderStatus.PARKED:
+            return max(self.slack_tokens, h.allocated_len - h.computed_len)
+        return self.slack_tokens
+
+
 def usage_bounds(
-    cache: HybridPrefixCache,
+    cache: CacheBase,
     slack_tokens: int = 0,
     usage: dict[str, GroupUsage] | None = None,
 ) -> dict[str, Bound]:
@@ -104,65 +125,63 @@ def usage_bounds(
     its computed tokens at a step boundary (k + 1 with speculative decoding).
     ``usage`` is this same moment's ``group_usage``, when the caller has it.
     """
-    cfg, p = cache.config, cache.page_size
-    ps = cache.pools[SWA_KV].page_size
-    live = (HolderStatus.ACTIVE, HolderStatus.PARKED)
-    active = [h for h in cache.holders.values() if h.status in live]
-    retracted = [h for h in cache.holders.values() if h.status is HolderStatus.RETRACTED]
-    holders = len(active) + len(retracted)
+    holders = cache.holders.values()
+    live = _Live(
+        [h for h in holders if h.status in (HolderStatus.ACTIVE, HolderStatus.PARKED)],
+        [h for h in holders if h.status is HolderStatus.RETRACTED],
+        slack_tokens,
+        cache.stored_snapshots(),
+    )
     usage = usage if usage is not None else group_usage(cache)
-    out = {}
+    out = {FULL_KV: _full_bound(cache, live, usage[FULL_KV])}
+    out[SWA_KV] = _swa_bound(cache, live, usage[SWA_KV])
+    for group in STATE_GROUPS:
+        out[group] = _state_bound(cache, live, group)
+    return out
 
-    def ahead(h: Holder) -> int:
-        """Tokens a holder may hold pages for beyond what it computed: the step's
-        slack; a parked slot also keeps what was placed for a step it never ran
-        (pushed out mid-step), until it resumes and frees that tail."""
-        if h.status is HolderStatus.PARKED:
-            return max(slack_tokens, h.allocated_len - h.computed_len)
-        return slack_tokens
 
-    full = usage[FULL_KV]
-    full_limit = sum(math.ceil((h.computed_len + ahead(h)) / p) for h in active)
-    full_limit += sum(h.anchor.depth // p for h in retracted if h.anchor is not None)
-    slots = [s for s in cache.slots.slots if not s.empty] if cache.slots is not None else []
-    full_limit += sum(math.ceil(s.length / p) for s in slots)
-    full_limit += sum(
+def _full_bound(cache: CacheBase, live: _Live, full: GroupUsage) -> Bound:
+    p = cache.page_size
+    limit = sum(math.ceil((h.computed_len + live.ahead(h)) / p) for h in live.active)
+    limit += sum(h.anchor.depth // p for h in live.retracted if h.anchor is not None)
+    limit += sum(math.ceil(s.length / p) for s in live.stored)
+    limit += sum(
         math.ceil(pend.boundary / p)
-        for h in active
+        for h in live.active
         for pend in h.pending.values()
         if pend.kind is PendingKind.SLOT
     )
-    out[FULL_KV] = Bound(
-        FULL_KV, full.capacity - full.free - full.evictable, full_limit, 0, holders
-    )
+    pinned = full.capacity - full.free - full.evictable
+    return Bound(FULL_KV, pinned, limit, 0, live.count)
 
-    swa = usage[SWA_KV]
-    swa_limit = sum(math.ceil((cfg.window + ahead(h)) / ps) + 1 for h in active)
-    out[SWA_KV] = Bound(SWA_KV, swa.capacity - swa.free, swa_limit, 0, holders)
 
-    for group in STATE_GROUPS:
-        own = shared = 0
-        for node in cache.tree.snapshot_nodes:
-            if node.snapshot.tier is not Tier.DEVICE:
-                continue
-            users = node.refs + node.host_refs
-            # a branch point is kept for every sibling; a kept_for_waiters node
-            # for the queued requests that will branch off there
-            if len(node.children) > 1 or node in cache.kept_for_waiters:
-                shared += len(node.snapshot.pages.get(group, ()))
-            elif users == 1:
-                own += len(node.snapshot.pages.get(group, ()))
-            elif users > 1:
-                shared += len(node.snapshot.pages.get(group, ()))
-        for h in active:
-            own += sum(len(pend.pages[group]) for pend in h.pending.values())
-            own += len(h.working.get(group, ()))
-        own += sum(len(s.pages.get(group, ())) for s in slots)
-        sessions = sum(h.owner.kind is OwnerKind.SESSION for h in active)
-        per_snapshot = cfg.pages_per_snapshot(group)
-        turn_ends = sessions * (MAX_ROLLBACK + 1)
-        snapshots = holders * SNAPSHOTS_PER_HOLDER + turn_ends + len(slots)
-        limit = snapshots * per_snapshot
-        limit += sum(1 for h in active if group in h.working)
-        out[group] = Bound(group, own, limit, shared, holders)
-    return out
+def _swa_bound(cache: CacheBase, live: _Live, swa: GroupUsage) -> Bound:
+    ps = cache.store.pools[SWA_KV].page_size
+    limit = sum(math.ceil((cache.config.window + live.ahead(h)) / ps) + 1 for h in live.active)
+    return Bound(SWA_KV, swa.capacity - swa.free, limit, 0, live.count)
+
+
+def _state_bound(cache: CacheBase, live: _Live, group: str) -> Bound:
+    own = shared = 0
+    kept = cache.kept_for_waiters()
+    for node in cache.store.tree.snapshot_nodes:
+        if node.snapshot.tier is not Tier.DEVICE:
+            continue
+        users = node.refs + node.host_refs
+        pages = len(node.snapshot.pages.get(group, ()))
+        # a branch point is kept for every sibling; a kept-for-waiters node
+        # for the queued requests that will branch off there
+        if len(node.children) > 1 or node in kept or users > 1:
+            shared += pages
+        elif users == 1:
+            own += pages
+    for h in live.active:
+        own += sum(len(pend.pages[group]) for pend in h.pending.values())
+        own += len(h.working.get(group, ()))
+    own += sum(len(s.pages.get(group, ())) for s in live.stored)
+    sessions = sum(h.owner.kind is OwnerKind.SESSION for h in live.active)
+    turn_ends = sessions * (MAX_ROLLBACK + 1)
+    snapshots = live.count * SNAPSHOTS_PER_HOLDER + turn_ends + len(live.stored)
+    limit = snapshots * cache.config.pages_per_snapshot(group)
+    limit += sum(1 for h in live.active if group in h.working)
+    return Bound(group, own, limit, shared, live.count)

@@ -15,24 +15,22 @@ snapshot and a holder never share a page.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
 
 import numpy as np
 import torch
 
 from kvwatch.engine.cache.holder import Holder
+from kvwatch.engine.cache.pool import PagePool
 from kvwatch.engine.config import LINEAR_STATE, SWA_KV, SWA_WINDOW
-
-if TYPE_CHECKING:
-    from kvwatch.engine.cache.pool import PagePool
-    from kvwatch.engine.config import CacheConfig
 
 
 class WorkingState:
-    """Mixed into ``HybridPrefixCache``: needs ``self.pools`` and ``self.config``."""
+    """Copies between holders' working pages and snapshot pages, in the device pools."""
 
-    pools: dict[str, PagePool]
-    config: CacheConfig
+    def __init__(self, pools: Mapping[str, PagePool], window: int) -> None:
+        self.pools = pools
+        self.window = window
 
     def restore_state(self, holder: Holder, snapshot: dict[str, np.ndarray] | None, d: int) -> None:
         """Copy a device snapshot taken at ``d`` into the holder's own working pages.
@@ -46,9 +44,9 @@ class WorkingState:
             linear.set_page_data(holder.working[LINEAR_STATE], 0)
             return
         linear.copy_pages(snapshot[LINEAR_STATE], linear, holder.working[LINEAR_STATE])
-        first = max(0, d - self.config.window)
+        first = max(0, d - self.window)
         n = d - first
-        window = self.pools[SWA_WINDOW].read_tokens(snapshot[SWA_WINDOW], self.config.window - n, n)
+        window = self.pools[SWA_WINDOW].read_tokens(snapshot[SWA_WINDOW], self.window - n, n)
         self._write_swa(holder, first, window)
 
     def write_snapshot(
@@ -56,7 +54,7 @@ class WorkingState:
     ) -> None:
         """Write the continuation state at ``b`` into snapshot pages: the last W
         tokens of ``swa.kv`` (zero-padded below position 0) and the linear state."""
-        w = self.config.window
+        w = self.window
         n = min(b, w)
         window = self.pools[SWA_WINDOW]
         if n < w:

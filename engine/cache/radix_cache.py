@@ -1,0 +1,218 @@
+"""RadixPrefixCache: the hybrid radix tree with state recovery (``mode=radix``).
+
+``match`` locks the deepest cached node whose continuation snapshot is
+complete (state recovery) and restores that state into the holder's own
+working pages. Holders never write to tree pages: history pages are borrowed
+read-only, and snapshots are copied in and out (working.py). ``commit_chunk``
+hands computed pages and snapshots to the tree (commit.py).
+
+Collaborators beyond ``CacheBase``'s: ``promises`` (branch points kept for
+queued requests, promises.py) and ``RecoveryNodes`` (pressure.py), registered
+with the store as its last resort, with ``release_unbranched`` for the
+parents eviction leaves with one child.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+
+from kvwatch.engine.cache import commit
+from kvwatch.engine.cache.base import CacheBase, mutation
+from kvwatch.engine.cache.holder import Holder, HolderStatus, PendingKind
+from kvwatch.engine.cache.node import Node, Tier
+from kvwatch.engine.cache.owner import OwnerKind
+from kvwatch.engine.cache.pool import PoolExhausted
+from kvwatch.engine.cache.pressure import RecoveryNodes
+from kvwatch.engine.cache.promises import Promises
+from kvwatch.engine.cache.protocol import Handle, Match, holder_of
+from kvwatch.engine.cache.radix import Walk
+from kvwatch.engine.faults import Fault
+
+
+class RadixPrefixCache(CacheBase):
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.promises = Promises()
+        self.store.reclaimers.append(RecoveryNodes(self.store, self.holders))
+        if Fault.INTERIOR_SNAPSHOT_LEAK not in self.faults:
+            self.store.on_unbranched = self._release_unbranched
+
+    # -- match and state recovery ---------------------------------------------------
+    @mutation
+    def match(self, h: Handle) -> Match:
+        """Lock the deepest usable cached prefix of the holder's tokens and restore it.
+
+        At least one token is left to compute, so the last prompt token always
+        produces logits. Raises ``PoolExhausted`` (holding nothing new) when
+        the working pages cannot be allocated.
+        """
+        holder = self._matchable(h)
+        tree = self.store.tree
+        walk = tree.walk(holder.tokens, holder.extra_key, len(holder.tokens) - 1)
+        anchor = self._lock_on_descent(walk)
+        try:
+            self._activate(holder, anchor)
+        except PoolExhausted:
+            if anchor is not None:
+                tree.unlock(anchor)
+            raise
+        if holder.anchor is not None:  # recovered: the host ref has served its purpose
+            tree.drop_host_ref(holder.anchor)
+            holder.anchor = None
+        # The tree has history to walk.hit_len but no state there: the holder
+        # recomputes through that depth, so it captures the state others need.
+        holder.branch_at = walk.hit_len if walk.hit_len > holder.cached_len else 0
+        return Match(walk.hit_len, holder.cached_len)
+
+    def _lock_on_descent(self, walk: Walk) -> Node | None:
+        """Take refs top-down along the walk, then trim back to a usable snapshot.
+
+        The descent refs the root first. State recovery trims every node below
+        the deepest complete snapshot; when nothing is left (a miss, or a
+        trim-to-empty) the root ref must go too, or it drifts up by one per
+        miss (seed 002).
+        """
+        tree = self.store.tree
+        tree.inc(tree.root)
+        for node in walk.nodes:
+            tree.inc(node)
+        keep = len(walk.nodes)
+        while keep and not self._usable(walk.nodes[keep - 1]):
+            keep -= 1
+        for node in reversed(walk.nodes[keep:]):
+            tree.dec(node)
+        if keep == 0:
+            if Fault.ROOT_REF_LEAK_ON_MISS not in self.faults:
+                tree.dec(tree.root)
+            return None
+        anchor = walk.nodes[keep - 1]
+        tree.touch(anchor)
+        return anchor
+
+    def _usable(self, node: Node) -> bool:
+        if not node.has_complete_snapshot:
+            return False
+        return node.snapshot.tier is Tier.DEVICE or self.store.load(node)
+
+    def _activate(self, holder: Holder, anchor: Node | None) -> None:
+        """Give a holder its working pages and restore ``anchor``'s state into them.
+
+        Its full.kv prefix [0, d) is the anchor's path, borrowed::
+
+            tree    root ── [0, 64) ── [64, d)*      * the anchor, locked
+            holder  full_pages = pages of [0, 64) + [64, d); own pages from d on
+        """
+        d = anchor.depth if anchor is not None else 0
+        self._give_working_pages(holder, d)
+        if anchor is not None:
+            path = reversed(list(anchor.path()))
+            holder.full_pages = np.concatenate([n.pages for n in path]).tolist()
+        holder.lock_node = anchor
+        holder.cached_len = holder.computed_len = holder.allocated_len = d
+        holder.status = HolderStatus.ACTIVE
+        self.working.restore_state(holder, anchor.snapshot.pages if anchor else None, d)
+
+    # -- captures and commits ---------------------------------------------------------
+    def capture_points(self, h: Handle, start: int, end: int) -> list[tuple[int, PendingKind]]:
+        """Boundaries in (start, end] where the runner must capture state.
+
+        Every multiple of ``snapshot_interval``, the holder's ``branch_at``
+        (the depth where its prompt left the tree with no state to resume
+        from; a branch point, so kept for siblings) and promised points
+        (where queued requests wait to branch off), plus the last page boundary
+        (the TRACK that follows the frontier and ends a turn). A session
+        commits nothing until it closes, so it only keeps the TRACK.
+        """
+        holder = holder_of(h)
+        p = self.page_size
+        session = holder.owner.kind is OwnerKind.SESSION
+        interval = self.config.snapshot_interval
+        intervals = (
+            [] if session else range(-(-(start + 1) // interval) * interval, end + 1, interval)
+        )
+        points = dict.fromkeys(intervals, PendingKind.INTERVAL)
+        if not session:
+            for b in (holder.branch_at, *self.promises.promised_by(holder.id)):
+                if start < b <= end:
+                    points.setdefault(b, PendingKind.BRANCH)
+        last = end - end % p
+        if last > start:
+            points.setdefault(last, PendingKind.TRACK)
+        return list(points.items())
+
+    @mutation
+    def commit_chunk(self, h: Handle, terminal: bool = False) -> int:
+        return commit.commit_chunk(self, holder_of(h), terminal)
+
+    def _finish(self, holder: Holder) -> None:
+        commit.insert(self, holder, terminal=True)
+
+    def _retract_anchor(self, holder: Holder) -> Node | None:
+        """Commit (the frontier snapshot included), then keep a host ref on the
+        deepest complete snapshot; it moves to the host tier once no running
+        holder uses it (``CacheBase.retract``)."""
+        commit.commit_chunk(self, holder, terminal=True)
+        if holder.lock_node is None:
+            return None
+        anchor = next((n for n in holder.lock_node.path() if n.has_complete_snapshot), None)
+        if anchor is not None:
+            self.store.tree.add_host_ref(anchor)
+        return anchor
+
+    def _left_path(self, path: list[Node]) -> None:
+        """A snapshot the leaver shared is now one holder's alone: if superseded
+        on that holder's path it goes now, not at that holder's next commit."""
+        if Fault.INTERIOR_SNAPSHOT_LEAK not in self.faults:
+            commit.release_for_sharers(self, path)
+
+    def _release_unbranched(self, parents: list[Node], group: str) -> int:
+        return commit.release_unbranched(self, parents, group)
+
+    # -- promises (prefix_wait.py) ----------------------------------------------------
+    @property
+    def branch_waits(self) -> bool:
+        return True
+
+    @mutation
+    def promise(self, points: Mapping[int, frozenset[int]], wanted: set[object]) -> None:
+        """Replace this step's promises (holder id -> depths where queued requests
+        wait to branch off). A snapshot kept for a promise stays while a queued
+        request still wants it (``wanted``), even after the holder that promised
+        it has left; once none does, it is superseded again (``release_lone``)."""
+        lapsed = self.promises.replace(points, {n for n in wanted if isinstance(n, Node)})
+        commit.release_lone(self, lapsed)
+
+    def promised_by(self, h: Handle) -> frozenset[int]:
+        return self.promises.promised_by(h.id)
+
+    def kept_for_waiters(self) -> frozenset[Node]:
+        return self.promises.kept
+
+    def keeps_for_waiters(self) -> bool:
+        return self.promises.outstanding
+
+    def kept_on_path(self, tokens: list[int], extra_key: str | None, limit: int) -> set[object]:
+        kept = self.promises.kept
+        if not kept:
+            return set()
+        walk = self.store.tree.walk(tokens, extra_key, limit)
+        return {n for n in walk.nodes if n in kept}
+
+    # -- reads ------------------------------------------------------------------------
+    def stopped_commits(self) -> list[str]:
+        """Running requests whose commit stopped short of the pages they computed.
+
+        A probe runs at a step boundary, and every step ends with ``commit_chunk``
+        for each request it computed, which reaches the last full page computed.
+        A request still short of it was stopped by a node on its path (the
+        history-only anchor of seed 000) and keeps those pages to itself.
+        """
+        p, out = self.page_size, []
+        for h in self.holders.values():
+            committable = h.computed_len - h.computed_len % p
+            running = h.status is HolderStatus.ACTIVE and h.owner.kind is OwnerKind.REQUEST
+            if running and h.cached_len < committable:
+                out.append(f"{h.owner}: commit stopped at {h.cached_len} of {committable} tokens")
+        return out

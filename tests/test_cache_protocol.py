@@ -1,0 +1,140 @@
+"""The cache's one contract: the scheduler, runner and prefix waits call only
+``PrefixCache``; each mode is one backend, chosen once; events reach listeners
+only after the mutation that caused them is complete."""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+from pathlib import Path
+
+import pytest
+from cachesim import INT_LAYOUTS, SimRunner, cache_config, run_turn
+
+from kvwatch.engine.cache.audit import audit
+from kvwatch.engine.cache.backends import BACKENDS, NoPrefixCache, build_cache
+from kvwatch.engine.cache.protocol import PrefixCache
+from kvwatch.engine.cache.radix_cache import RadixPrefixCache
+from kvwatch.engine.cache.slotcache import SlotPrefixCache
+from kvwatch.engine.config import PrefixCacheMode
+from kvwatch.engine.events import NodeEvicted, SnapshotReleased, SnapshotTaken
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIG = cache_config(window=8, interval=8, page=4, full=24, swa=32, snapshots=12)
+CALLERS = ("engine/scheduler.py", "engine/runner.py", "engine/prefix_wait.py")
+PROTOCOL = {
+    name for klass in PrefixCache.__mro__ for name in vars(klass) if not name.startswith("_")
+} | {"page_size"}
+
+
+def cache_members_used(source: str) -> set[str]:
+    """Attributes read off ``self.cache`` or a name ``cache``, in ``source``."""
+    used = set()
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.Attribute):
+            continue
+        base = node.value
+        if isinstance(base, ast.Name) and base.id == "cache":
+            used.add(node.attr)
+        elif isinstance(base, ast.Attribute) and base.attr == "cache":
+            used.add(node.attr)
+    return used
+
+
+def test_the_scheduler_runner_and_waits_call_only_the_protocol():
+    for path in CALLERS:
+        used = cache_members_used((ROOT / path).read_text())
+        assert used, f"{path}: no cache calls found; the check reads the wrong names"
+        assert used <= PROTOCOL, f"{path} reaches past PrefixCache: {sorted(used - PROTOCOL)}"
+
+
+def test_the_protocol_check_catches_a_reach_through():
+    planted = "def f(self):\n    return self.cache.tree.walk(x) or self.cache.promises\n"
+    assert cache_members_used(planted) - PROTOCOL == {"tree", "promises"}
+
+
+def test_no_mode_branch_outside_the_backends():
+    """Which mode runs is decided once, in ``build_cache``; the slot table is
+    the slot backend's alone."""
+    allowed_mode = {"engine/config.py", "engine/cache/backends.py"}
+    slot_modules = {"engine/cache/slotcache.py", "engine/cache/slots.py", "engine/config.py"}
+    for path in sorted((ROOT / "engine").rglob("*.py")):
+        rel = str(path.relative_to(ROOT))
+        tree = ast.parse(path.read_text())
+        names = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+        attrs = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
+        if rel not in allowed_mode:
+            assert "PrefixCacheMode" not in names and "mode" not in attrs, rel
+            assert "radix" not in attrs, f"{rel} asks whether the cache is a radix cache"
+        if rel not in slot_modules:
+            assert "slots" not in attrs, f"{rel} reaches for the slot table"
+
+
+@pytest.mark.parametrize(
+    "mode, backend",
+    [
+        (PrefixCacheMode.RADIX, RadixPrefixCache),
+        (PrefixCacheMode.SLOTS, SlotPrefixCache),
+        (PrefixCacheMode.OFF, NoPrefixCache),
+    ],
+)
+def test_each_mode_builds_its_backend_once(mode, backend):
+    config = dataclasses.replace(CONFIG, mode=mode)
+    cache = build_cache(config, INT_LAYOUTS)
+    assert type(cache) is backend and isinstance(cache, PrefixCache)
+    assert set(BACKENDS) == set(PrefixCacheMode)
+
+
+def test_a_handle_only_reads_progress():
+    cache = build_cache(CONFIG, INT_LAYOUTS)
+    h = cache.open([*range(20)])
+    cache.match(h)
+    SimRunner(cache).compute(h, 9)
+    assert (h.cached_len, h.computed_len, h.allocated_len) == (0, 9, 9)
+    for internal in ("tokens", "full_pages", "lock_node", "pending", "working"):
+        assert not hasattr(h, internal), internal
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        h.computed_len = 0
+
+
+def test_listeners_see_the_cache_only_between_mutations():
+    """A listener that audits the cache on every eviction and snapshot event
+    finds it consistent: the events arrive after the change is complete (an
+    evicted leaf is out of the tree, a taken snapshot is attached)."""
+    cache = build_cache(CONFIG, INT_LAYOUTS)
+    sim, seen, dirty = SimRunner(cache), [], []
+
+    def check(event) -> None:  # a raising listener is isolated: record, don't raise
+        seen.append(type(event).__name__)
+        if findings := audit(cache).findings:
+            dirty.append((type(event).__name__, findings[0].detail))
+
+    for event_type in (NodeEvicted, SnapshotTaken, SnapshotReleased):
+        cache.events.subscribe(event_type, check)
+    for i in range(12):  # more conversations than full.kv holds: eviction runs
+        h = cache.open([100 * i + t for t in range(20)])
+        cache.match(h)
+        run_turn(sim, h, [], chunk=8, decode=[1, 2, 3])
+        cache.release(h, commit=True)
+    assert {"NodeEvicted", "SnapshotTaken"} <= set(seen)
+    assert not dirty, dirty[:3]
+    assert not cache.events.failures
+
+
+def test_a_raising_listener_leaves_the_cache_consistent():
+    cache = build_cache(CONFIG, INT_LAYOUTS)
+    sim = SimRunner(cache)
+
+    def broken(event) -> None:
+        raise RuntimeError("a telemetry bug")
+
+    for event_type in (NodeEvicted, SnapshotTaken, SnapshotReleased):
+        cache.events.subscribe(event_type, broken)
+    for i in range(12):
+        h = cache.open([100 * i + t for t in range(20)])
+        cache.match(h)
+        run_turn(sim, h, [], chunk=8, decode=[1, 2, 3])
+        cache.release(h, commit=True)
+    assert audit(cache).clean
+    assert cache.tree.node_count > 0
+    assert sum(cache.events.failures.values()) > 0
