@@ -299,7 +299,41 @@ def _run_one(
     target = server.url if server else opts.target
     vllm = opts.engine == "vllm"
     kvwatch = server is not None and not vllm  # kvwatch's own server, probed over /debug
-    plan = RunPlan(
+    plan = _run_plan(opts, profile, c, server, target, record)
+    (where / "plan.json").write_text(plan.to_json())
+    counted = HttpSource(server.url, white_box=True, token=server.token) if kvwatch else None
+    before = counted.coverage() if counted else {}
+    error = run_locust(opts, progress, profile, c, target, where, record)
+    if server is not None and (gone := server.exited()):
+        return _broken(profile.name, c, opts.turns, gone)  # a partial record is not judged
+    if error is None and not record.exists():
+        error = "the load run ended without a record (see locust.log)"
+    if error is not None:
+        return _broken(profile.name, c, opts.turns, error)
+    run = RunRecord.from_json(json.loads(record.read_text()))
+    if counted is not None:  # everything the server did for this run, its users' setup too
+        run = run._replace(coverage=since(before, counted.coverage()))
+    if reference is not None and run.error is None:
+        run = _replayed(opts, progress, run, reference, record)
+    sent = run.requests or Counts({}, 0, 0)
+    requests, errors = sent.requests, sent.errors
+    if run.error is None and (dead := no_service(requests, errors)):
+        run = run._replace(error=dead)
+    detectors = IDS if kvwatch else VLLM_DETECTORS if vllm else BLACK_BOX_DETECTORS
+    return verdicts.judge(
+        profile.name, c, run, requests=requests, errors=errors, detectors=detectors
+    )
+
+
+def _run_plan(
+    opts: GateOptions, profile: catalog.Profile, c: int, server, target: str, record: Path
+) -> RunPlan:
+    """What the Locust run of ``profile`` at concurrency ``c`` is told: where to send
+    load and write its record, and what to probe. White-box probes go to kvwatch's
+    own server (``/debug``) or vLLM's probe; a ``--target`` gets none."""
+    vllm = opts.engine == "vllm"
+    kvwatch = server is not None and not vllm
+    return RunPlan(
         profile=profile.name,
         concurrency=c,
         target=target,
@@ -316,37 +350,24 @@ def _run_one(
         model=Path(opts.model).name if vllm else opts.model,
         gauges=preset(opts.gauges, opts.extra_gauges),
     )
-    (where / "plan.json").write_text(plan.to_json())
-    counted = HttpSource(server.url, white_box=True, token=server.token) if kvwatch else None
-    before = counted.coverage() if counted else {}
-    error = run_locust(opts, progress, profile, c, target, where, record)
-    if server is not None and (gone := server.exited()):
-        return _broken(profile.name, c, opts.turns, gone)  # a partial record is not judged
-    if error is None and not record.exists():
-        error = "the load run ended without a record (see locust.log)"
-    if error is not None:
-        return _broken(profile.name, c, opts.turns, error)
-    run = RunRecord.from_json(json.loads(record.read_text()))
-    if counted is not None:  # everything the server did for this run, its users' setup too
-        run = run._replace(coverage=since(before, counted.coverage()))
-    if reference is not None and run.error is None:
-        started = time.monotonic()
-        chosen = spread(run.candidates, opts.max_replays)
-        progress.say(f"    replaying {len(chosen)} requests on a cache-off engine")
-        run = run._replace(replays=reference.replay(chosen))
-        record.write_text(json.dumps(run.to_json()))
-        progress.say(
-            f"    {len(run.replays)} of {run.finished} finished requests (greedy or seeded) "
-            f"replayed on a cache-off engine ({time.monotonic() - started:.1f} s)"
-        )
-    sent = run.requests or Counts({}, 0, 0)
-    requests, errors = sent.requests, sent.errors
-    if run.error is None and (dead := no_service(requests, errors)):
-        run = run._replace(error=dead)
-    detectors = IDS if kvwatch else VLLM_DETECTORS if vllm else BLACK_BOX_DETECTORS
-    return verdicts.judge(
-        profile.name, c, run, requests=requests, errors=errors, detectors=detectors
+
+
+def _replayed(
+    opts: GateOptions, progress: Progress, run: RunRecord, reference, record: Path
+) -> RunRecord:
+    """``run`` with its comparable requests (at most ``--max-replays``, spread over
+    the run) replayed on the cache-off ``reference`` engine; the record on disk is
+    rewritten with the replays, so it holds what the detectors judge."""
+    started = time.monotonic()
+    chosen = spread(run.candidates, opts.max_replays)
+    progress.say(f"    replaying {len(chosen)} requests on a cache-off engine")
+    run = run._replace(replays=reference.replay(chosen))
+    record.write_text(json.dumps(run.to_json()))
+    progress.say(
+        f"    {len(run.replays)} of {run.finished} finished requests (greedy or seeded) "
+        f"replayed on a cache-off engine ({time.monotonic() - started:.1f} s)"
     )
+    return run
 
 
 def spread(items: list, most: int | None) -> list:

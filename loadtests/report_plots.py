@@ -50,52 +50,10 @@ def steps_figure(
     )
     for ax, c in zip(axes[0], cs, strict=True):
         s = series[c]
-        for k, (group, used) in enumerate(s.used.items()):
-            label = f"{group} (capacity {s.capacity[group]})"
-            ax.plot(
-                s.steps,
-                used,
-                color=LINES[k % len(LINES)],
-                marker=".",
-                markersize=3,
-                linewidth=1,
-                label=label,
-            )
-        top = max(max(u) for u in s.used.values())
-        ax.set_ylim(0, top * 1.25 + 1)
-        where = blended_transform_factory(ax.transData, ax.transAxes)
-        failed = {x for x, _ in fails.get(c, ())}
-        previous = s.steps[0]
-        for turn, step in s.barriers:
-            if turn in failed:
-                ax.axvspan(
-                    previous,
-                    step,
-                    color="#f4d6d6",
-                    zorder=0,
-                    label="turn where a detector first failed",
-                )
-            ax.axvline(step, color="#777777", linestyle=":", linewidth=0.8)
-            ax.text(
-                step,
-                0.02,
-                f"turn {turn}",
-                transform=where,
-                fontsize=6,
-                rotation=90,
-                va="bottom",
-                ha="right",
-            )
-            previous = step
+        top = _usage_lines(ax, s)
+        _barriers(ax, s, {x for x, _ in fails.get(c, ())})
         if s.flagged:
-            ax.plot(
-                s.flagged,
-                [top * 1.15 + 0.5] * len(s.flagged),
-                linestyle="none",
-                marker="x",
-                color=LEAKED,
-                label="a probe found pages held by no live holder",
-            )
+            _leak_marks(ax, s.flagged, top)
         ax.set_title(f"c={c}", fontsize=9)
         ax.set_xlabel("engine step (probes carry steps, not clock times)", fontsize=8)
         ax.set_ylabel("used, % of capacity", fontsize=8)
@@ -106,6 +64,66 @@ def steps_figure(
     )
     fig.suptitle(f"{profile}: pool usage at every probe while the turns ran", fontsize=10)
     return fig
+
+
+def _usage_lines(ax, s: StepSeries) -> float:
+    """One line per group, used % of capacity at every probe; returns the highest
+    value drawn, with the y axis leaving room above it for the leak marks."""
+    for k, (group, used) in enumerate(s.used.items()):
+        label = f"{group} (capacity {s.capacity[group]})"
+        ax.plot(
+            s.steps,
+            used,
+            color=LINES[k % len(LINES)],
+            marker=".",
+            markersize=3,
+            linewidth=1,
+            label=label,
+        )
+    top = max(max(u) for u in s.used.values())
+    ax.set_ylim(0, top * 1.25 + 1)
+    return top
+
+
+def _barriers(ax, s: StepSeries, failed: set[int]) -> None:
+    """Each turn's barrier as a dotted line labelled with its turn; a turn in
+    ``failed`` (where a detector first failed) shaded from the barrier before it."""
+    where = blended_transform_factory(ax.transData, ax.transAxes)
+    previous = s.steps[0]
+    for turn, step in s.barriers:
+        if turn in failed:
+            ax.axvspan(
+                previous,
+                step,
+                color="#f4d6d6",
+                zorder=0,
+                label="turn where a detector first failed",
+            )
+        ax.axvline(step, color="#777777", linestyle=":", linewidth=0.8)
+        ax.text(
+            step,
+            0.02,
+            f"turn {turn}",
+            transform=where,
+            fontsize=6,
+            rotation=90,
+            va="bottom",
+            ha="right",
+        )
+        previous = step
+
+
+def _leak_marks(ax, flagged: Sequence[int], top: float) -> None:
+    """A LEAKED cross above the lines at every probe that found pages held by no
+    live holder."""
+    ax.plot(
+        flagged,
+        [top * 1.15 + 0.5] * len(flagged),
+        linestyle="none",
+        marker="x",
+        color=LEAKED,
+        label="a probe found pages held by no live holder",
+    )
 
 
 def latency_figure(profile: str, latency: Mapping[str, Mapping[int, tuple[float, ...]]]):

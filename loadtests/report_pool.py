@@ -74,41 +74,67 @@ def _panel(fig, spec, g: GroupSeries, c: int, fails: Sequence[Fail]):
     xs = [p.x for p in g.points]
     peak = max(max(sum(p.stack.values()), p.host, p.leaked, p.over_bound, 1) for p in g.points)
     ax, top = _axes(fig, spec, g.capacity, peak)
-    where = blended_transform_factory(top.transAxes, top.transData)
-    top.axhline(g.capacity, color="#222222", linestyle="-.", linewidth=1.2, label="capacity")
-    top.text(0.01, g.capacity, f" capacity {g.capacity}", transform=where, fontsize=7, va="bottom")
-    bottom = [0] * len(xs)
-    for name in STACK:
-        ys = [p.stack[name] for p in g.points]
-        if any(ys):
-            hatched = name == "tree, evictable"
-            ax.bar(
-                [x - 0.12 for x in xs],
-                ys,
-                0.5,
-                bottom=bottom,
-                color=STACK_COLORS[name],
-                hatch="//" if hatched else None,
-                edgecolor="#7f5f3f" if hatched else "white",
-                linewidth=0.3,
-                label=name,
-            )
-            bottom = [b + y for b, y in zip(bottom, ys, strict=True)]
+    _capacity_line(top, g.capacity)
+    _owner_stack(ax, g, xs)
     hosts = [p.host for p in g.points]
     if any(hosts):
         ax.plot(xs, hosts, color="#333333", linestyle=":", marker=".", label="host tier pages")
+    _side_bars(ax, g, xs)
+    leaked = max(p.leaked for p in g.points)
+    said = f"up to {leaked} leaked pages" if leaked else "nothing leaked"
+    top.set_title(f"{g.group}, c={c}: {said}", fontsize=9, color=LEAKED if leaked else "black")
+    ax.set_xticks(xs, [p.label for p in g.points])
+    ax.set_xlim(min(xs) - 0.6, max(xs) + 0.7)
+    ax.tick_params(labelsize=7)
+    ax.set_ylabel("pages", fontsize=8)
+    _mark_fails(ax, fails, (min(xs) + max(xs)) / 2)
+    return ax
+
+
+def _capacity_line(top, capacity: int) -> None:
+    """The pool's capacity: a dash-dotted line, its value written at its left end."""
+    where = blended_transform_factory(top.transAxes, top.transData)
+    top.axhline(capacity, color="#222222", linestyle="-.", linewidth=1.2, label="capacity")
+    top.text(0.01, capacity, f" capacity {capacity}", transform=where, fontsize=7, va="bottom")
+
+
+def _owner_stack(ax, g: GroupSeries, xs: list[int]) -> None:
+    """The pages by owner at each barrier, stacked in STACK's order; owners that
+    held nothing at any barrier get no bar (and no legend entry)."""
+    bottom = [0] * len(xs)
+    for name in STACK:
+        ys = [p.stack[name] for p in g.points]
+        if not any(ys):
+            continue
+        hatched = name == "tree, evictable"
+        ax.bar(
+            [x - 0.12 for x in xs],
+            ys,
+            0.5,
+            bottom=bottom,
+            color=STACK_COLORS[name],
+            hatch="//" if hatched else None,
+            edgecolor="#7f5f3f" if hatched else "white",
+            linewidth=0.3,
+            label=name,
+        )
+        bottom = [b + y for b, y in zip(bottom, ys, strict=True)]
+
+
+def _side_bars(ax, g: GroupSeries, xs: list[int]) -> None:
+    """Beside the stack, the leaked pages (LEAKED) and the pinned pages over the
+    bound (OVER, hatched so the two stay apart printed in grey), each nonzero
+    bar with its count above it."""
     for k, (field, color, offset, label) in enumerate(SIDE):
         ys = [getattr(p, field) for p in g.points]
         if not any(ys):
             continue
-        # OVER is hatched: the two stay apart printed in grey
-        hatch = "xx" if color == OVER else None
         ax.bar(
             [x + offset for x in xs],
             ys,
             0.17,
             color=color,
-            hatch=hatch,
+            hatch="xx" if color == OVER else None,
             edgecolor="white",
             linewidth=0,
             label=label,
@@ -126,15 +152,6 @@ def _panel(fig, spec, g: GroupSeries, c: int, fails: Sequence[Fail]):
                     ha="center",
                     va="bottom",
                 )
-    leaked = max(p.leaked for p in g.points)
-    said = f"up to {leaked} leaked pages" if leaked else "nothing leaked"
-    top.set_title(f"{g.group}, c={c}: {said}", fontsize=9, color=LEAKED if leaked else "black")
-    ax.set_xticks(xs, [p.label for p in g.points])
-    ax.set_xlim(min(xs) - 0.6, max(xs) + 0.7)
-    ax.tick_params(labelsize=7)
-    ax.set_ylabel("pages", fontsize=8)
-    _mark_fails(ax, fails, (min(xs) + max(xs)) / 2)
-    return ax
 
 
 def _axes(fig, spec, capacity: int, peak: int):

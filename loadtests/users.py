@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import gevent
 import requests
@@ -51,6 +51,56 @@ def sentence(rng: random.Random, lo: int = 4, hi: int = 12) -> str:
     return " ".join(rng.choice(WORDS) for _ in range(rng.randint(lo, hi)))
 
 
+def _sse_data(resp) -> Iterator[str]:
+    """The payload of each ``data:`` line of a server-sent-events answer, in order."""
+    for raw in resp.iter_lines():
+        line = raw.decode() if isinstance(raw, bytes) else raw
+        if line.startswith("data: "):
+            yield line[6:]
+
+
+def _read_stream(
+    resp,
+    stamps: list[float],
+    text: list[str],
+    cut_after: int | None,
+    stall: float,
+    on_start: Callable[[], object] | None,
+) -> bool:
+    """Read a streamed completion into ``stamps`` (when each content chunk came)
+    and ``text`` (the chunks); ``cut_after``, ``stall`` and ``on_start`` as
+    ``StreamingChatUser.stream_chat`` takes them.
+
+    True once ``[DONE]`` arrives: the caller reports the timings. False when the
+    answer ends any other way, ``resp`` already marked: failed on an error event
+    or a stream that stops short of ``[DONE]``, succeeded when the client hangs
+    up after ``cut_after`` chunks (that disconnect is the load, not a failure).
+    """
+    for data in _sse_data(resp):
+        if on_start is not None:
+            on_start()
+            on_start = None
+        if data == "[DONE]":
+            return True
+        chunk = json.loads(data)
+        if "error" in chunk:
+            resp.failure(chunk["error"]["message"])
+            return False
+        delta = chunk["choices"][0]["delta"].get("content") if chunk["choices"] else None
+        if not delta:
+            continue
+        stamps.append(time.perf_counter())
+        text.append(delta)
+        if cut_after is not None and len(stamps) >= cut_after:
+            resp.close()  # hang up mid-stream
+            resp.success()
+            return False
+        if stall and len(stamps) == 1:
+            gevent.sleep(stall)
+    resp.failure("the stream ended without [DONE]")
+    return False
+
+
 class StreamingChatUser(HttpUser):
     abstract = True
     wait_time = between(0.0, 0.05)
@@ -80,6 +130,30 @@ class StreamingChatUser(HttpUser):
         ``extra``: fields added to the body. ``on_start``: called once the first
         event arrives (the server has the request by then).
         """
+        body = self._chat_body(messages, max_tokens, session_id, extra)
+        start = time.perf_counter()
+        stamps: list[float] = []
+        text: list[str] = []
+        with self.client.post(
+            "/v1/chat/completions", json=body, name=name, stream=True, catch_response=True
+        ) as resp:
+            if resp.status_code != 200:
+                resp.failure(failure_text(resp))
+                return ""
+            if not _read_stream(resp, stamps, text, cut_after, stall, on_start):
+                return ""
+        self._report(name, start, stamps)
+        return "".join(text)
+
+    def _chat_body(
+        self,
+        messages: list[dict],
+        max_tokens: int | None,
+        session_id: str | None,
+        extra: dict | None,
+    ) -> dict:
+        """A streamed, greedy chat request for this user's model; ``extra``'s fields
+        go in too, and ``session_id`` only when there is one."""
         body = {
             "model": self.model,
             "messages": messages,
@@ -90,44 +164,7 @@ class StreamingChatUser(HttpUser):
         }
         if session_id is not None:
             body["session_id"] = session_id
-        start = time.perf_counter()
-        stamps, text, done = [], [], False
-        with self.client.post(
-            "/v1/chat/completions", json=body, name=name, stream=True, catch_response=True
-        ) as resp:
-            if resp.status_code != 200:
-                resp.failure(failure_text(resp))
-                return ""
-            for raw in resp.iter_lines():
-                line = raw.decode() if isinstance(raw, bytes) else raw
-                if not line.startswith("data: "):
-                    continue
-                if on_start is not None:
-                    on_start()
-                    on_start = None
-                data = line[6:]
-                if data == "[DONE]":
-                    done = True
-                    break
-                chunk = json.loads(data)
-                if "error" in chunk:
-                    resp.failure(chunk["error"]["message"])
-                    return ""
-                delta = chunk["choices"][0]["delta"].get("content") if chunk["choices"] else None
-                if delta:
-                    stamps.append(time.perf_counter())
-                    text.append(delta)
-                    if cut_after is not None and len(stamps) >= cut_after:
-                        resp.close()  # hang up mid-stream
-                        resp.success()
-                        return ""
-                    if stall and len(stamps) == 1:
-                        gevent.sleep(stall)
-            if not done:
-                resp.failure("the stream ended without [DONE]")
-                return ""
-        self._report(name, start, stamps)
-        return "".join(text)
+        return body
 
     def chat(
         self,
