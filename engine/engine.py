@@ -23,6 +23,7 @@ from __future__ import annotations
 import itertools
 import traceback
 from collections.abc import Callable, Mapping, Sequence
+from types import MappingProxyType
 from typing import NamedTuple
 
 import torch
@@ -47,7 +48,7 @@ from kvwatch.engine.records import Session, SessionRegistry, Trajectory
 from kvwatch.engine.request import Request, RequestOutput, SamplingParams, Status
 from kvwatch.engine.runner import ModelRunner, Work, WorkResult
 from kvwatch.engine.scheduler import Scheduler
-from kvwatch.engine.views import ComputedBatch
+from kvwatch.engine.views import ComputedBatch, RequestInfo, SessionInfo
 
 BatchHook = Callable[[ComputedBatch], None]
 
@@ -65,6 +66,15 @@ class Completion(NamedTuple):
 
 
 class Engine:
+    """The reference engine's public surface.
+
+    Its parts (scheduler, cache, runner, request table, session registry) are
+    private: callers drive it with the methods below and read it through
+    ``request_info``, ``request_ids``, ``session_info``, ``session_tokens``,
+    ``open_sessions``, ``probe`` and ``stats``, which hand out frozen copies,
+    so nothing outside can change the engine's state behind its back.
+    """
+
     def __init__(self, config: EngineConfig | None = None) -> None:
         self.config = config = config or EngineConfig()
         if config.device.startswith("cuda") and not torch.cuda.is_available():
@@ -77,7 +87,7 @@ class Engine:
         self.tokenizer = ByteTokenizer()
         self.chat_template = ChatTemplate(self.tokenizer)
         self.model = HybridModel(config.model, config.cache.window, config.device)
-        self.cache = build_cache(
+        self._cache = build_cache(
             config.cache,
             page_layouts(config.model),
             faults=config.faults,
@@ -85,14 +95,14 @@ class Engine:
             events=self.events,
             fingerprint=repr((config.model, config.cache)),
         )
-        self.runner = ModelRunner(self.model, self.cache)
-        self.scheduler = Scheduler(
-            config.scheduler, self.cache, self.events, config.faults, config.model.max_model_len
+        self._runner = ModelRunner(self.model, self._cache)
+        self._scheduler = Scheduler(
+            config.scheduler, self._cache, self.events, config.faults, config.model.max_model_len
         )
-        self.sessions = SessionRegistry(
+        self._sessions = SessionRegistry(
             keep_every_blob=Fault.SESSION_BLOB_RETENTION in config.faults
         )
-        self.requests: dict[str, Request] = {}  # live and finished, until taken
+        self._requests: dict[str, Request] = {}  # live and finished, until taken
         self.step_count = 0
         self._ids = itertools.count()
         self._in_step = False
@@ -106,11 +116,11 @@ class Engine:
         self._in_step = True
         try:
             self._apply_aborts()
-            works = self.scheduler.schedule(self.step_count)
+            works = self._scheduler.schedule(self.step_count)
             results = self._run(works)
             if works:
                 self._between_phases(works)
-            outputs = self.scheduler.update(works, results)
+            outputs = self._scheduler.update(works, results)
             self.step_count += 1
             return outputs
         finally:
@@ -155,7 +165,7 @@ class Engine:
             return []
         rngs = [w.request.generator and w.request.generator.get_state() for w in works]
         try:
-            return self.runner.run(works)
+            return self._runner.run(works)
         except Exception as exc:  # one bad request must not take the loop down
             if len(works) == 1:
                 return [self._runner_failed(works[0], exc)]
@@ -166,21 +176,21 @@ class Engine:
             else:
                 w.request.generator.set_state(rng)
             try:
-                results.append(self.runner.run([w])[0])
+                results.append(self._runner.run([w])[0])
             except Exception as exc:
                 results.append(self._runner_failed(w, exc))
         return results
 
     def _runner_failed(self, work: Work, exc: Exception) -> None:
         traceback.print_exception(exc)
-        self.scheduler.fail(work.request, f"internal error in the model runner: {exc!r}")
+        self._scheduler.fail(work.request, f"internal error in the model runner: {exc!r}")
 
     def _apply_aborts(self) -> None:
         pending, self._aborts = self._aborts, []
         for rid in pending:
-            req = self.requests.get(rid)
+            req = self._requests.get(rid)
             if req is not None and not req.done:
-                self.scheduler.abort(req)
+                self._scheduler.abort(req)
 
     # -- requests ------------------------------------------------------------------------
     def add_request(
@@ -209,23 +219,23 @@ class Engine:
                 f"the prompt has {len(tokens)} tokens; max_model_len is {self.config.model.max_model_len}"
             )
         rid = request_id if request_id is not None else f"req-{next(self._ids)}"
-        if rid in self.requests:
+        if rid in self._requests:
             raise ValueError(f"request id {rid!r} is already in use")
         session = None
         if session_id is not None:
-            session = self.sessions.begin_turn(session_id, tokens)
+            session = self._sessions.begin_turn(session_id, tokens)
             session.tokens.extend(tokens[len(session.tokens) :])
             session.in_flight, tokens = rid, session.tokens
         params = params or SamplingParams()
         req = Request(rid, tokens, len(tokens), params, self.step_count, extra_key, session=session)
         req.labels = tuple((str(k), str(v)) for k, v in (labels or {}).items())
-        self.requests[rid] = req
-        self.scheduler.add(req)
+        self._requests[rid] = req
+        self._scheduler.add(req)
         return rid
 
     def abort(self, request_id: str) -> bool:
         """Abort a request at whatever stage it is; inside a step, at the next safe point."""
-        req = self.requests.get(request_id)
+        req = self._requests.get(request_id)
         if req is None or req.done:
             return False
         self._aborts.append(request_id)
@@ -234,25 +244,47 @@ class Engine:
         return True
 
     def pause(self, request_id: str) -> None:
-        self._control(request_id, self.scheduler.pause)
+        self._control(request_id, self._scheduler.pause)
 
     def resume(self, request_id: str) -> None:
-        self._control(request_id, self.scheduler.resume)
+        self._control(request_id, self._scheduler.resume)
 
     def retract(self, request_id: str, *, hold_steps: int | None = None) -> None:
         """Push a running request out of the cache now, as pool pressure would; it
         waits ``hold_steps`` steps (default: the scheduler's backoff) on the host tier."""
-        self._control(request_id, self.scheduler.retract, hold_steps)
+        self._control(request_id, self._scheduler.retract, hold_steps)
 
     def _control(self, request_id: str, action, *args) -> None:
         if self._in_step:
             raise RuntimeError("pause, resume and retract apply between steps")
-        action(self.requests[request_id], *args)
+        action(self._requests[request_id], *args)
+
+    def request_info(self, request_id: str) -> RequestInfo | None:
+        """A request the engine holds (live, or ended and not yet taken); None otherwise."""
+        req = self._requests.get(request_id)
+        if req is None:
+            return None
+        return RequestInfo(
+            request_id=req.id,
+            status=req.status,
+            params=req.params,
+            prompt_tokens=req.prompt_len,
+            output_tokens=len(req.output_ids),
+            cached_tokens=req.cached_tokens,
+            session_id=req.session.id if req.session is not None else None,
+        )
+
+    def request_ids(self, *statuses: Status) -> tuple[str, ...]:
+        """The ids of the requests the engine holds, in arrival order; only those in
+        one of ``statuses`` when any are given."""
+        return tuple(
+            rid for rid, req in self._requests.items() if not statuses or req.status in statuses
+        )
 
     def computed_beyond_cache(self, request_id: str) -> int | None:
         """Prompt and output tokens a running request computed past the prefix it
         found cached when first admitted; None unless it runs now."""
-        req = self.requests.get(request_id)
+        req = self._requests.get(request_id)
         if req is None or req.status is not Status.RUNNING or req.holder is None:
             return None
         return req.holder.computed_len - req.cached_tokens
@@ -263,7 +295,7 @@ class Engine:
     ) -> str:
         """A streaming session: its turns keep one cache slot; with ``record``, each
         finished turn leaves a record (and its routed-expert blob with ``routed_experts``)."""
-        sid = self.sessions.create(session_id, record=record, routed_experts=routed_experts).id
+        sid = self._sessions.create(session_id, record=record, routed_experts=routed_experts).id
         self.events.emit(SessionOpened(sid))
         return sid
 
@@ -275,12 +307,12 @@ class Engine:
         it is, for the probe's audit to report what it still holds.
         """
         session = self._idle_session(session_id)
-        self.sessions.forget(session)
+        self._sessions.forget(session)
         self.events.emit(SessionClosed(session_id, reason))
         if session.holder is None:
             return
         try:
-            self.cache.release(session.holder, commit=True)
+            self._cache.release(session.holder, commit=True)
         except Exception:
             traceback.print_exc()
 
@@ -300,11 +332,23 @@ class Engine:
         if session.records is not None:
             session.records.rollback(steps)
         if session.holder is not None:  # the slot's state must not outrun its tokens
-            self.cache.settle(session.holder, len(session.tokens))
+            self._cache.settle(session.holder, len(session.tokens))
         self.events.emit(SessionRolledBack(session_id, steps))
 
+    def session_info(self, session_id: str) -> SessionInfo:
+        """An open session; a ``SessionError`` if it is unknown or closed."""
+        return _session_info(self._sessions.get(session_id))
+
+    def session_tokens(self, session_id: str) -> tuple[int, ...]:
+        """An open session's tokens so far (its next turn must start with them)."""
+        return tuple(self._sessions.get(session_id).tokens)
+
+    def open_sessions(self) -> Mapping[str, SessionInfo]:
+        """Every open session by id, in the order they were opened (a read-only copy)."""
+        return MappingProxyType({sid: _session_info(s) for sid, s in self._sessions.open.items()})
+
     def trajectory(self, session_id: str) -> Trajectory:
-        session = self.sessions.get(session_id)
+        session = self._sessions.get(session_id)
         if session.records is None:
             raise SessionError(
                 f"session {session_id!r} was opened without recording", code="session_not_recorded"
@@ -314,20 +358,20 @@ class Engine:
     def _idle_session(self, session_id: str) -> Session:
         if self._in_step:
             raise RuntimeError("sessions change between steps")
-        session = self.sessions.get(session_id)
+        session = self._sessions.get(session_id)
         if session.in_flight is not None:
             raise busy_session(session_id)
         return session
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_work
+        return self._scheduler.has_work
 
     def take(self, request_id: str) -> Completion:
         """The result of a finished, aborted or failed request; the engine forgets it."""
-        req = self.requests[request_id]
+        req = self._requests[request_id]
         if not req.done:
             raise ValueError(f"request {request_id!r} is still {req.status}")
-        del self.requests[request_id]
+        del self._requests[request_id]
         return Completion(
             req.id,
             req.tokens[: req.prompt_len],
@@ -345,7 +389,7 @@ class Engine:
     ) -> list[Completion]:
         """Run prompts to completion together (continuous batching) and return them in order."""
         ids = [self.add_request(p, params) for p in prompts]
-        while any(not self.requests[rid].done for rid in ids):
+        while any(not self._requests[rid].done for rid in ids):
             self.step()
         return [self.take(rid) for rid in ids]
 
@@ -358,12 +402,12 @@ class Engine:
         """
         spec = self.config.scheduler.spec
         report = take_probe(
-            self.cache,
+            self._cache,
             self.step_count,
             self._queue(),
             slack_tokens=spec.num_drafts + 1 if spec else 0,
-            live_sessions=len(self.sessions.open),
-            record_bytes=self.sessions.blob_bytes,
+            live_sessions=len(self._sessions.open),
+            record_bytes=self._sessions.blob_bytes,
         )
         if listener := self._listener_finding():
             report = report._replace(findings=(*report.findings, listener))
@@ -380,22 +424,33 @@ class Engine:
     def stats(self) -> EngineStats:
         """Usage, tree and queue figures without the audit: cheap, for gauges."""
         return take_stats(
-            self.cache,
+            self._cache,
             self.step_count,
             self._queue(),
-            live_sessions=len(self.sessions.open),
-            record_bytes=self.sessions.blob_bytes,
+            live_sessions=len(self._sessions.open),
+            record_bytes=self._sessions.blob_bytes,
         )
 
     def flush_cache(self) -> None:
         """Evict every unreferenced node, snapshot and slot."""
         if self._in_step:
             raise RuntimeError("the cache is flushed between steps")
-        self.cache.flush()
+        self._cache.flush()
 
     def _queue(self) -> QueueReport:
         if self._in_step:
             raise RuntimeError("probes are taken between steps")
-        s = self.scheduler
+        s = self._scheduler
         retracted = sum(r.status is Status.RETRACTED for r in s.waiting)
         return QueueReport(len(s.waiting) - retracted, len(s.running), retracted, len(s.paused))
+
+
+def _session_info(session: Session) -> SessionInfo:
+    return SessionInfo(
+        session_id=session.id,
+        tokens=len(session.tokens),
+        turns=max(0, len(session.turn_ends) - 1),
+        in_flight=session.in_flight,
+        record=session.records is not None,
+        routed_experts=session.routed_experts,
+    )

@@ -18,7 +18,7 @@ a session's tokens and a pool's arrays are contents, not registries. A class
 names the containers it bounds on purpose (the last N closed ids, one sum per
 label set) in ``__bounded__``; the walk skips those. A
 container is named by the first attribute path that reaches it
-(``worker.engine.scheduler.waiting``), the same on every call; for a dict whose
+(``worker.engine._scheduler.waiting``), the same on every call; for a dict whose
 values are containers, ``path[*]`` is the sum of their lengths (listeners
 per event type, say); a ``Counter`` counts what it counts (the sum of its
 positive values), since its keys may stay at zero.

@@ -108,11 +108,11 @@ class _Run:
 
     # -- operations -------------------------------------------------------------
     def _ids(self, *statuses: Status) -> list[str]:
-        return sorted(r.id for r in self.engine.requests.values() if r.status in statuses)
+        return sorted(self.engine.request_ids(*statuses))
 
     def _idle_sessions(self) -> list[str]:
         """Open sessions with no turn in flight that can take another turn."""
-        sessions = self.engine.sessions.open.items()
+        sessions = self.engine.open_sessions().items()
         return sorted(
             s for s, x in sessions if x.in_flight is None and s not in self.doomed_sessions
         )
@@ -135,13 +135,13 @@ class _Run:
 
     def session_turn(self) -> None:
         idle = self._idle_sessions()
-        if len(self.engine.sessions.open) < 3 and (not idle or self.rng.random() < 0.3):
+        if len(self.engine.open_sessions()) < 3 and (not idle or self.rng.random() < 0.3):
             record = self.rng.random() < 0.5
             self.engine.open_session(record=record, routed_experts=record)
             return
         if idle:
             sid = self.rng.choice(idle)
-            tokens = self.engine.sessions.get(sid).tokens
+            tokens = self.engine.session_tokens(sid)
             params = SamplingParams(max_tokens=self.rng.randint(1, 8))
             self.engine.add_request([*tokens, *self._more(30)], params, session_id=sid)
 
@@ -165,7 +165,7 @@ class _Run:
             self.doomed.add(self.engine.add_request(self._tokens(length), params))
             return
         sid = self.rng.choice(self._idle_sessions())
-        tokens = self.engine.sessions.get(sid).tokens
+        tokens = self.engine.session_tokens(sid)
         more = self._tokens(max(1, length - len(tokens)))
         self.doomed.add(self.engine.add_request([*tokens, *more], params, session_id=sid))
         self.doomed_sessions.add(sid)
@@ -186,7 +186,7 @@ class _Run:
         sid = self.rng.choice(idle)
         if self.rng.random() < 0.4:
             self.engine.close_session(sid)
-        elif len(self.engine.sessions.get(sid).turn_ends) > 1:
+        elif self.engine.session_info(sid).turns >= 1:
             self.engine.rollback_session(sid, 1)
 
     def step(self) -> None:
@@ -200,7 +200,7 @@ class _Run:
     def pause_or_resume(self) -> None:
         if live := self._ids(*LIVE):
             rid = self.rng.choice(live)
-            paused = self.engine.requests[rid].status is Status.PAUSED
+            paused = self.engine.request_info(rid).status is Status.PAUSED
             (self.engine.resume if paused else self.engine.pause)(rid)
 
     def retract(self) -> None:
@@ -234,7 +234,7 @@ class _Run:
 
     def collect(self) -> Iterator[Observation]:
         for rid in self._ids(Status.FINISHED, Status.ABORTED, Status.FAILED):
-            p = self.engine.requests[rid].params
+            p = self.engine.request_info(rid).params
             done = self.engine.take(rid)
             if rid in self.doomed:
                 if done.error is None and done.finish_reason != "abort":
@@ -267,7 +267,7 @@ class _Run:
             yield Observation(self.program, "drain", f"still running after {DRAIN_STEPS} steps")
             return
         yield from self.collect()
-        for sid in list(engine.sessions.open):
+        for sid in engine.open_sessions():
             engine.close_session(sid)
         engine.flush_cache()
         yield from self.audit("the flush")

@@ -142,7 +142,7 @@ async def chat_completions(request: Request, body: ChatCompletionRequest):
     def prompt(engine: Engine) -> list[int]:
         if body.session_id is None:
             return engine.chat_template.render(messages)
-        history = engine.sessions.get(body.session_id).tokens
+        history = engine.session_tokens(body.session_id)
         return engine.chat_template.continue_session(history, messages)
 
     labels = _labels(request, "chat", body, "\n".join(m.content for m in messages))

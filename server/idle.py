@@ -125,9 +125,9 @@ def close_if_idle(
     engine: Engine, clock: SessionClock, session_ids: list[str], timeout: float
 ) -> list[str]:
     """On the engine thread: close each session still unused and with no turn in flight."""
-    closed = []
+    closed, sessions = [], engine.open_sessions()  # closing one leaves the others as they are
     for sid in session_ids:
-        session = engine.sessions.open.get(sid)
+        session = sessions.get(sid)
         if session is None:  # closed some other way meanwhile
             clock.forget(sid)
         elif session.in_flight is None and clock.is_unused_for(sid, timeout):

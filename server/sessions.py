@@ -14,6 +14,7 @@ import re
 
 from fastapi import APIRouter, Request
 
+from kvwatch.engine.engine import Engine
 from kvwatch.server.errors import ApiError
 from kvwatch.server.idle import SessionClock
 from kvwatch.server.protocol import ID_PATTERN, SessionOpen, SessionRollback
@@ -30,15 +31,15 @@ def _clock(request: Request) -> SessionClock:
     return request.app.state.clock
 
 
-def _session_info(engine, session_id: str) -> dict:
-    session = engine.sessions.get(session_id)
+def _session_info(engine: Engine, session_id: str) -> dict:
+    info = engine.session_info(session_id)
     return {
-        "id": session.id,
+        "id": info.session_id,
         "object": "session",
-        "tokens": len(session.tokens),
-        "turns": max(0, len(session.turn_ends) - 1),
-        "record": session.records is not None,
-        "routed_experts": session.routed_experts,
+        "tokens": info.tokens,
+        "turns": info.turns,
+        "record": info.record,
+        "routed_experts": info.routed_experts,
     }
 
 

@@ -47,7 +47,8 @@ from typing import Any, NamedTuple
 
 from kvwatch.contracts import ProbeReport
 from kvwatch.engine.engine import Completion, Engine
-from kvwatch.engine.request import Request, RequestOutput, SamplingParams, Status
+from kvwatch.engine.request import RequestOutput, SamplingParams, Status
+from kvwatch.engine.views import RequestInfo
 from kvwatch.server.finished import FinishedLog
 
 IDLE_WAIT_S = 0.05
@@ -205,15 +206,15 @@ class EngineWorker:
         if self._watching:
             self._watch_step()
 
-    def _live(self, rid: str) -> Request | None:
-        req = self.engine.requests.get(rid)
+    def _live(self, rid: str) -> RequestInfo | None:
+        req = self.engine.request_info(rid)
         return None if req is None or req.done else req
 
-    def _due(self, req: Request, script: Scripted) -> bool:
+    def _due(self, req: RequestInfo, script: Scripted) -> bool:
         if script.action == "retract":
-            computed = self.engine.computed_beyond_cache(req.id)  # None unless it runs
+            computed = self.engine.computed_beyond_cache(req.request_id)  # None unless it runs
             return computed is not None and computed >= script.tokens
-        return req.status is Status.RUNNING and len(req.output_ids) >= script.tokens
+        return req.status is Status.RUNNING and req.output_tokens >= script.tokens
 
     def _resume_held(self, *, everyone: bool) -> None:
         """Count a step off every scripted pause; resume those whose hold is over
@@ -305,8 +306,9 @@ class EngineWorker:
 
     def _finish(self, request_id: str) -> None:
         stream = self._streams.pop(request_id, None)
-        if request_id in self.engine.requests and self.engine.requests[request_id].done:
-            params = self.engine.requests[request_id].params
+        info = self.engine.request_info(request_id)
+        if info is not None and info.done:
+            params = info.params
             completion = self.engine.take(request_id)
             if self.finished is not None and completion.finish_reason in ("stop", "length"):
                 self.finished.add(completion.prompt_token_ids, completion.token_ids, params)

@@ -104,9 +104,9 @@ def run_trie(
                     engine.abort(rid)
                     doomed.discard(rid)
             if chaos.retract_every and engine.step_count % chaos.retract_every == 0:
-                running = [r for r in engine.scheduler.running if r.status is Status.RUNNING]
+                running = engine.request_ids(Status.RUNNING)
                 if len(running) > 1:  # as pressure would: a request alone is never pushed out
-                    engine.retract(rng.choice(running).id)
+                    engine.retract(rng.choice(running))
             engine.step()
         for rid in noise:
             engine.take(rid)

@@ -62,7 +62,7 @@ class SessionDriver:
         for sid in self.ids:
             done = engine.take(rids[sid])
             assert done.error is None, done.error
-            self.history[sid] = list(engine.sessions.get(sid).tokens)
+            self.history[sid] = list(engine.session_tokens(sid))
             out.append((sid, prompts[sid], done.token_ids))
         return out
 
@@ -73,8 +73,8 @@ def abort_mid_verify(engine: Engine, after_tokens: int) -> Callable[[ComputedBat
 
     def hook(batch: ComputedBatch) -> None:
         for rid in batch.verifying:
-            req = engine.requests.get(rid)
-            if req.session and len(req.output_ids) >= after_tokens:
+            req = engine.request_info(rid)
+            if req.session_id is not None and req.output_tokens >= after_tokens:
                 engine.abort(rid)
 
     return hook

@@ -28,7 +28,7 @@ def prefilled(batch: int) -> Engine:
         engine.add_request([rng.randrange(32, 127) for _ in range(64)], params)
         for _ in range(batch)
     ]
-    while any(not engine.requests[r].output_ids for r in ids):
+    while any(not engine.request_info(r).output_tokens for r in ids):
         engine.step()
     return engine
 
@@ -57,7 +57,7 @@ def _serve(engine: Engine, prompts: list[list[int]], params: SamplingParams, c: 
         while pending and len(live) < c:
             live.add(engine.add_request(pending.pop(0), params))
         engine.step()
-        for rid in [r for r in live if engine.requests[r].done]:
+        for rid in [r for r in live if engine.request_info(r).done]:
             produced += len(engine.take(rid).token_ids)
             live.discard(rid)
     return produced

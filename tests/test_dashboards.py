@@ -112,7 +112,7 @@ def test_prom_names_match_what_the_exporter_writes():
     telemetry = Telemetry(otlp=False)
     hooks = instrument(engine.events, engine.stats, telemetry, stats_max_age=0)
     rid = engine.add_request(list(range(40)), SamplingParams(max_tokens=4))
-    while not engine.requests[rid].done:
+    while not engine.request_info(rid).done:
         engine.step()
     text = telemetry.render_metrics()[0].decode()
     hooks.close()

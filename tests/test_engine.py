@@ -42,9 +42,9 @@ def words(n: int, seed: int = 0) -> list[int]:
 def drain_and_flush(engine: Engine) -> None:
     while engine.has_unfinished():
         engine.step()
-    for rid in list(engine.requests):
+    for rid in engine.request_ids():
         engine.take(rid)
-    engine.cache.flush()
+    engine.flush_cache()
     report = engine.probe()
     assert report.clean, report.findings
     assert all(g.free == g.capacity for g in report.groups.values()), report.groups
@@ -146,12 +146,12 @@ def test_snapshots_restore_exactly():
     prompt = words(70)
     first = engine.generate([prompt], GREEDY)[0]
     history = prompt + first.token_ids
-    node = max(engine.cache.tree.snapshot_nodes, key=lambda n: n.depth)
+    node = max(engine._cache.tree.snapshot_nodes, key=lambda n: n.depth)
     dense = dense_forward(engine.model, history[: node.depth])
     snap = node.snapshot.pages
-    state = engine.cache.pools[LINEAR_STATE].page_data(snap[LINEAR_STATE])[0, 0]
+    state = engine._cache.pools[LINEAR_STATE].page_data(snap[LINEAR_STATE])[0, 0]
     assert torch.allclose(state, dense.states, rtol=1e-12, atol=1e-12)
-    window = engine.cache.pools[SWA_WINDOW].read_tokens(
+    window = engine._cache.pools[SWA_WINDOW].read_tokens(
         snap[SWA_WINDOW], 0, engine.config.cache.window
     )
     assert torch.allclose(window, dense.window_kv, rtol=1e-12, atol=1e-12)
@@ -192,7 +192,7 @@ def test_abort_at_every_stage_frees_exactly_what_the_request_held():
     engine.step()
     engine.abort(prefill)
     decode = engine.add_request(words(10, 3), SamplingParams(max_tokens=30))
-    while len(engine.requests[decode].output_ids) < 2:
+    while engine.request_info(decode).output_tokens < 2:
         engine.step()
     engine.abort(decode)
     verify = engine.add_request(repetitive, SamplingParams(max_tokens=40))
@@ -202,7 +202,7 @@ def test_abort_at_every_stage_frees_exactly_what_the_request_held():
             engine.abort(verify)
 
     engine.on_batch_computed(abort_mid_verify)
-    while not engine.requests[verify].done:
+    while not engine.request_info(verify).done:
         engine.step()
     assert [e.stage for e in seen] == ["queued", "prefill", "decode", "verify"]
     assert engine.probe().clean
@@ -248,14 +248,14 @@ def test_abort_of_retracted_and_paused_requests():
     engine.step()
     engine.retract(b)
     engine.pause(c)
-    assert engine.requests[b].status is Status.RETRACTED
-    assert engine.requests[c].status is Status.PAUSED
+    assert engine.request_info(b).status is Status.RETRACTED
+    assert engine.request_info(c).status is Status.PAUSED
     engine.abort(b)
     engine.abort(c)
     assert [e.stage for e in seen] == ["retracted", "paused"]
     assert engine.probe().clean
     drain_and_flush(engine)
-    assert a not in engine.requests
+    assert engine.request_info(a) is None
 
 
 def test_an_abort_on_an_idle_engine_is_handed_over_by_the_next_step():
@@ -271,7 +271,7 @@ def test_an_abort_on_an_idle_engine_is_handed_over_by_the_next_step():
     while engine.has_unfinished():
         outputs += engine.step()
     assert [(o.request_id, o.finish_reason) for o in outputs] == [(rid, "abort")]
-    assert engine.scheduler.outputs == []
+    assert engine._scheduler.outputs == []
 
 
 def test_pause_and_resume_give_the_same_output():
@@ -283,7 +283,7 @@ def test_pause_and_resume_give_the_same_output():
         engine.step()
     engine.pause(rid)
     engine.step()
-    assert engine.requests[rid].status is Status.PAUSED and engine.probe().clean
+    assert engine.request_info(rid).status is Status.PAUSED and engine.probe().clean
     engine.resume(rid)
     while engine.has_unfinished():
         engine.step()

@@ -31,9 +31,11 @@ def abort_mid_prefill(faults: frozenset, how: str) -> Engine:
     )
     for i in range(5):
         rid = engine.add_request(words(200, i), SamplingParams(max_tokens=4))
-        while engine.requests[rid].holder is None or engine.requests[rid].holder.computed_len < 48:
+        while (
+            engine._requests[rid].holder is None or engine._requests[rid].holder.computed_len < 48
+        ):
             engine.step()
-        holder = engine.requests[rid].holder
+        holder = engine._requests[rid].holder
         assert (
             holder.computed_len < 200 and holder_of(holder).track() is not None
         )  # mid-prefill, snapshot held
@@ -74,7 +76,7 @@ def speculate(faults: frozenset):
     exceeded = []
     while engine.has_unfinished():
         engine.step()
-        if engine.requests[rid].holder is not None:
+        if engine._requests[rid].holder is not None:
             exceeded.append(engine.probe().bounds[FULL_KV].exceeded)
     assert sum(rejected) > 40, "the run needs rejected drafts to show anything"
     return engine, exceeded

@@ -38,13 +38,13 @@ def run_with_poison(engine: Engine) -> tuple[list, object]:
 
 
 def is_poisoned(engine: Engine, holder) -> bool:
-    return any(r.holder is holder and r.params.seed == 666 for r in engine.requests.values())
+    return any(r.holder is holder and r.params.seed == 666 for r in engine._requests.values())
 
 
 def assert_drained_and_clean(engine: Engine) -> None:
     report = engine.probe()
     assert report.clean, report.findings
-    assert report.live_requests == 0 and not engine.requests
+    assert report.live_requests == 0 and not engine.request_ids()
     assert all(g.by_owner["request"] == 0 for g in report.groups.values())
 
 
@@ -54,14 +54,14 @@ def test_a_sampler_failure_fails_one_request_and_the_batch_gets_its_exact_result
     """The sampler raises for one request after the request before it in the batch has
     sampled: the batch is re-run piece by piece from the generators' saved states."""
     engine = Engine(EngineConfig(cache=small_cache()))
-    sample = engine.runner._sample
+    sample = engine._runner._sample
 
     def sampler(req, logits):
         if req.params.seed == 666 and len(req.output_ids) >= 4:
             raise RuntimeError("sampler failure")
         return sample(req, logits)
 
-    monkeypatch.setattr(engine.runner, "_sample", sampler)
+    monkeypatch.setattr(engine._runner, "_sample", sampler)
     done, poisoned = run_with_poison(engine)
     assert poisoned.finish_reason == "error" and "sampler failure" in poisoned.error
     assert len(poisoned.token_ids) == 4
@@ -75,7 +75,7 @@ def test_a_sampler_failure_fails_one_request_and_the_batch_gets_its_exact_result
 def test_a_cache_failure_on_one_requests_path_fails_it_alone(monkeypatch, where):
     """Allocation for its next piece, or the commit of its step, raises for one request."""
     engine = Engine(EngineConfig(cache=small_cache()))
-    real = getattr(engine.cache, where)
+    real = getattr(engine._cache, where)
     calls = {"n": 0}
 
     def broken(holder, *args, **kwargs):
@@ -85,7 +85,7 @@ def test_a_cache_failure_on_one_requests_path_fails_it_alone(monkeypatch, where)
                 raise RuntimeError(f"{where} failure")
         return real(holder, *args, **kwargs)
 
-    monkeypatch.setattr(engine.cache, where, broken)
+    monkeypatch.setattr(engine._cache, where, broken)
     done, poisoned = run_with_poison(engine)
     assert poisoned.finish_reason == "error"
     assert poisoned.error.startswith("internal error") and f"{where} failure" in poisoned.error
@@ -131,13 +131,13 @@ def test_a_raising_listener_changes_nothing_the_engine_does():
     assert [f.kind for f in report.findings] == [FindingKind.LISTENER]
     assert f"raised {len(delivered)} times" in report.findings[0].detail
     assert "RequestFinished 2" in report.findings[0].detail
-    assert report.live_requests == 0 and not engine.requests
+    assert report.live_requests == 0 and not engine.request_ids()
     assert all(g.by_owner["request"] == 0 for g in report.groups.values())
 
 
 def run_turn(engine: Engine, tokens: list[int], params, session_id: str | None = None):
     rid = engine.add_request(tokens, params, session_id=session_id)
-    while not engine.requests[rid].done:
+    while not engine.request_info(rid).done:
         engine.step()
     return engine.take(rid)
 

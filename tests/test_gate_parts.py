@@ -187,7 +187,7 @@ def test_sessions_pushed_out_mid_step_keep_within_the_audit_bounds():
     parked_with_tail = 0
     for turn in range(4):
         for i, sid in enumerate(sessions):
-            history = engine.sessions.get(sid).tokens
+            history = engine.session_tokens(sid)
             new = [257, *(range(40, 200) if turn == 0 else range(60 + i, 90 + i)), 262, 260]
             engine.add_request([*history, *new], SamplingParams(max_tokens=10), session_id=sid)
         while engine.has_unfinished():
@@ -197,7 +197,7 @@ def test_sessions_pushed_out_mid_step_keep_within_the_audit_bounds():
             assert not [b for b in report.bounds.values() if b.exceeded], report.bounds
             parked_with_tail += sum(
                 h.status.name == "PARKED" and h.allocated_len > h.computed_len
-                for h in engine.cache.holders.values()
+                for h in engine._cache.holders.values()
             )
     assert parked_with_tail, "no session was ever pushed out mid-step"
 
@@ -208,15 +208,15 @@ def test_a_request_whose_admission_raises_fails_alone(monkeypatch):
     from kvwatch.engine import Engine
 
     engine = Engine(EngineConfig())
-    real_match = engine.cache.match
+    real_match = engine._cache.match
     broken = engine.add_request([256, *range(40, 90)], SamplingParams(max_tokens=4))
 
     def match(holder):
-        if engine.requests[broken].holder is holder:
+        if engine._requests[broken].holder is holder:
             raise ValueError("holder state is corrupt")
         return real_match(holder)
 
-    monkeypatch.setattr(engine.cache, "match", match)
+    monkeypatch.setattr(engine._cache, "match", match)
     fine = engine.add_request([256, *range(50, 100)], SamplingParams(max_tokens=4))
     for _ in range(50):
         if not engine.has_unfinished():

@@ -51,7 +51,7 @@ def one(reader, name: str, **attrs) -> float:
 
 
 def run(engine: Engine, rid: str) -> None:
-    while not engine.requests[rid].done:
+    while not engine.request_info(rid).done:
         engine.step()
 
 
@@ -61,7 +61,7 @@ def test_pool_gauges_follow_a_session_as_it_grows_and_closes():
     sid = engine.open_session()
     held = []
     for turn in range(3):
-        tokens = [*engine.sessions.get(sid).tokens, *range(65, 65 + 40 + turn)]
+        tokens = [*engine.session_tokens(sid), *range(65, 65 + 40 + turn)]
         rid = engine.add_request(tokens, SamplingParams(max_tokens=6), session_id=sid)
         run(engine, rid)
         engine.take(rid)

@@ -75,6 +75,91 @@ def test_instrumentation_only_listens_to_the_engine():
             assert engine <= ENGINE_API, f"{path} reaches into {sorted(engine - ENGINE_API)}"
 
 
+OUTSIDE_THE_ENGINE = (
+    "server",
+    "instrumentation",
+    "loadtests",
+    "kvwatch",
+    "mutation",
+    "targets",
+    "dashboards",
+)
+# the engine's parts and their state: reached only through the engine's methods
+ENGINE_INTERNALS = frozenset(
+    {
+        "scheduler",
+        "cache",
+        "runner",
+        "requests",
+        "sessions",
+        "holder",
+        "lock_node",
+        "computed_len",
+        "cached_len",
+        "in_flight",
+        "waiting",
+        "running",
+        "tree",
+        "pools",
+    }
+)
+
+
+def _is_engine(node: ast.expr) -> bool:
+    """``engine``, ``Engine`` or ``<anything>.engine`` (``worker.engine``, ``self.engine``):
+    the names this code base gives our engine. vLLM's objects go by other names."""
+    if isinstance(node, ast.Name):
+        return node.id in ("engine", "Engine")
+    return isinstance(node, ast.Attribute) and node.attr == "engine"
+
+
+def engine_reach_through(source: str) -> list[str]:
+    """Attribute reads off an engine object that pass its public API: a private
+    name (``engine._x``; dunders aside) or one of its parts (``engine.sessions``)."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.Attribute) or not _is_engine(node.value):
+            continue
+        private = node.attr.startswith("_") and not node.attr.startswith("__")
+        if private or node.attr in ENGINE_INTERNALS:
+            found.append((node.lineno, node.col_offset, ast.unparse(node)))
+    return [f"line {line}: {code}" for line, _, code in sorted(found)]
+
+
+def test_code_outside_the_engine_uses_only_its_public_api():
+    """The server, telemetry, load, the CLI, the mutation programs and the targets
+    read the engine through its methods (``request_info``, ``session_tokens``,
+    ``open_sessions``, ``probe``, ...), never through its scheduler, cache,
+    request table or session registry."""
+    checked = 0
+    for folder in OUTSIDE_THE_ENGINE:
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            checked += 1
+            found = engine_reach_through(path.read_text())
+            assert not found, f"{path.relative_to(ROOT)} reaches into the engine: {found}"
+    assert checked > 50
+
+
+def test_the_reach_through_check_catches_what_it_is_for():
+    planted = (
+        "def f(worker, engine, core):\n"
+        "    req = worker.engine.requests.get(rid)\n"  # the request table
+        "    engine._sessions.open.clear()\n"  # a private name
+        "    tokens = engine.sessions.get(sid).tokens\n"  # the session registry
+        "    self.engine.scheduler.waiting\n"
+        "    Engine._apply_aborts(engine)\n"
+        "    core.scheduler.requests\n"  # vLLM's scheduler: not ours
+        "    engine.request_info(rid).status, engine.__class__, engine.probe()\n"
+    )
+    assert engine_reach_through(planted) == [
+        "line 2: worker.engine.requests",
+        "line 3: engine._sessions",
+        "line 4: engine.sessions",
+        "line 5: self.engine.scheduler",
+        "line 6: Engine._apply_aborts",
+    ]
+
+
 def test_the_gate_process_never_loads_gevent_or_locust():
     """``kvwatch gate`` starts Locust as its own process; monkey-patching stays there."""
     code = (

@@ -9,7 +9,7 @@ from kvwatch.instrumentation.lifecycle import LifecycleCounter
 
 
 def _run(engine: Engine, rid: str) -> None:
-    while not engine.requests[rid].done:
+    while not engine.request_info(rid).done:
         engine.step()
 
 
@@ -20,7 +20,7 @@ def test_a_request_and_a_session_walk_their_machines():
     rid = engine.add_request("hello there", SamplingParams(max_tokens=3), session_id=sid)
     _run(engine, rid)
     engine.take(rid)
-    tokens = [*engine.sessions.get(sid).tokens, 65, 66, 67]
+    tokens = [*engine.session_tokens(sid), 65, 66, 67]
     rid = engine.add_request(tokens, SamplingParams(max_tokens=3), session_id=sid)
     _run(engine, rid)
     engine.take(rid)
@@ -71,7 +71,7 @@ def test_a_pause_then_a_resume_and_a_pause_then_an_abort():
     engine = Engine()
     counter = LifecycleCounter(engine.events)
     rids = [engine.add_request(f"prompt {i} " * 8, SamplingParams(max_tokens=6)) for i in (0, 1)]
-    while any(len(engine.requests[r].output_ids) < 2 for r in rids):
+    while any(engine.request_info(r).output_tokens < 2 for r in rids):
         engine.step()
     for rid in rids:
         engine.pause(rid)

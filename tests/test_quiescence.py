@@ -147,7 +147,7 @@ def test_clean_server_comes_back():
     "plant, container",
     [
         ("clock", "clock._last holds 3 entries"),
-        ("requests", "worker.engine.requests holds"),
+        ("requests", "worker.engine._requests holds"),
     ],
 )
 def test_planted_leaks_are_named(monkeypatch, plant, container):
@@ -157,9 +157,9 @@ def test_planted_leaks_are_named(monkeypatch, plant, container):
         original = Engine.take
 
         def take(self, request_id):
-            req = self.requests[request_id]
+            req = self._requests[request_id]
             out = original(self, request_id)
-            self.requests[request_id] = req
+            self._requests[request_id] = req
             return out
 
         monkeypatch.setattr(Engine, "take", take)

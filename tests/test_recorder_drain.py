@@ -49,12 +49,12 @@ def _run(stuck: bool) -> tuple[TurnRecorder, list[int]]:
     recorder = TurnRecorder(source, RecorderOptions(warmup=1, drain_timeout=0.2))
     recorder.start()
     rid = engine.add_request("a request that stops half-way " * 4, SamplingParams(max_tokens=8))
-    while len(engine.requests[rid].output_ids) < 2:
+    while engine.request_info(rid).output_tokens < 2:
         engine.step()
     engine.pause(rid)
     if not stuck:
         engine.resume(rid)
-        while not engine.requests[rid].done:
+        while not engine.request_info(rid).done:
             engine.step()
         engine.take(rid)
     waits = []

@@ -73,7 +73,7 @@ def recorded_run(faults: frozenset, turns: int, *, rollback_at: int | None = Non
         driver.turn(PARAMS, user_len=(20, 30))
         if turn == rollback_at:
             engine.rollback_session(sid, 1)
-            driver.history[sid] = list(engine.sessions.get(sid).tokens)
+            driver.history[sid] = list(engine.session_tokens(sid))
     return engine, sid
 
 
@@ -114,7 +114,7 @@ def retained_bytes_per_context_token(faults: frozenset, turns: int) -> list[floa
                 s.size
                 for s in tracemalloc.take_snapshot().filter_traces(where).statistics("filename")
             )
-            series.append(retained / len(engine.sessions.get(sid).tokens))
+            series.append(retained / engine.session_info(sid).tokens)
     finally:
         tracemalloc.stop()
     assert engine.probe().record_bytes > 0

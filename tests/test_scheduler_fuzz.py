@@ -49,7 +49,7 @@ class EngineMachine(RuleBasedStateMachine):
         self.engine = Engine(config)
 
     def _live(self, *statuses: Status) -> list[str]:
-        return sorted(r.id for r in self.engine.requests.values() if r.status in statuses)
+        return sorted(self.engine.request_ids(*statuses))
 
     # -- rules ---------------------------------------------------------------------------
     @precondition(lambda self: self.engine is not None)
@@ -62,13 +62,13 @@ class EngineMachine(RuleBasedStateMachine):
         params = SamplingParams(max_tokens=max_tokens, temperature=0.8 if sampled else 0.0, seed=1)
         self.engine.add_request(prompt, params)
 
-    @precondition(lambda self: self.engine is not None and len(self.engine.sessions.open) < 4)
+    @precondition(lambda self: self.engine is not None and len(self.engine.open_sessions()) < 4)
     @rule(record=st.booleans())
     def open_session(self, record):
         self.engine.open_session(record=record, routed_experts=record)
 
     def _idle_sessions(self) -> list[str]:
-        return sorted(sid for sid, s in self.engine.sessions.open.items() if s.in_flight is None)
+        return sorted(sid for sid, s in self.engine.open_sessions().items() if s.in_flight is None)
 
     @precondition(lambda self: self.engine is not None)
     @rule(data=st.data(), max_tokens=st.integers(1, 8))
@@ -76,7 +76,7 @@ class EngineMachine(RuleBasedStateMachine):
         idle = self._idle_sessions()
         if idle:
             sid = data.draw(st.sampled_from(idle))
-            tokens = self.engine.sessions.get(sid).tokens
+            tokens = self.engine.session_tokens(sid)
             more = data.draw(st.lists(PROMPT_TOKENS, min_size=1, max_size=30))
             self.engine.add_request(
                 [*tokens, *more], SamplingParams(max_tokens=max_tokens), session_id=sid
@@ -88,10 +88,9 @@ class EngineMachine(RuleBasedStateMachine):
         idle = self._idle_sessions()
         if idle:
             sid = data.draw(st.sampled_from(idle))
-            session = self.engine.sessions.get(sid)
             if close:
                 self.engine.close_session(sid)
-            elif len(session.turn_ends) > 1:
+            elif self.engine.session_info(sid).turns >= 1:
                 self.engine.rollback_session(sid, 1)
 
     @precondition(lambda self: self.engine is not None)
@@ -113,7 +112,7 @@ class EngineMachine(RuleBasedStateMachine):
         live = self._live(Status.WAITING, Status.RUNNING, Status.RETRACTED, Status.PAUSED)
         if live:
             rid = data.draw(st.sampled_from(live))
-            if self.engine.requests[rid].status is Status.PAUSED:
+            if self.engine.request_info(rid).status is Status.PAUSED:
                 self.engine.resume(rid)
             else:
                 self.engine.pause(rid)
@@ -144,13 +143,13 @@ class EngineMachine(RuleBasedStateMachine):
                 break
             engine.step()
         assert not engine.has_unfinished(), "the engine did not drain"
-        for rid in list(engine.requests):
+        for rid in engine.request_ids():
             done = engine.take(rid)
             assert done.finish_reason in ("stop", "length", "abort", "error")
             assert (done.finish_reason == "error") == (done.error is not None)
-        for sid in list(engine.sessions.open):
+        for sid in engine.open_sessions():
             engine.close_session(sid)
-        engine.cache.flush()
+        engine.flush_cache()
         report = engine.probe()
         assert report.clean, report.findings
         for name, group in report.groups.items():

@@ -176,5 +176,5 @@ def test_after_every_bad_input_the_engine_is_clean_and_back_to_its_baseline(api)
     report = worker.call(engine.probe).result(300)
     assert report.clean, report.findings
     assert report.live_requests == 0 and report.live_sessions == 0
-    assert not engine.requests  # nothing half-added
+    assert not engine.request_ids()  # nothing half-added
     assert worker.call(usage, engine).result(300) == api.baseline

@@ -117,7 +117,7 @@ def assert_left_nothing(worker) -> None:
     assert report.clean, report.findings
     for name, group in report.groups.items():
         assert group.by_owner["request"] == 0, f"{name} still holds request pages"
-    assert worker.call(lambda: dict(engine.requests)).result(300) == {}
+    assert worker.call(engine.request_ids).result(300) == ()
 
 
 def wait_for(url: str, before: float, moved: int, **labels: str) -> None:
@@ -136,7 +136,7 @@ def hold_until_the_client_leaves(
     lands at the engine's safe point inside that very step. Returns the events
     (held, abort seen)."""
     held, abort_seen = threading.Event(), threading.Event()
-    run, abort_soon = worker.engine.runner.run, worker.abort_soon
+    run, abort_soon = worker.engine._runner.run, worker.abort_soon
 
     def held_run(works):
         if not held.is_set() and holds(works):
@@ -148,7 +148,7 @@ def hold_until_the_client_leaves(
         abort_soon(request_id)
         abort_seen.set()
 
-    monkeypatch.setattr(worker.engine.runner, "run", held_run)
+    monkeypatch.setattr(worker.engine._runner, "run", held_run)
     monkeypatch.setattr(worker, "abort_soon", seen_abort_soon)
     return held, abort_seen
 

@@ -38,7 +38,7 @@ def on_worker(client: TestClient, fn, *args):
 def assert_drained_and_clean(client: TestClient) -> None:
     report = on_worker(client, client.engine.probe)
     assert report.clean, report.findings
-    assert report.live_requests == 0 and not client.engine.requests
+    assert report.live_requests == 0 and not client.engine.request_ids()
     assert all(g.by_owner["request"] == 0 for g in report.groups.values()), report.groups
 
 
@@ -53,14 +53,14 @@ def test_an_exception_in_one_requests_sampling_fails_it_alone(monkeypatch):
     client = serve()
     with client:
         want = client.post(TEXT, json=text("tell me more", temperature=0)).json()
-        sample = client.engine.runner._sample
+        sample = client.engine._runner._sample
 
         def poisoned(req, logits):
             if req.params.seed == POISON_SEED and len(req.output_ids) >= 3:
                 raise RuntimeError("the sampler broke on this request")
             return sample(req, logits)
 
-        monkeypatch.setattr(client.engine.runner, "_sample", poisoned)
+        monkeypatch.setattr(client.engine._runner, "_sample", poisoned)
         bodies = [
             text("tell me more", temperature=0),
             text("poison", temperature=0.5, seed=POISON_SEED),

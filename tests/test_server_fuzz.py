@@ -221,12 +221,12 @@ def api():
         client.engine, client.statuses = engine, []
         yield client
         worker = client.app.state.worker
-        for sid in worker.call(lambda: list(engine.sessions.open)).result(300):
+        for sid in worker.call(lambda: list(engine.open_sessions())).result(300):
             assert client.delete(f"/v1/sessions/{quote(sid, safe='')}").status_code == 200
         worker.call(engine.flush_cache).result(300)
         report = worker.call(engine.probe).result(300)
         assert report.clean, report.findings
-        assert report.live_requests == report.live_sessions == 0 and not engine.requests
+        assert report.live_requests == report.live_sessions == 0 and not engine.request_ids()
         assert worker.call(usage, engine).result(300) == baseline
 
 

@@ -96,7 +96,7 @@ def test_a_session_idle_past_the_timeout_is_closed_and_a_used_one_stays_open():
             assert status(client, used) == 200
             closed = sweep(client)
             assert used not in closed
-        assert idle not in client.engine.sessions.open
+        assert idle not in client.app.state.worker.call(client.engine.open_sessions).result(60)
         gone = client.get(f"{SESSIONS}/{idle}")
         assert gone.status_code == 409 and gone.json()["error"]["code"] == "session_closed"
         assert turn(client, idle, "again").status_code == 409
@@ -113,17 +113,17 @@ def test_a_turn_longer_than_the_timeout_keeps_its_session_open(monkeypatch):
     hand = HandClock()
     client = serve(1, hand)
     engine, worker = client.engine, client.app.state.worker
-    run, steps, mid_turn = engine.runner.run, [0], []
+    run, steps, mid_turn = engine._runner.run, [0], []
 
     def slow_run(works):
         hand.advance(0.5)
         steps[0] += 1
         if steps[0] == 10:
-            sid = next(iter(engine.sessions.open))
+            sid = next(iter(engine.open_sessions()))  # on the engine thread
             mid_turn.append(worker.call(close_if_idle, engine, client.app.state.clock, [sid], 1))
         return run(works)
 
-    monkeypatch.setattr(engine.runner, "run", slow_run)
+    monkeypatch.setattr(engine._runner, "run", slow_run)
     with client:
         sid = client.post(SESSIONS, json={}).json()["id"]
         started = hand()
@@ -140,7 +140,8 @@ def test_the_server_closes_an_idle_session_on_its_own():
     with serve(0.3) as client:
         sid = client.post(SESSIONS, json={}).json()["id"]
         deadline = time.monotonic() + 120
-        while sid in client.engine.sessions.open:
+        open_sessions = client.app.state.worker.call
+        while sid in open_sessions(client.engine.open_sessions).result(60):
             assert time.monotonic() < deadline, "the idle session was never closed"
             time.sleep(0.05)
         assert status(client, sid) == 409

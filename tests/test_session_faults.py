@@ -36,7 +36,7 @@ def cut_turns(faults: frozenset, turns: int = 5):
     for _ in range(turns):
         driver.turn(PARAMS)
         gaps += sum(
-            (h := engine.sessions.get(sid).holder).allocated_len > h.computed_len
+            (h := engine._sessions.get(sid).holder).allocated_len > h.computed_len
             for sid in driver.ids
         )
         reports.append(engine.probe())

@@ -31,9 +31,9 @@ def test_session_turns_equal_a_cache_off_replay_of_the_full_history():
     eng.events.subscribe(RequestRetracted, retracted.append)
 
     def push_out(e: Engine) -> None:
-        running = [r for r in e.scheduler.running if r.status is Status.RUNNING]
+        running = e.request_ids(Status.RUNNING)
         if len(running) > 1 and e.step_count % 4 == 0:
-            e.retract(running[-1].id)
+            e.retract(running[-1])
 
     driver = SessionDriver(eng, 4, seed=1)
     for _ in range(5):
@@ -61,7 +61,7 @@ def test_eight_sessions_fifty_turns_keep_the_probe_clean_and_usage_bounded():
         eng.close_session(sid)
     report = eng.probe()
     assert report.groups["full.kv"].by_owner["session"] == 0 and report.live_sessions == 0
-    eng.cache.flush()
+    eng.flush_cache()
     assert all(g.free == g.capacity for g in eng.probe().groups.values())
 
 
@@ -94,16 +94,16 @@ def test_resume_frees_the_speculative_tail_page_aligned():
     driver = SessionDriver(eng, 1, seed=3)
     sid = driver.ids[0]
     driver.turn(SamplingParams(max_tokens=30))
-    holder = eng.sessions.get(sid).holder
+    holder = eng._sessions.get(sid).holder
     assert holder.status is HolderStatus.PARKED
     gap = holder.allocated_len - holder.computed_len
     assert gap > 0, "an abort mid-verify leaves the drafts' slots allocated"
-    free_before = eng.cache.pools["full.kv"].free_count
-    resumed = eng.cache.resume(holder)  # what the next turn's admission does
+    free_before = eng._cache.pools["full.kv"].free_count
+    resumed = eng._cache.resume(holder)  # what the next turn's admission does
     assert resumed == holder.computed_len == holder.allocated_len
     assert len(holder_of(holder).full_pages) == -(-resumed // 16)  # the partial page stays
-    assert eng.cache.pools["full.kv"].free_count >= free_before
-    eng.cache.park(holder)
+    assert eng._cache.pools["full.kv"].free_count >= free_before
+    eng._cache.park(holder)
     assert eng.probe().clean
 
 
@@ -125,10 +125,10 @@ def test_rollback_then_continue_matches_the_replay():
     driver = SessionDriver(eng, 1, seed=5)
     sid = driver.ids[0]
     driver.turn(PARAMS)
-    before = list(eng.sessions.get(sid).tokens)
+    before = list(eng.session_tokens(sid))
     driver.turn(PARAMS)
     eng.rollback_session(sid, 1)
-    assert eng.sessions.get(sid).tokens == before
+    assert list(eng.session_tokens(sid)) == before
     driver.history[sid] = before
     for _, prompt, output in driver.turn(PARAMS):  # resumes below the computed frontier
         assert output == oracle(prompt, PARAMS)
@@ -163,16 +163,15 @@ def test_session_errors_are_clean_and_change_nothing():
     while eng.has_unfinished():
         eng.step()
     eng.take(first)
-    tokens = list(eng.sessions.get(sid).tokens)
+    tokens = list(eng.session_tokens(sid))
     for bad in ([9, 9, 9], tokens, tokens[:-1]):  # diverges, adds nothing, shrinks
         with pytest.raises(SessionError, match="must extend") as not_append:
             eng.add_request(bad, session_id=sid)
         assert not_append.value.status == 400
     with pytest.raises(SessionError, match="rolls back 1 to 1 assistant steps, not 2"):
         eng.rollback_session(sid, 2)
-    assert (
-        eng.sessions.get(sid).tokens == tokens and len(eng.sessions.get(sid).records.records) == 1
-    )
+    assert list(eng.session_tokens(sid)) == tokens and eng.session_info(sid).turns == 1
+    assert len(eng.trajectory(sid).token_ids) == len(tokens)
     eng.close_session(sid)
     with pytest.raises(SessionError) as closed:
         eng.close_session(sid)
@@ -188,10 +187,10 @@ def test_rollback_then_close_inserts_only_the_kept_tokens():
     driver = SessionDriver(eng, 1, seed=13)
     sid = driver.ids[0]
     driver.turn(PARAMS)
-    kept = list(eng.sessions.get(sid).tokens)
+    kept = list(eng.session_tokens(sid))
     driver.turn(PARAMS)
     eng.rollback_session(sid, 1)
-    holder = eng.sessions.get(sid).holder
+    holder = eng._sessions.get(sid).holder
     assert holder.computed_len <= len(kept)  # the slot's state no longer outruns its tokens
     eng.close_session(sid)
     report = eng.probe()

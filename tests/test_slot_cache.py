@@ -142,7 +142,7 @@ def test_flush_empties_every_slot():
     seq = seed_sequence()
     engine.generate([seq["short conversation"], seq["big conversation"]], PARAMS)
     assert engine.probe().slots.filled == 2
-    engine.cache.flush()
+    engine.flush_cache()
     report = engine.probe()
     assert report.slots.filled == 0 and report.slots.entries == 0
     assert all(g.by_owner["slot"] == 0 for g in report.groups.values())
