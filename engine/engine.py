@@ -31,7 +31,13 @@ import torch
 from kvwatch.contracts import Finding, FindingKind, finding
 from kvwatch.engine.cache.backends import build_cache
 from kvwatch.engine.config import MAX_ROLLBACK, EngineConfig
-from kvwatch.engine.errors import SessionError, busy_session
+from kvwatch.engine.errors import (
+    EngineError,
+    ErrorKind,
+    SessionError,
+    busy_session,
+    invalid_prompt,
+)
 from kvwatch.engine.events import (
     BatchComputed,
     EventBus,
@@ -209,18 +215,14 @@ class Engine:
         start with every token of the session so far and add at least one.
         ``labels`` ride along on the ``RequestAdded`` event for subscribers.
         """
-        tokens = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
-        if not tokens:
-            raise ValueError("the prompt is empty")
-        if any(not isinstance(t, int) or not 0 <= t < self.model.vocab_size for t in tokens):
-            raise ValueError(f"token ids must be integers in [0, {self.model.vocab_size})")
-        if len(tokens) >= self.config.model.max_model_len:
-            raise ValueError(
-                f"the prompt has {len(tokens)} tokens; max_model_len is {self.config.model.max_model_len}"
-            )
+        tokens = self._prompt_tokens(prompt)
         rid = request_id if request_id is not None else f"req-{next(self._ids)}"
         if rid in self._requests:
-            raise ValueError(f"request id {rid!r} is already in use")
+            raise EngineError(
+                f"request id {rid!r} is already in use",
+                kind=ErrorKind.CONFLICT,
+                code="request_id_in_use",
+            )
         session = None
         if session_id is not None:
             session = self._sessions.begin_turn(session_id, tokens)
@@ -232,6 +234,22 @@ class Engine:
         self._requests[rid] = req
         self._scheduler.add(req)
         return rid
+
+    def _prompt_tokens(self, prompt: str | Sequence[int]) -> list[int]:
+        """The prompt as token ids; an ``invalid_prompt`` error if the model cannot take it."""
+        try:
+            tokens = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        except ValueError as exc:  # text that is not valid Unicode
+            raise invalid_prompt(str(exc)) from None
+        if not tokens:
+            raise invalid_prompt("the prompt is empty")
+        if any(not isinstance(t, int) or not 0 <= t < self.model.vocab_size for t in tokens):
+            raise invalid_prompt(f"token ids must be integers in [0, {self.model.vocab_size})")
+        if len(tokens) >= self.config.model.max_model_len:
+            raise invalid_prompt(
+                f"the prompt has {len(tokens)} tokens; max_model_len is {self.config.model.max_model_len}"
+            )
+        return tokens
 
     def abort(self, request_id: str) -> bool:
         """Abort a request at whatever stage it is; inside a step, at the next safe point."""

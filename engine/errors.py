@@ -1,18 +1,31 @@
-"""Errors a caller can cause, with the HTTP status a server should answer."""
+"""Errors a caller can cause, each with the kind of mistake it is.
+
+The engine says *what* went wrong (``ErrorKind``) and a stable ``code``; it
+knows nothing of HTTP. A server maps kinds to statuses in one table
+(``kvwatch.server.errors.STATUS``).
+"""
 
 from __future__ import annotations
 
+from enum import StrEnum
+
+
+class ErrorKind(StrEnum):
+    INVALID = "invalid"  # the call itself is wrong: bad input, a value out of range
+    NOT_FOUND = "not_found"  # it names something the engine never had
+    CONFLICT = "conflict"  # a fine call at the wrong moment: busy, closed or already taken
+
 
 class EngineError(ValueError):
-    """A request the engine refuses; nothing in the engine changed."""
+    """A call the engine refuses; nothing in the engine changed."""
 
-    status = 400
+    kind = ErrorKind.INVALID
     code = "invalid_request"
 
-    def __init__(self, message: str, *, status: int | None = None, code: str | None = None):
+    def __init__(self, message: str, *, kind: ErrorKind | None = None, code: str | None = None):
         super().__init__(message)
-        if status is not None:
-            self.status = status
+        if kind is not None:
+            self.kind = kind
         if code is not None:
             self.code = code
 
@@ -21,17 +34,27 @@ class SessionError(EngineError):
     code = "session_error"
 
 
+def invalid_prompt(message: str) -> EngineError:
+    return EngineError(message, code="invalid_prompt")
+
+
 def unknown_session(session_id: str) -> SessionError:
     return SessionError(
-        f"session {session_id!r} does not exist", status=404, code="session_not_found"
+        f"session {session_id!r} does not exist",
+        kind=ErrorKind.NOT_FOUND,
+        code="session_not_found",
     )
 
 
 def closed_session(session_id: str) -> SessionError:
-    return SessionError(f"session {session_id!r} is closed", status=409, code="session_closed")
+    return SessionError(
+        f"session {session_id!r} is closed", kind=ErrorKind.CONFLICT, code="session_closed"
+    )
 
 
 def busy_session(session_id: str) -> SessionError:
     return SessionError(
-        f"session {session_id!r} already has a turn in flight", status=409, code="session_busy"
+        f"session {session_id!r} already has a turn in flight",
+        kind=ErrorKind.CONFLICT,
+        code="session_busy",
     )

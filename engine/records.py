@@ -29,7 +29,13 @@ import numpy as np
 
 from kvwatch.engine.cache.protocol import Handle
 from kvwatch.engine.config import MAX_ROLLBACK
-from kvwatch.engine.errors import SessionError, busy_session, closed_session, unknown_session
+from kvwatch.engine.errors import (
+    ErrorKind,
+    SessionError,
+    busy_session,
+    closed_session,
+    unknown_session,
+)
 
 if TYPE_CHECKING:
     from kvwatch.engine.request import Request
@@ -142,7 +148,9 @@ class SessionRegistry:
         sid = session_id if session_id is not None else f"sess-{next(self._ids)}"
         if sid in self.open or sid in self.closed:
             raise SessionError(
-                f"session id {sid!r} is already in use", status=409, code="session_exists"
+                f"session id {sid!r} is already in use",
+                kind=ErrorKind.CONFLICT,
+                code="session_exists",
             )
         records = SessionRecords(keep_every_blob=self.keep_every_blob) if record else None
         session = self.open[sid] = Session(sid, record, routed_experts, records=records)

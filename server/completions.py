@@ -18,6 +18,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from kvwatch.engine.engine import Completion, Engine
+from kvwatch.engine.errors import EngineError
 from kvwatch.engine.model.tokenizer import ChatMessage, TextStream
 from kvwatch.engine.request import RequestOutput, SamplingParams
 from kvwatch.server.errors import ApiError, error_body
@@ -86,11 +87,9 @@ async def _start(
             labels=labels,
             script=script,
         )
-    except ApiError:
+    except (ApiError, EngineError):  # answered by their handlers (errors.py)
         raise
-    except ValueError as exc:  # the engine's own checks (EngineError is handled as itself)
-        if hasattr(exc, "status"):
-            raise
+    except ValueError as exc:  # the tokenizer's and the template's checks on the prompt
         raise ApiError(400, str(exc), code="invalid_prompt") from None
 
 

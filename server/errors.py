@@ -2,17 +2,21 @@
 
 Every error a client can cause answers ``{"error": {"message", "type",
 "param", "code"}}`` with a 4xx status and a non-empty code; only a bug
-answers 500, and in the same shape (code ``internal_error``).
+answers 500, and in the same shape (code ``internal_error``). The engine's
+errors carry a kind, never a status: ``STATUS`` below is the one place that
+turns a kind into an HTTP status.
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
-from kvwatch.engine.errors import EngineError
+from kvwatch.engine.errors import EngineError, ErrorKind
 from kvwatch.server.worker import EngineStopped
 
 TYPES = {
@@ -25,6 +29,12 @@ TYPES = {
     415: "invalid_request_error",
     422: "invalid_request_error",
     431: "invalid_request_error",
+}
+# The HTTP status of each kind of engine error.
+STATUS: Mapping[ErrorKind, int] = {
+    ErrorKind.INVALID: 400,
+    ErrorKind.NOT_FOUND: 404,
+    ErrorKind.CONFLICT: 409,
 }
 # Codes for the errors Starlette raises itself (no route, wrong method, ...).
 HTTP_CODES = {404: "not_found", 405: "method_not_allowed"}
@@ -70,7 +80,7 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(EngineError)
     async def _engine(request: Request, exc: EngineError) -> JSONResponse:
-        return error_response(exc.status, str(exc), code=exc.code)
+        return error_response(STATUS[exc.kind], str(exc), code=exc.code)
 
     @app.exception_handler(EngineStopped)
     async def _stopped(request: Request, exc: EngineStopped) -> JSONResponse:

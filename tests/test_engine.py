@@ -11,6 +11,7 @@ from modelref import dense_forward, dense_greedy
 
 from kvwatch.engine import Engine, EngineConfig, SamplingParams, SchedulerConfig, SpecConfig
 from kvwatch.engine.config import LINEAR_STATE, SWA_WINDOW, ModelConfig
+from kvwatch.engine.errors import EngineError, ErrorKind
 from kvwatch.engine.events import (
     BatchComputed,
     PrefillChunk,
@@ -349,11 +350,20 @@ def test_sampling_is_reproducible_with_a_seed():
 
 @pytest.mark.parametrize(
     ("prompt", "message"),
-    [([], "empty"), ([999], "token ids must be"), (list(range(100)) * 41, "max_model_len")],
+    [
+        ([], "empty"),
+        ([999], "token ids must be"),
+        (list(range(100)) * 41, "max_model_len"),
+        ("bad \ud800 surrogate", "not valid Unicode"),
+    ],
 )
-def test_bad_prompts_are_rejected(prompt, message):
-    with pytest.raises(ValueError, match=message):
-        make_engine().add_request(prompt)
+def test_bad_prompts_are_rejected_as_invalid_and_change_nothing(prompt, message):
+    engine = make_engine()
+    with pytest.raises(EngineError, match=message) as refused:
+        engine.add_request(prompt)
+    assert refused.value.kind is ErrorKind.INVALID and refused.value.code == "invalid_prompt"
+    assert isinstance(refused.value, ValueError)  # callers that catch ValueError still do
+    assert engine.request_ids() == () and not engine.has_unfinished()
 
 
 def test_bad_sampling_params_and_duplicate_ids_are_rejected():
@@ -363,8 +373,9 @@ def test_bad_sampling_params_and_duplicate_ids_are_rejected():
         SamplingParams(temperature=-1)
     engine = make_engine()
     engine.add_request([1, 2, 3], request_id="x")
-    with pytest.raises(ValueError, match="already in use"):
+    with pytest.raises(EngineError, match="already in use") as taken:
         engine.add_request([1, 2, 3], request_id="x")
+    assert taken.value.kind is ErrorKind.CONFLICT and engine.request_ids() == ("x",)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="torch sees no CUDA device here")

@@ -15,7 +15,9 @@ import pytest
 from fastapi.testclient import TestClient
 
 from kvwatch.engine import Engine
+from kvwatch.engine.errors import ErrorKind
 from kvwatch.server import EngineWorker, ServerSettings, create_app
+from kvwatch.server.errors import STATUS
 
 OK_CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
 OK_TEXT = {"model": "tiny", "prompt": "hi", "max_tokens": 2}
@@ -178,3 +180,10 @@ def test_after_every_bad_input_the_engine_is_clean_and_back_to_its_baseline(api)
     assert report.live_requests == 0 and report.live_sessions == 0
     assert not engine.request_ids()  # nothing half-added
     assert worker.call(usage, engine).result(300) == api.baseline
+
+
+def test_every_kind_of_engine_error_has_its_one_status():
+    """The engine names the kind of mistake; the server's one table gives the status
+    clients have always seen for it (400 invalid, 404 not found, 409 conflict)."""
+    assert STATUS == {ErrorKind.INVALID: 400, ErrorKind.NOT_FOUND: 404, ErrorKind.CONFLICT: 409}
+    assert set(STATUS) == set(ErrorKind)

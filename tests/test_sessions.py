@@ -9,7 +9,7 @@ from sessionsim import SessionDriver, abort_mid_verify
 from kvwatch.engine import Engine, EngineConfig, SamplingParams, SchedulerConfig, SpecConfig
 from kvwatch.engine.cache.holder import HolderStatus
 from kvwatch.engine.cache.protocol import holder_of
-from kvwatch.engine.errors import SessionError
+from kvwatch.engine.errors import ErrorKind, SessionError
 from kvwatch.engine.events import RequestRetracted
 from kvwatch.engine.request import Status
 
@@ -153,11 +153,11 @@ def test_session_errors_are_clean_and_change_nothing():
     sid = eng.open_session(record=True)
     with pytest.raises(SessionError) as unknown:
         eng.add_request([1, 2, 3], session_id="nope")
-    assert unknown.value.status == 404
+    assert unknown.value.kind is ErrorKind.NOT_FOUND
     first = eng.add_request([1, 2, 3], PARAMS, session_id=sid)
     with pytest.raises(SessionError) as busy:
         eng.add_request([1, 2, 3, 4], session_id=sid)
-    assert busy.value.status == 409
+    assert busy.value.kind is ErrorKind.CONFLICT
     with pytest.raises(SessionError, match="turn in flight"):
         eng.close_session(sid)
     while eng.has_unfinished():
@@ -167,7 +167,7 @@ def test_session_errors_are_clean_and_change_nothing():
     for bad in ([9, 9, 9], tokens, tokens[:-1]):  # diverges, adds nothing, shrinks
         with pytest.raises(SessionError, match="must extend") as not_append:
             eng.add_request(bad, session_id=sid)
-        assert not_append.value.status == 400
+        assert not_append.value.kind is ErrorKind.INVALID
     with pytest.raises(SessionError, match="rolls back 1 to 1 assistant steps, not 2"):
         eng.rollback_session(sid, 2)
     assert list(eng.session_tokens(sid)) == tokens and eng.session_info(sid).turns == 1
@@ -175,7 +175,7 @@ def test_session_errors_are_clean_and_change_nothing():
     eng.close_session(sid)
     with pytest.raises(SessionError) as closed:
         eng.close_session(sid)
-    assert closed.value.status == 409 and closed.value.code == "session_closed"
+    assert closed.value.kind is ErrorKind.CONFLICT and closed.value.code == "session_closed"
     with pytest.raises(SessionError) as missing:
         eng.close_session("never-opened")
     assert missing.value.code == "session_not_found"
