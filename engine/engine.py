@@ -60,6 +60,8 @@ BatchHook = Callable[[ComputedBatch], None]
 
 
 class Completion(NamedTuple):
+    """A request's result, once it finished, was aborted or failed (build it with keywords)."""
+
     request_id: str
     prompt_token_ids: list[int]
     token_ids: list[int]
@@ -229,7 +231,15 @@ class Engine:
             session.tokens.extend(tokens[len(session.tokens) :])
             session.in_flight, tokens = rid, session.tokens
         params = params or SamplingParams()
-        req = Request(rid, tokens, len(tokens), params, self.step_count, extra_key, session=session)
+        req = Request(
+            id=rid,
+            tokens=tokens,
+            prompt_len=len(tokens),
+            params=params,
+            arrival=self.step_count,
+            extra_key=extra_key,
+            session=session,
+        )
         req.labels = tuple((str(k), str(v)) for k, v in (labels or {}).items())
         self._requests[rid] = req
         self._scheduler.add(req)
@@ -391,15 +401,15 @@ class Engine:
             raise ValueError(f"request {request_id!r} is still {req.status}")
         del self._requests[request_id]
         return Completion(
-            req.id,
-            req.tokens[: req.prompt_len],
-            req.output_ids,
-            self.tokenizer.decode(req.output_ids),
-            req.finish_reason,
-            req.cached_tokens,
-            req.logprobs,
-            req.routed_experts,
-            req.error,
+            request_id=req.id,
+            prompt_token_ids=req.tokens[: req.prompt_len],
+            token_ids=req.output_ids,
+            text=self.tokenizer.decode(req.output_ids),
+            finish_reason=req.finish_reason,
+            cached_tokens=req.cached_tokens,
+            logprobs=req.logprobs,
+            routed_experts=req.routed_experts,
+            error=req.error,
         )
 
     def generate(
@@ -460,7 +470,12 @@ class Engine:
             raise RuntimeError("probes are taken between steps")
         s = self._scheduler
         retracted = sum(r.status is Status.RETRACTED for r in s.waiting)
-        return QueueReport(len(s.waiting) - retracted, len(s.running), retracted, len(s.paused))
+        return QueueReport(
+            waiting=len(s.waiting) - retracted,
+            running=len(s.running),
+            retracted=retracted,
+            paused=len(s.paused),
+        )
 
 
 def _session_info(session: Session) -> SessionInfo:

@@ -247,7 +247,15 @@ class _Run:
             elif done.finish_reason in ("stop", "length"):
                 prompt, output = tuple(done.prompt_token_ids), tuple(done.token_ids)
                 self.done.append(
-                    Candidate(0, prompt, output, p.max_tokens, p.temperature, p.top_p, p.seed)
+                    Candidate(
+                        turn=0,
+                        prompt=prompt,
+                        output=output,
+                        max_tokens=p.max_tokens,
+                        temperature=p.temperature,
+                        top_p=p.top_p,
+                        seed=p.seed,
+                    )
                 )
 
     def run(self) -> list[Observation]:

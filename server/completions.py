@@ -116,8 +116,10 @@ def _controls(request: Request, body) -> Scripted | None:
         need = {"retracted": "retract_after", "paused": "pause_after_output"}
         wanted = need.get(controls.abort_in, "retract_after or pause_after_output")
         raise _bad_controls(f"abort_in {controls.abort_in!r} needs {wanted}")
-    return (
-        None if tokens is None else Scripted(action, tokens, controls.hold_steps, controls.abort_in)
+    if tokens is None:
+        return None
+    return Scripted(
+        action=action, tokens=tokens, hold_steps=controls.hold_steps, abort_in=controls.abort_in
     )
 
 

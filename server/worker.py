@@ -270,8 +270,19 @@ class EngineWorker:
         self.failure = f"the engine stopped: a step raised {exc!r}"
         for request_id, stream in list(self._streams.items()):
             del self._streams[request_id]
-            error = f"internal error: {self.failure}"
-            stream.put(Completion(request_id, [], [], "", "error", 0, [], None, error))
+            stream.put(
+                Completion(
+                    request_id=request_id,
+                    prompt_token_ids=[],
+                    token_ids=[],
+                    text="",
+                    finish_reason="error",
+                    cached_tokens=0,
+                    logprobs=[],
+                    routed_experts=None,
+                    error=f"internal error: {self.failure}",
+                )
+            )
 
     def _drain_aborts(self) -> None:
         while True:

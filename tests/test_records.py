@@ -18,6 +18,16 @@ from kvwatch.engine.records import SessionRecords, TurnRecord
 PARAMS = SamplingParams(max_tokens=8)
 
 
+def turn_record(turn, prompt_len, output_ids, logprobs, routed_experts) -> TurnRecord:
+    return TurnRecord(
+        turn=turn,
+        prompt_len=prompt_len,
+        output_ids=output_ids,
+        logprobs=logprobs,
+        routed_experts=routed_experts,
+    )
+
+
 def blob(n: int, fill: int) -> np.ndarray:
     return np.full((n, 4, 2), fill, dtype=np.int16)
 
@@ -25,8 +35,8 @@ def blob(n: int, fill: int) -> np.ndarray:
 def test_merge_takes_the_last_record_and_marks_every_output():
     records = SessionRecords()
     tokens = [1, 2, 3, 10, 11, 4, 5, 12, 13, 14]
-    records.append(TurnRecord(0, 3, (10, 11), (-0.1, -0.2), blob(4, 1)))
-    records.append(TurnRecord(1, 7, (12, 13, 14), (-0.3, -0.4, -0.5), blob(9, 2)))
+    records.append(turn_record(0, 3, (10, 11), (-0.1, -0.2), blob(4, 1)))
+    records.append(turn_record(1, 7, (12, 13, 14), (-0.3, -0.4, -0.5), blob(9, 2)))
     merged = records.merge(tokens)
     assert merged.token_ids == tokens
     assert merged.loss_mask == [0, 0, 0, 1, 1, 0, 0, 1, 1, 1]
@@ -38,7 +48,7 @@ def test_only_records_that_can_become_the_tail_keep_their_blob():
     kept, every = SessionRecords(), SessionRecords(keep_every_blob=True)
     for turn in range(5):
         for records in (kept, every):
-            records.append(TurnRecord(turn, turn * 4, (1,), (-1.0,), blob(turn * 4 + 1, turn)))
+            records.append(turn_record(turn, turn * 4, (1,), (-1.0,), blob(turn * 4 + 1, turn)))
     assert [r.routed_experts is not None for r in kept.records] == [False] * (4 - MAX_ROLLBACK) + [
         True
     ] * (MAX_ROLLBACK + 1)
@@ -48,7 +58,7 @@ def test_only_records_that_can_become_the_tail_keep_their_blob():
 
 def test_rollback_outside_its_range_is_an_error_and_changes_nothing():
     records = SessionRecords()
-    records.append(TurnRecord(0, 3, (9,), (-1.0,), None))
+    records.append(turn_record(0, 3, (9,), (-1.0,), None))
     before = list(records.records)
     for steps in (0, MAX_ROLLBACK + 1):
         with pytest.raises(SessionError, match="rolls back"):
