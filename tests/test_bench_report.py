@@ -33,4 +33,19 @@ def test_each_target_is_judged_from_the_json():
 
 def test_a_missing_benchmark_is_reported_as_not_measured():
     text = render({"benchmarks": []})
-    assert text.count("not measured") == 4
+    assert text.count("not measured") == 10
+
+
+def test_the_sglang_peer_ratios_are_target_rows():
+    info = dict(trace="small", requests=137, prompt_tokens=612231, replays=4, profile=["ncalls"])
+    for op, ratio in (("match", 1.25), ("insert", 0.64), ("evict", 1.0)):
+        info.update({f"{op}_ratio": ratio, f"{op}_kvwatch_s": 1.0, f"{op}_sglang_s": ratio})
+    text = render({"benchmarks": [bench("test_prefix_cache_ops_against_sglang[small]", 1, **info)]})
+    assert (
+        "| match + lock, SGLang / kvwatch time, small trace | 1.25x | >= 1.0x SGLang | yes |"
+        in text
+    )
+    assert "| insert, SGLang / kvwatch time, small trace | 0.64x | >= 1.0x SGLang | NO |" in text
+    assert "| evict-all, SGLang / kvwatch time, small trace | 1.0x | >= 1.0x SGLang | yes |" in text
+    assert "| evict-all, SGLang / kvwatch time, large trace | not measured |" in text
+    assert "| small (4 replays) | 137 | 612231 | insert | 1.0 s | 0.64 s | 0.64x |" in text
