@@ -34,9 +34,8 @@ def cache_members_used(source: str) -> set[str]:
         if not isinstance(node, ast.Attribute):
             continue
         base = node.value
-        if isinstance(base, ast.Name) and base.id == "cache":
-            used.add(node.attr)
-        elif isinstance(base, ast.Attribute) and base.attr == "cache":
+        name = getattr(base, "id", None) or getattr(base, "attr", None)
+        if name == "cache" and isinstance(base, ast.Name | ast.Attribute):
             used.add(node.attr)
     return used
 
