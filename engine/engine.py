@@ -24,11 +24,9 @@ import itertools
 import traceback
 from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
-from typing import NamedTuple
 
 import torch
 
-from kvwatch.contracts import Finding, FindingKind, finding
 from kvwatch.engine.cache.backends import build_cache
 from kvwatch.engine.config import MAX_ROLLBACK, EngineConfig
 from kvwatch.engine.errors import (
@@ -54,23 +52,16 @@ from kvwatch.engine.records import Session, SessionRegistry, Trajectory
 from kvwatch.engine.request import Request, RequestOutput, SamplingParams, Status
 from kvwatch.engine.runner import ModelRunner, Work, WorkResult
 from kvwatch.engine.scheduler import Scheduler
-from kvwatch.engine.views import ComputedBatch, RequestInfo, SessionInfo
+from kvwatch.engine.views import (
+    Completion,
+    ComputedBatch,
+    RequestInfo,
+    SessionInfo,
+    listener_finding,
+    session_info_of,
+)
 
 BatchHook = Callable[[ComputedBatch], None]
-
-
-class Completion(NamedTuple):
-    """A request's result, once it finished, was aborted or failed (build it with keywords)."""
-
-    request_id: str
-    prompt_token_ids: list[int]
-    token_ids: list[int]
-    text: str
-    finish_reason: str | None
-    cached_tokens: int
-    logprobs: list[float]
-    routed_experts: torch.Tensor | None
-    error: str | None
 
 
 class Engine:
@@ -365,7 +356,7 @@ class Engine:
 
     def session_info(self, session_id: str) -> SessionInfo:
         """An open session; a ``SessionError`` if it is unknown or closed."""
-        return _session_info(self._sessions.get(session_id))
+        return session_info_of(self._sessions.get(session_id))
 
     def session_tokens(self, session_id: str) -> tuple[int, ...]:
         """An open session's tokens so far (its next turn must start with them)."""
@@ -373,7 +364,7 @@ class Engine:
 
     def open_sessions(self) -> Mapping[str, SessionInfo]:
         """Every open session by id, in the order they were opened (a read-only copy)."""
-        return MappingProxyType({sid: _session_info(s) for sid, s in self._sessions.open.items()})
+        return MappingProxyType({sid: session_info_of(s) for sid, s in self._sessions.open.items()})
 
     def trajectory(self, session_id: str) -> Trajectory:
         session = self._sessions.get(session_id)
@@ -437,17 +428,9 @@ class Engine:
             live_sessions=len(self._sessions.open),
             record_bytes=self._sessions.blob_bytes,
         )
-        if listener := self._listener_finding():
+        if listener := listener_finding(self.events.failures):
             report = report._replace(findings=(*report.findings, listener))
         return report
-
-    def _listener_finding(self) -> Finding | None:
-        failures = self.events.failures
-        if not failures:
-            return None
-        counts = ", ".join(f"{name} {n}" for name, n in sorted(failures.items()))
-        detail = f"event handlers raised {sum(failures.values())} times ({counts}); see the log"
-        return finding(FindingKind.LISTENER, None, [], detail)
 
     def stats(self) -> EngineStats:
         """Usage, tree and queue figures without the audit: cheap, for gauges."""
@@ -476,14 +459,3 @@ class Engine:
             retracted=retracted,
             paused=len(s.paused),
         )
-
-
-def _session_info(session: Session) -> SessionInfo:
-    return SessionInfo(
-        session_id=session.id,
-        tokens=len(session.tokens),
-        turns=max(0, len(session.turn_ends) - 1),
-        in_flight=session.in_flight,
-        record=session.records is not None,
-        routed_experts=session.routed_experts,
-    )

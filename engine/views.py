@@ -6,9 +6,16 @@ nothing in the engine, and the engine changing later does not change it.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, NamedTuple
 
+import torch
+
+from kvwatch.contracts import Finding, FindingKind, finding
 from kvwatch.engine.request import DONE, SamplingParams, Status
+
+if TYPE_CHECKING:
+    from kvwatch.engine.records import Session
 
 
 class ComputedBatch(NamedTuple):
@@ -49,3 +56,38 @@ class SessionInfo(NamedTuple):
     in_flight: str | None  # the id of the turn being served
     record: bool  # each finished turn leaves a record
     routed_experts: bool  # and its routed-expert blob
+
+
+class Completion(NamedTuple):
+    """A request's result, once it finished, was aborted or failed (build it with keywords)."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    token_ids: list[int]
+    text: str
+    finish_reason: str | None
+    cached_tokens: int
+    logprobs: list[float]
+    routed_experts: torch.Tensor | None
+    error: str | None
+
+
+def session_info_of(session: Session) -> SessionInfo:
+    """A frozen copy of what a session is now."""
+    return SessionInfo(
+        session_id=session.id,
+        tokens=len(session.tokens),
+        turns=max(0, len(session.turn_ends) - 1),
+        in_flight=session.in_flight,
+        record=session.records is not None,
+        routed_experts=session.routed_experts,
+    )
+
+
+def listener_finding(failures: Mapping[str, int]) -> Finding | None:
+    """One ``listener`` finding when event handlers raised (isolated by the bus)."""
+    if not failures:
+        return None
+    counts = ", ".join(f"{name} {n}" for name, n in sorted(failures.items()))
+    detail = f"event handlers raised {sum(failures.values())} times ({counts}); see the log"
+    return finding(FindingKind.LISTENER, None, [], detail)
