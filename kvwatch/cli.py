@@ -98,7 +98,8 @@ def _profiles(args: argparse.Namespace) -> int:
     return 0
 
 
-# gate flags a soak has no use for, by the argparse dest that holds them
+# gate flags a soak has no use for, by the argparse dest that holds them: given with
+# --soak they are a usage error, not silently ignored
 NOT_FOR_SOAK = {
     "turns": "--turns",
     "max_replays": "--max-replays",
@@ -112,13 +113,22 @@ NOT_FOR_SOAK = {
     "engine": "--engine",
     "vllm_python": "--vllm-python",
     "vllm_arg": "--vllm-arg",
+    "no_report": "--no-report",  # a soak writes no report.html to skip
+    "grafana_token": "--grafana-token",  # a soak annotates no Grafana
 }
+
+
+def _given(value: object) -> bool:
+    """Whether a flag was given, judged by its value: every flag in NOT_FOR_SOAK
+    defaults to None, [] or (a store_true flag) False, and no value given on the
+    command line is any of those (``--turns 0`` is 0, which counts as given)."""
+    return not (value is None or value is False or value == [])
 
 
 def _soak(args: argparse.Namespace) -> int:
     from kvwatch.loadtests.soak import SOAK_PROFILES, SoakOptions, run_soak
 
-    given = [flag for dest, flag in NOT_FOR_SOAK.items() if getattr(args, dest) not in (None, [])]
+    given = [flag for dest, flag in NOT_FOR_SOAK.items() if _given(getattr(args, dest))]
     if given:
         print(f"kvwatch gate: --soak does not take {', '.join(given)}", file=sys.stderr)
         return 2

@@ -116,3 +116,28 @@ def test_soak_usage_errors_exit_2(args, message, tmp_path, capsys):
     assert code == 2
     assert message in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    "args, flag",
+    [
+        (["--no-report"], "--no-report"),
+        (["--grafana-token", "t"], "--grafana-token"),
+        (["--grafana-token="], "--grafana-token"),
+        (["--turns", "0"], "--turns"),  # 0 is a value given, though it equals False
+    ],
+)
+def test_soak_refuses_flags_it_would_ignore(args, flag, tmp_path, capsys, monkeypatch):
+    """A soak writes no report.html and annotates no Grafana, so ``--no-report`` and
+    ``--grafana-token`` are refused like the other turn-only flags (exit 2, one
+    line naming the flag), never silently ignored; nothing is written, and no
+    soak starts (one that did would fail here at once, not run for ten minutes)."""
+
+    def started(options):
+        raise AssertionError(f"the soak started, ignoring {flag}")
+
+    monkeypatch.setattr("kvwatch.loadtests.soak.run_soak", started)
+    code = main(["gate", "--out", str(tmp_path / "out"), "--soak", "10m", *args])
+    assert code == 2
+    assert capsys.readouterr().err == f"kvwatch gate: --soak does not take {flag}\n"
+    assert not (tmp_path / "out").exists()
