@@ -98,10 +98,22 @@ class CacheConfig:
 
     window: int = 32
     snapshot_interval: int = 64
-    full_kv: GroupSpec = field(default_factory=lambda: GroupSpec(FULL_KV, 16, 2048))
-    swa_kv: GroupSpec = field(default_factory=lambda: GroupSpec(SWA_KV, 16, 512))
-    swa_window: GroupSpec = field(default_factory=lambda: GroupSpec(SWA_WINDOW, 32, 64, 64))
-    linear_state: GroupSpec = field(default_factory=lambda: GroupSpec(LINEAR_STATE, 1, 64, 64))
+    full_kv: GroupSpec = field(
+        default_factory=lambda: GroupSpec(name=FULL_KV, page_size=16, capacity=2048)
+    )
+    swa_kv: GroupSpec = field(
+        default_factory=lambda: GroupSpec(name=SWA_KV, page_size=16, capacity=512)
+    )
+    swa_window: GroupSpec = field(
+        default_factory=lambda: GroupSpec(
+            name=SWA_WINDOW, page_size=32, capacity=64, host_capacity=64
+        )
+    )
+    linear_state: GroupSpec = field(
+        default_factory=lambda: GroupSpec(
+            name=LINEAR_STATE, page_size=1, capacity=64, host_capacity=64
+        )
+    )
     mode: PrefixCacheMode = PrefixCacheMode.RADIX
     # ``slots`` mode: how many whole-state snapshot slots, and the shortest turn
     # boundary worth a snapshot (a shorter one is degenerate: its snapshot aborts).

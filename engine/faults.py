@@ -56,76 +56,76 @@ REGISTRY: Mapping[Fault, FaultInfo] = {
     info.name: info
     for info in (
         FaultInfo(
-            Fault.INTERIOR_SNAPSHOT_LEAK,
-            "000",
-            "cache.commit",
-            "superseded interior continuation snapshots on a locked path are never released",
+            name=Fault.INTERIOR_SNAPSHOT_LEAK,
+            seed="000",
+            layer="cache.commit",
+            summary="superseded interior continuation snapshots on a locked path are never released",
         ),
         FaultInfo(
-            Fault.SNAPSHOT_RELEASE_IGNORES_HOST_REFS,
-            "000",
-            "cache.commit",
-            "the superseded-snapshot release checks device refs only, so a retracted "
+            name=Fault.SNAPSHOT_RELEASE_IGNORES_HOST_REFS,
+            seed="000",
+            layer="cache.commit",
+            summary="the superseded-snapshot release checks device refs only, so a retracted "
             "request's recovery snapshot is dropped",
         ),
         FaultInfo(
-            Fault.HISTORY_ONLY_ANCHOR,
-            "000",
-            "cache.commit",
-            "adoption fails on a history-only node, so commit stops there and the "
+            name=Fault.HISTORY_ONLY_ANCHOR,
+            seed="000",
+            layer="cache.commit",
+            summary="adoption fails on a history-only node, so commit stops there and the "
             "request keeps its pages and snapshots until release",
         ),
         FaultInfo(
-            Fault.ROOT_REF_LEAK_ON_MISS,
-            "002",
-            "cache.match",
-            "a miss or a trim-to-empty keeps the root ref taken on descent",
+            name=Fault.ROOT_REF_LEAK_ON_MISS,
+            seed="002",
+            layer="cache.match",
+            summary="a miss or a trim-to-empty keeps the root ref taken on descent",
         ),
         FaultInfo(
-            Fault.ROOT_IN_EVICT_SET,
-            "002",
-            "cache.radix",
-            "the root enters the eviction set when the tree empties",
+            name=Fault.ROOT_IN_EVICT_SET,
+            seed="002",
+            layer="cache.radix",
+            summary="the root enters the eviction set when the tree empties",
         ),
         FaultInfo(
-            Fault.ABORT_STATE_BUFFER_LEAK,
-            "002",
-            "cache.release",
-            "state snapshots a request took but had not handed to the tree are not "
+            name=Fault.ABORT_STATE_BUFFER_LEAK,
+            seed="002",
+            layer="cache.release",
+            summary="state snapshots a request took but had not handed to the tree are not "
             "freed when it is aborted or paused",
         ),
         FaultInfo(
-            Fault.SPEC_OVERALLOC_LEAK,
-            "001",
-            "scheduler",
-            "after a speculative verify, the slots of rejected drafts are not freed",
+            name=Fault.SPEC_OVERALLOC_LEAK,
+            seed="001",
+            layer="scheduler",
+            summary="after a speculative verify, the slots of rejected drafts are not freed",
         ),
         FaultInfo(
-            Fault.SESSION_TAIL_LEAK,
-            "001",
-            "cache.sessions",
-            "resuming a session does not free [prefix_len, kv_allocated_len): the new "
+            name=Fault.SESSION_TAIL_LEAK,
+            seed="001",
+            layer="cache.sessions",
+            summary="resuming a session does not free [prefix_len, kv_allocated_len): the new "
             "turn's pages replace the tail's in the slot and the old ones are orphaned",
         ),
         FaultInfo(
-            Fault.SESSION_TAIL_UNALIGNED_FREE,
-            "001",
-            "cache.sessions",
-            "the tail free is not page-aligned, so the partial page that still holds "
+            name=Fault.SESSION_TAIL_UNALIGNED_FREE,
+            seed="001",
+            layer="cache.sessions",
+            summary="the tail free is not page-aligned, so the partial page that still holds "
             "live tokens goes back to the free stack",
         ),
         FaultInfo(
-            Fault.SESSION_BLOB_RETENTION,
-            "003",
-            "records",
-            "every session record keeps its routed-expert blob, so retained memory is "
+            name=Fault.SESSION_BLOB_RETENTION,
+            seed="003",
+            layer="records",
+            summary="every session record keeps its routed-expert blob, so retained memory is "
             "O(turns x prefix)",
         ),
         FaultInfo(
-            Fault.STALE_SLOT_ENTRY,
-            "004",
-            "cache.slots",
-            "confirming a snapshot into a reused slot leaves the entries that still "
+            name=Fault.STALE_SLOT_ENTRY,
+            seed="004",
+            layer="cache.slots",
+            summary="confirming a snapshot into a reused slot leaves the entries that still "
             "point at it, and restore trusts an entry without checking the slot's "
             "contents, so KV from another conversation is restored",
         ),

@@ -35,12 +35,29 @@ def _stats(
     record_bytes: int,
 ) -> EngineStats:
     groups = {
-        name: GroupReport(u.family, u.capacity, u.free, u.by_owner, u.evictable, u.host_capacity)
+        name: GroupReport(
+            family=u.family,
+            capacity=u.capacity,
+            free=u.free,
+            by_owner=u.by_owner,
+            evictable=u.evictable,
+            host_capacity=u.host_capacity,
+        )
         for name, u in usage.items()
     }
     tree, slots, root = structure
     live = queue.waiting + queue.running + queue.retracted + queue.paused
-    return EngineStats(step, live, live_sessions, groups, root, tree, queue, record_bytes, slots)
+    return EngineStats(
+        step=step,
+        live_requests=live,
+        live_sessions=live_sessions,
+        groups=groups,
+        root_refs=root,
+        tree=tree,
+        queue=queue,
+        record_bytes=record_bytes,
+        slots=slots,
+    )
 
 
 def take_stats(
@@ -86,4 +103,4 @@ def take_probe(
         live_sessions=live_sessions,
         record_bytes=record_bytes,
     )
-    return ProbeReport(stats, r.audit.findings + stopped, r.bounds)
+    return ProbeReport(stats=stats, findings=r.audit.findings + stopped, bounds=r.bounds)

@@ -93,14 +93,16 @@ class SessionRecords:
 
     def merge(self, session_tokens: list[int]) -> Trajectory:
         if not self.records:
-            return Trajectory([], [], [], None)
+            return Trajectory(token_ids=[], loss_mask=[], logprobs=[], routed_experts=None)
         last = self.records[-1]
         tokens = session_tokens[: last.end]
         mask, logprobs = [0] * len(tokens), [0.0] * len(tokens)
         for rec in self.records:
             for i, lp in enumerate(rec.logprobs, start=rec.prompt_len):
                 mask[i], logprobs[i] = 1, lp
-        return Trajectory(tokens, mask, logprobs, last.routed_experts)
+        return Trajectory(
+            token_ids=tokens, loss_mask=mask, logprobs=logprobs, routed_experts=last.routed_experts
+        )
 
     @property
     def blob_bytes(self) -> int:
@@ -130,7 +132,13 @@ class Session:
             experts = req.routed_experts
             blob = None if experts is None else np.array(experts.cpu().numpy(), copy=True)
             turn = len(self.records.records)
-            rec = TurnRecord(turn, req.prompt_len, tuple(req.output_ids), tuple(req.logprobs), blob)
+            rec = TurnRecord(
+                turn=turn,
+                prompt_len=req.prompt_len,
+                output_ids=tuple(req.output_ids),
+                logprobs=tuple(req.logprobs),
+                routed_experts=blob,
+            )
             self.records.append(rec)
 
 
@@ -153,7 +161,9 @@ class SessionRegistry:
                 code="session_exists",
             )
         records = SessionRecords(keep_every_blob=self.keep_every_blob) if record else None
-        session = self.open[sid] = Session(sid, record, routed_experts, records=records)
+        session = self.open[sid] = Session(
+            id=sid, record=record, routed_experts=routed_experts, records=records
+        )
         return session
 
     def get(self, session_id: str) -> Session:

@@ -70,7 +70,9 @@ class ModelRunner:
             logits = (end - 1,) if end == len(req.tokens) else ()
         table = self.cache.page_table(h)
         kv = PagedKV(self.cache.pools, table.full, table.swa, table.linear)
-        return ForwardItem(tokens, w.start, kv, points, logits)
+        return ForwardItem(
+            tokens=tokens, start=w.start, kv=kv, state_points=points, logit_positions=logits
+        )
 
     def _finish(self, w: Work, it: ForwardItem, out: ForwardResult) -> WorkResult:
         req = w.request
@@ -92,7 +94,7 @@ class ModelRunner:
         it.kv.write_experts(w.start, out.experts[: computed_to - w.start])
         lps = tuple(float(logprobs[i, t]) for i, t in zip(picks, new, strict=True))
         states = {b: s for b, s in out.states.items() if b <= computed_to}
-        return WorkResult(new, lps, computed_to, states)
+        return WorkResult(new_tokens=new, logprobs=lps, computed_to=computed_to, states=states)
 
     @staticmethod
     def _sample(req: Request, logits: torch.Tensor) -> int:

@@ -81,7 +81,15 @@ class Scheduler:
     def add(self, req: Request) -> None:
         self.waiting.append(req)
         session_id = req.session.id if req.session is not None else None
-        self.events.emit(RequestAdded(req.id, req.prompt_len, self.step, session_id, req.labels))
+        self.events.emit(
+            RequestAdded(
+                request_id=req.id,
+                prompt_tokens=req.prompt_len,
+                step=self.step,
+                session_id=session_id,
+                labels=req.labels,
+            )
+        )
 
     def abort(self, req: Request) -> None:
         stage = self._stage(req)
@@ -91,7 +99,9 @@ class Scheduler:
         if req.session is not None:
             req.session.end_turn(req, record=False)
         self.events.emit(RequestAborted(req.id, stage))
-        self.outputs.append(RequestOutput(req.id, (), True, "abort"))
+        self.outputs.append(
+            RequestOutput(request_id=req.id, new_token_ids=(), finished=True, finish_reason="abort")
+        )
         self._drop_promises_without_waiters()
 
     def pause(self, req: Request) -> None:
@@ -221,12 +231,21 @@ class Scheduler:
                 self.cache.trim(h, computed_to)
         self.cache.commit_chunk(h)
         if work.n > 1 or work.start < req.prompt_len:
-            self.events.emit(PrefillChunk(req.id, work.start, work.n, self.step))
+            self.events.emit(
+                PrefillChunk(request_id=req.id, start=work.start, tokens=work.n, step=self.step)
+            )
         if kept:
-            self.events.emit(TokensGenerated(req.id, len(kept), first, self.step))
+            self.events.emit(
+                TokensGenerated(request_id=req.id, count=len(kept), first=first, step=self.step)
+            )
         if reason:
             self._finish(req, reason)
-        return RequestOutput(req.id, tuple(kept), req.done, req.finish_reason)
+        return RequestOutput(
+            request_id=req.id,
+            new_token_ids=tuple(kept),
+            finished=req.done,
+            finish_reason=req.finish_reason,
+        )
 
     # -- placing work ------------------------------------------------------------------
     def _plan(self, req: Request, budget: int) -> tuple[int, tuple[int, ...]]:
@@ -258,7 +277,7 @@ class Scheduler:
         while True:
             try:
                 self.cache.allocate(req.holder, n + len(drafts))
-                return Work(req, req.holder.computed_len, n, drafts)
+                return Work(request=req, start=req.holder.computed_len, n=n, drafts=drafts)
             except PoolExhausted as exc:
                 if drafts:
                     drafts = ()
@@ -310,7 +329,13 @@ class Scheduler:
         else:
             req.cached_tokens = min(match.resume_len, req.prompt_len)
             hit = min(match.hit_len, req.prompt_len)
-            scheduled = RequestScheduled(req.id, self.step, hit, req.cached_tokens, req.holder.id)
+            scheduled = RequestScheduled(
+                request_id=req.id,
+                step=self.step,
+                hit_tokens=hit,
+                cached_tokens=req.cached_tokens,
+                holder_id=req.holder.id,
+            )
             self.events.emit(scheduled)
         req.admitted = True
         return True
@@ -324,7 +349,13 @@ class Scheduler:
         if req.session is not None:
             req.session.end_turn(req, record=True)
         self.events.emit(
-            RequestFinished(req.id, reason, req.prompt_len, len(req.output_ids), req.cached_tokens)
+            RequestFinished(
+                request_id=req.id,
+                reason=reason,
+                prompt_tokens=req.prompt_len,
+                output_tokens=len(req.output_ids),
+                cached_tokens=req.cached_tokens,
+            )
         )
 
     def fail(self, req: Request, error: str) -> None:
@@ -337,7 +368,15 @@ class Scheduler:
         if req.session is not None:
             req.session.end_turn(req, record=False)
         self.events.emit(RequestFailed(req.id, error))
-        self.outputs.append(RequestOutput(req.id, (), True, "error", error))
+        self.outputs.append(
+            RequestOutput(
+                request_id=req.id,
+                new_token_ids=(),
+                finished=True,
+                finish_reason="error",
+                error=error,
+            )
+        )
 
     def _fail_hard(self, req: Request, error: str) -> None:
         """``fail`` for a request whose cache state cannot be trusted: if giving its

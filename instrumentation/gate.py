@@ -90,16 +90,16 @@ def judge(
         if t.heap is not None and t.context_tokens > 0
     )
     return RunResult(
-        profile,
-        concurrency,
-        len(record.turns),
-        requests,
-        errors,
-        verdicts,
-        record.error,
-        timeline,
-        heap,
-        record.coverage,
+        profile=profile,
+        concurrency=concurrency,
+        turns=len(record.turns),
+        requests=requests,
+        errors=errors,
+        verdicts=verdicts,
+        error=record.error,
+        timeline=timeline,
+        heap_per_token=heap,
+        coverage=record.coverage,
     )
 
 

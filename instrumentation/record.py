@@ -166,10 +166,10 @@ def merge_counts(reports: Iterable[tuple[str, Counts]]) -> Counts:
     for counts in last.values():
         status.update(counts.status)
     return Counts(
-        dict(status),
-        sum(c.failed for c in last.values()),
-        sum(c.broken_turns for c in last.values()),
-        tuple(f for c in last.values() for f in c.first_failures)[:KEEP_FAILURES],
+        status=dict(status),
+        failed=sum(c.failed for c in last.values()),
+        broken_turns=sum(c.broken_turns for c in last.values()),
+        first_failures=tuple(f for c in last.values() for f in c.first_failures)[:KEEP_FAILURES],
     )
 
 
@@ -284,7 +284,9 @@ class RunRecord(NamedTuple):
     @classmethod
     def from_json(cls, data: dict) -> RunRecord:
         replays = tuple(
-            Replay(turn, tuple(prompt), tuple(cached), tuple(reference))
+            Replay(
+                turn=turn, prompt=tuple(prompt), cached=tuple(cached), reference=tuple(reference)
+            )
             for turn, prompt, cached, reference in data.get("replays", ())
         )
         candidates = tuple(Candidate.from_json(c) for c in data.get("candidates", ()))

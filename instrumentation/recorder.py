@@ -181,14 +181,14 @@ class TurnRecorder:
             for k, rise in self._usage_rise().items()
         }
         entry = Turn(
-            turn,
-            probes,
-            conversations,
-            sum(r.get("context_tokens", 0) for r in reports),
-            heap,
-            per_conversation or None,
-            self.clock(),
-            _counts(reports),
+            turn=turn,
+            probes=probes,
+            conversations=conversations,
+            context_tokens=sum(r.get("context_tokens", 0) for r in reports),
+            heap=heap,
+            gauges=per_conversation or None,
+            at=self.clock(),
+            requests=_counts(reports),
         )
         self.turns.append(entry)
         return entry

@@ -58,7 +58,12 @@ class Reference:
         while engine.has_unfinished():
             engine.step()
         return tuple(
-            Replay(c.turn, c.prompt, c.output, tuple(engine.take(rid).token_ids))
+            Replay(
+                turn=c.turn,
+                prompt=c.prompt,
+                cached=c.output,
+                reference=tuple(engine.take(rid).token_ids),
+            )
             for c, rid in zip(candidates, ids, strict=True)
         )
 

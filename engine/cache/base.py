@@ -106,7 +106,14 @@ class CacheBase(PrefixCache):
         """
         hid = next(self._holder_ids)
         owner = Owner(kind, hid)
-        holder = Holder(hid, owner, tokens, extra_key, label=label, snapshot_at=snapshot_at)
+        holder = Holder(
+            id=hid,
+            owner=owner,
+            tokens=tokens,
+            extra_key=extra_key,
+            label=label,
+            snapshot_at=snapshot_at,
+        )
         holder.handle = Handle(holder)
         self.holders[hid] = holder
         return holder.handle

@@ -41,7 +41,11 @@ def tree_report(tree: RadixTree) -> TreeReport:
             snapshots[group] += 1
             interior[group] += superseded(node)
     return TreeReport(
-        tree.node_count, snapshots, on_host, interior, tree.page_count * tree.page_size
+        nodes=tree.node_count,
+        snapshots=snapshots,
+        host_snapshots=on_host,
+        interior_snapshots=interior,
+        tokens=tree.page_count * tree.page_size,
     )
 
 

@@ -157,7 +157,11 @@ class SlotPrefixCache(CacheBase):
             self.store.pools[group].transfer(ids, holder.owner, owner)
         old, erased = self.slots.confirm(ticket, pend.pages)
         self.store.free_groups(old, owner, Tier.DEVICE)
-        self.events.emit(SlotConfirmed(holder.id, ticket.slot, ticket.boundary, erased))
+        self.events.emit(
+            SlotConfirmed(
+                holder_id=holder.id, slot=ticket.slot, length=ticket.boundary, stale_erased=erased
+            )
+        )
 
     def _abort(self, holder: Holder, reason: str) -> None:
         """Give up a prepared snapshot; its slot step stays burned."""
@@ -219,7 +223,13 @@ class SlotPrefixCache(CacheBase):
         table = self.slots
         lengths = tuple(s.length for s in table.slots)
         filled = sum(not s.empty for s in table.slots)
-        return SlotReport(len(lengths), filled, len(table.entries), table.next_slot, lengths)
+        return SlotReport(
+            slots=len(lengths),
+            filled=filled,
+            entries=len(table.entries),
+            next_slot=table.next_slot,
+            lengths=lengths,
+        )
 
 
 def _staged(holder: Holder) -> Pending | None:

@@ -70,7 +70,7 @@ class Slot:
 
 class SlotTable:
     def __init__(self, n_slots: int, fingerprint: str, faults: frozenset[Fault]) -> None:
-        self.slots = [Slot(i) for i in range(n_slots)]
+        self.slots = [Slot(index=i) for i in range(n_slots)]
         self.entries: dict[bytes, SlotEntry] = {}
         self.next_slot = 0
         self.pinned: set[int] = set()  # slots being restored from: not evictable

@@ -82,18 +82,18 @@ def group_usage(cache: CacheBase) -> dict[str, GroupUsage]:
         by_owner["host"] = host.used_count if host else 0
         spec = cache.config.group(group)
         out[group] = GroupUsage(
-            group,
-            str(spec.family),
-            pool.capacity,
-            pool.free_count,
-            by_owner,
-            evictable[group],
-            spec.host_capacity,
+            group=group,
+            family=str(spec.family),
+            capacity=pool.capacity,
+            free=pool.free_count,
+            by_owner=by_owner,
+            evictable=evictable[group],
+            host_capacity=spec.host_capacity,
         )
     return out
 
 
-class _Live(NamedTuple):
+class _LiveHolders(NamedTuple):
     """The holders a bound is computed for, at one moment."""
 
     active: list[Holder]  # running, or a session parked between turns
@@ -126,11 +126,11 @@ def usage_bounds(
     ``usage`` is this same moment's ``group_usage``, when the caller has it.
     """
     holders = cache.holders.values()
-    live = _Live(
-        [h for h in holders if h.status in (HolderStatus.ACTIVE, HolderStatus.PARKED)],
-        [h for h in holders if h.status is HolderStatus.RETRACTED],
-        slack_tokens,
-        cache.stored_snapshots(),
+    live = _LiveHolders(
+        active=[h for h in holders if h.status in (HolderStatus.ACTIVE, HolderStatus.PARKED)],
+        retracted=[h for h in holders if h.status is HolderStatus.RETRACTED],
+        slack_tokens=slack_tokens,
+        stored=cache.stored_snapshots(),
     )
     usage = usage if usage is not None else group_usage(cache)
     out = {FULL_KV: _full_bound(cache, live, usage[FULL_KV])}
@@ -140,7 +140,7 @@ def usage_bounds(
     return out
 
 
-def _full_bound(cache: CacheBase, live: _Live, full: GroupUsage) -> Bound:
+def _full_bound(cache: CacheBase, live: _LiveHolders, full: GroupUsage) -> Bound:
     p = cache.page_size
     limit = sum(math.ceil((h.computed_len + live.ahead(h)) / p) for h in live.active)
     limit += sum(h.anchor.depth // p for h in live.retracted if h.anchor is not None)
@@ -152,16 +152,18 @@ def _full_bound(cache: CacheBase, live: _Live, full: GroupUsage) -> Bound:
         if pend.kind is PendingKind.SLOT
     )
     pinned = full.capacity - full.free - full.evictable
-    return Bound(FULL_KV, pinned, limit, 0, live.count)
+    return Bound(group=FULL_KV, pinned=pinned, limit=limit, shared=0, holders=live.count)
 
 
-def _swa_bound(cache: CacheBase, live: _Live, swa: GroupUsage) -> Bound:
+def _swa_bound(cache: CacheBase, live: _LiveHolders, swa: GroupUsage) -> Bound:
     ps = cache.store.pools[SWA_KV].page_size
     limit = sum(math.ceil((cache.config.window + live.ahead(h)) / ps) + 1 for h in live.active)
-    return Bound(SWA_KV, swa.capacity - swa.free, limit, 0, live.count)
+    return Bound(
+        group=SWA_KV, pinned=swa.capacity - swa.free, limit=limit, shared=0, holders=live.count
+    )
 
 
-def _state_bound(cache: CacheBase, live: _Live, group: str) -> Bound:
+def _state_bound(cache: CacheBase, live: _LiveHolders, group: str) -> Bound:
     own = shared = 0
     kept = cache.kept_for_waiters()
     for node in cache.store.tree.snapshot_nodes:
@@ -184,4 +186,4 @@ def _state_bound(cache: CacheBase, live: _Live, group: str) -> Bound:
     snapshots = live.count * SNAPSHOTS_PER_HOLDER + turn_ends + len(live.stored)
     limit = snapshots * cache.config.pages_per_snapshot(group)
     limit += sum(1 for h in live.active if group in h.working)
-    return Bound(group, own, limit, shared, live.count)
+    return Bound(group=group, pinned=own, limit=limit, shared=shared, holders=live.count)

@@ -124,7 +124,16 @@ class HybridModel:
             starts = [items[i].start for i in members]
             batch = PagedBatch([items[i].kv for i in members], starts, n, self.window)
             keep = [{b - items[i].start for b in items[i].state_points} for i in members]
-            groups.append(Group(members, starts, rows, pos[rows], batch, keep))
+            groups.append(
+                Group(
+                    members=members,
+                    starts=starts,
+                    rows=rows,
+                    q_pos=pos[rows],
+                    batch=batch,
+                    keep=keep,
+                )
+            )
         return groups
 
     def _mix(self, li: int, layer, g: Group, q, k, v, states: list[dict]) -> torch.Tensor:

@@ -47,12 +47,16 @@ def probe_rule(run: RunRecord) -> Verdict | None:
         for probe in turn.probes:
             hits = [f for f in probe.findings if f.kind in OWNERSHIP]
             if hits:
-                return fail(ID, turn.turn, [Evidence(f.group, f.pages, f.detail) for f in hits])
+                return fail(
+                    ID,
+                    turn.turn,
+                    [Evidence(group=f.group, pages=f.pages, detail=f.detail) for f in hits],
+                )
             over = [
                 Evidence(
-                    b.group,
-                    (),
-                    f"{b.pinned} pinned pages, live holders ({b.holders}) justify {b.limit}",
+                    group=b.group,
+                    pages=(),
+                    detail=f"{b.pinned} pinned pages, live holders ({b.holders}) justify {b.limit}",
                 )
                 for b in probe.exceeded()
             ]
@@ -87,7 +91,9 @@ def usage_rule(run: RunRecord) -> Verdict | None:
     bad = [t for t in usage_trends(run) if not t.bounded]
     if not bad:
         return None
-    return fail(ID, run.turns[-1].turn, [Evidence(t.group, (), t.why) for t in bad])
+    return fail(
+        ID, run.turns[-1].turn, [Evidence(group=t.group, pages=(), detail=t.why) for t in bad]
+    )
 
 
 def interior_per_conversation(run: RunRecord) -> dict[str, list[float]]:
@@ -113,7 +119,7 @@ def state_rule(run: RunRecord) -> Verdict | None:
                 f"interior snapshots per live conversation grow with turns "
                 f"({series[0]:.1f} -> {series[-1]:.1f}): {trend.describe}"
             )
-            return fail(ID, at, [Evidence(group, (), detail)])
+            return fail(ID, at, [Evidence(group=group, pages=(), detail=detail)])
     return None
 
 
@@ -126,9 +132,9 @@ def drain_rule(run: RunRecord) -> Verdict | None:
     base, after = run.baseline, run.drained
     left = [
         Evidence(
-            group,
-            (),
-            f"{used:.0f} pages still used, {was:.0f} before the run; by owner "
+            group=group,
+            pages=(),
+            detail=f"{used:.0f} pages still used, {was:.0f} before the run; by owner "
             f"{ {k: v for k, v in after.groups[group].by_owner.items() if v} }",
         )
         for group, was, used in not_back(
@@ -138,13 +144,17 @@ def drain_rule(run: RunRecord) -> Verdict | None:
     ]
     # who last owned what is left: the drained probe's ownership findings name them
     left += [
-        Evidence(f.group, f.pages, f"after the run: {f.detail}")
+        Evidence(group=f.group, pages=f.pages, detail=f"after the run: {f.detail}")
         for f in after.findings
         if f.kind in OWNERSHIP
     ]
     live = ("live_requests", "live_sessions")
     left += [
-        Evidence(None, (), f"{now:.0f} {name.replace('_', ' ')} left, {was:.0f} before")
+        Evidence(
+            group=None,
+            pages=(),
+            detail=f"{now:.0f} {name.replace('_', ' ')} left, {was:.0f} before",
+        )
         for name, was, now in not_back(
             {k: getattr(base, k) for k in live}, {k: getattr(after, k) for k in live}
         )

@@ -119,13 +119,15 @@ def findings_detector(detector: str, kinds: Collection[FindingKind], run: RunRec
         for probe in turn.probes:
             hits = [f for f in probe.findings if f.kind in kinds]
             if hits:
-                ev = [Evidence(f.group, f.pages, f.detail) for f in hits]
+                ev = [Evidence(group=f.group, pages=f.pages, detail=f.detail) for f in hits]
                 return fail(detector, turn.turn, ev)
     if run.drained is not None:
         hits = [f for f in run.drained.findings if f.kind in kinds]
         if hits:
             return fail_after_drain(
-                detector, run, [Evidence(f.group, f.pages, f.detail) for f in hits]
+                detector,
+                run,
+                [Evidence(group=f.group, pages=f.pages, detail=f.detail) for f in hits],
             )
     names = ", ".join(sorted(str(k) for k in kinds))
     return passed(detector, f"no {names} findings in {len(run.turns)} turns")

@@ -24,9 +24,9 @@ def detect(run: RunRecord) -> Verdict:
         )
         ev.append(
             Evidence(
-                None,
-                (),
-                f"a {len(r.prompt)}-token prompt: output differs from the cache-off replay at token {at} "
+                group=None,
+                pages=(),
+                detail=f"a {len(r.prompt)}-token prompt: output differs from the cache-off replay at token {at} "
                 f"({list(r.cached[at : at + 4])} vs {list(r.reference[at : at + 4])})",
             )
         )

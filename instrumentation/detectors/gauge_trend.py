@@ -38,7 +38,7 @@ def detect(run: RunRecord) -> Verdict:
         if rise is not None:
             at, trend = rise
             detail = f"{name} rises {series[0]:.3g} -> {series[-1]:.3g}: {trend.describe}"
-            return fail(ID, at, [Evidence(None, (), detail)])
+            return fail(ID, at, [Evidence(group=None, pages=(), detail=detail)])
     if (left := _not_drained(run)) is not None:
         return left
     return passed(ID, f"{len(names)} gauge series flat over {len(turns)} turns")
@@ -48,7 +48,9 @@ def _not_drained(run: RunRecord) -> Verdict | None:
     if not run.gauges_baseline or not run.gauges_drained:
         return None
     left = [
-        Evidence(None, (), f"{name} is {after:.4g} after the run, {before:.4g} before")
+        Evidence(
+            group=None, pages=(), detail=f"{name} is {after:.4g} after the run, {before:.4g} before"
+        )
         for name, before, after in not_back(run.gauges_baseline, run.gauges_drained)
     ]
     if not left:

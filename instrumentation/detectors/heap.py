@@ -91,11 +91,11 @@ def request_rule(run: RunRecord) -> Verdict | None:
         return passed(ID, f"{kept / served:.0f} bytes left per request after the run")
     ev = [
         Evidence(
-            None,
-            (),
-            f"{g.site}: {g.size_diff} bytes in {g.count_diff} allocations left after the run, "
+            group=None,
+            pages=(),
+            detail=f"{g.site}: {g.size_diff} bytes in {g.count_diff} allocations left after the run, "
             f"{g.size_diff / served:.0f} bytes per request ({served} requests since turn {mark})",
-            (g.site,),
+            traceback=(g.site,),
         )
         for g in left
     ]
@@ -158,15 +158,17 @@ def token_rule(run: RunRecord, turns: list) -> Verdict:
     sample = next(t.heap for t in turns if t.turn == at)
     ev = [
         Evidence(
-            None,
-            (),
-            f"{site}: retained bytes per context token rise {ratio[0]:.1f} -> {ratio[-1]:.1f} "
+            group=None,
+            pages=(),
+            detail=f"{site}: retained bytes per context token rise {ratio[0]:.1f} -> {ratio[-1]:.1f} "
             f"(O(turns x prefix)): {trend.describe}",
-            (site,),
+            traceback=(site,),
         )
     ]
     ev += [
-        Evidence(None, (), f"+{size} bytes since the previous turn", tb)
+        Evidence(
+            group=None, pages=(), detail=f"+{size} bytes since the previous turn", traceback=tb
+        )
         for size, tb in sample.top[:5]
     ]
     return fail(ID, at, ev)

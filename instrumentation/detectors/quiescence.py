@@ -49,7 +49,11 @@ def detect(run: RunRecord) -> Verdict:
         return skipped(ID, "no probes before and after the run")
     base, after = run.baseline, run.drained
     left = [
-        Evidence(group, (), f"{now:.0f} host-tier pages after the run, {was:.0f} before")
+        Evidence(
+            group=group,
+            pages=(),
+            detail=f"{now:.0f} host-tier pages after the run, {was:.0f} before",
+        )
         for group, was, now in not_back(
             {g: v.by_owner.get(HOST, 0) for g, v in base.groups.items()},
             {g: v.by_owner.get(HOST, 0) for g, v in after.groups.items()},
@@ -58,16 +62,20 @@ def detect(run: RunRecord) -> Verdict:
     if after.root_refs.actual > base.root_refs.actual:
         left.append(
             Evidence(
-                None,
-                (),
-                f"the root holds {after.root_refs.actual} refs after the run, "
+                group=None,
+                pages=(),
+                detail=f"the root holds {after.root_refs.actual} refs after the run, "
                 f"{base.root_refs.actual} before",
             )
         )
     if base.registries:  # a probe that reports no registries (an engine's own) is not judged
         before = {name: base.registries.get(name, 0) for name in after.registries}
         left += [
-            Evidence(None, (), f"{name} holds {now:.0f} entries after the run, {was:.0f} before")
+            Evidence(
+                group=None,
+                pages=(),
+                detail=f"{name} holds {now:.0f} entries after the run, {was:.0f} before",
+            )
             for name, was, now in not_back(before, after.registries)
         ]
     if left:

@@ -15,14 +15,14 @@ def detect(run: RunRecord) -> Verdict:
         probes.append((None, run.drained))  # the probe after the drain
     for turn, probe in probes:
         ev = [
-            Evidence(f.group, f.pages, f.detail)
+            Evidence(group=f.group, pages=f.pages, detail=f.detail)
             for f in probe.findings
             if f.kind is FindingKind.REF_MISMATCH
         ]
         root = probe.root_refs
         if root.actual != root.expected:
             detail = f"root refs {root.actual}, live holders imply {root.expected}"
-            ev.insert(0, Evidence(None, (), detail))
+            ev.insert(0, Evidence(group=None, pages=(), detail=detail))
         if ev:
             return fail(ID, turn, ev) if turn is not None else fail_after_drain(ID, run, ev)
     return passed(ID, f"root and node refs exact in {len(probes)} probes")

@@ -36,13 +36,13 @@ def detect(run: RunRecord) -> Verdict:
         return passed(ID, f"{sent.requests} requests, none failed, no 5xx")
     ev = [
         Evidence(
-            None,
-            (),
-            f"{sent.errors} of {sent.requests} requests failed, {server_errors} answered 5xx "
+            group=None,
+            pages=(),
+            detail=f"{sent.errors} of {sent.requests} requests failed, {server_errors} answered 5xx "
             f"(by status: {dict(sorted(sent.status.items()))})",
         )
     ]
-    ev += [Evidence(None, (), failure_line(f)) for f in sent.first_failures]
+    ev += [Evidence(group=None, pages=(), detail=failure_line(f)) for f in sent.first_failures]
     turn = _first_turn(run)
     return fail(ID, turn, ev) if turn is not None else fail_after_drain(ID, run, ev)
 

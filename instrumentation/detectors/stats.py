@@ -41,12 +41,19 @@ def trend(values: Sequence[float], at: Sequence[float] | None = None) -> Trend:
     y = np.asarray(values, dtype=float)
     x = np.arange(len(y), dtype=float) if at is None else np.asarray(at, dtype=float)
     if len(y) < 2 or np.all(y == y[0]) or np.ptp(x) == 0:
-        return Trend(0.0, 0.0, 0.0, 0.0, 1.0, len(y))
+        return Trend(slope=0.0, low=0.0, high=0.0, tau=0.0, p_value=1.0, points=len(y))
     from scipy import stats  # here, not at import: the CLI checks its flags first (1.5 s)
 
     slope, _, low, high = stats.theilslopes(y, x, alpha=0.90)
     tau, p = stats.kendalltau(x, y, alternative="greater")
-    return Trend(float(slope), float(low), float(high), float(tau), float(p), len(y))
+    return Trend(
+        slope=float(slope),
+        low=float(low),
+        high=float(high),
+        tau=float(tau),
+        p_value=float(p),
+        points=len(y),
+    )
 
 
 def is_rising(
