@@ -59,6 +59,22 @@ def test_pool_refuses_double_free_and_foreign_free():
     assert pool.free_count == 8
 
 
+@pytest.mark.parametrize("n", [3, 20])  # checked page by page, and vectorised
+def test_pool_refuses_a_page_named_twice_or_out_of_range_and_changes_nothing(n):
+    pool = PagePool(FULL_KV, 4, 32, PageLayout())
+    pages = pool.alloc(n, REQ).tolist()
+    kinds, ids = pool.owner_kind.copy(), pool.owner_id.copy()
+    for bad in ([*pages, pages[0]], [*pages[1:], -1], [*pages[1:], 32], [*pages[1:], 31]):
+        for call in (pool.free, lambda p, o: pool.transfer(p, o, OTHER)):
+            with pytest.raises(OwnershipError):
+                call(np.array(bad), REQ)
+            assert pool.free_count == 32 - n
+            assert (pool.owner_kind == kinds).all() and (pool.owner_id == ids).all()
+    pool.transfer(pages, REQ, OTHER)
+    pool.free(pages, OTHER)
+    assert pool.free_count == 32 and (pool.owner_id == -1).all()
+
+
 def test_pool_exhaustion_is_a_clear_error_and_changes_nothing():
     pool = PagePool(SWA_WINDOW, 4, 4, PageLayout())
     pool.alloc(3, REQ)

@@ -15,15 +15,15 @@ Invariants kept by every method here:
 
 * a page is on the free stack exactly when its tag is ``FREE``;
 * ``free`` and ``transfer`` only act on pages the caller names as their owner,
-  so a double free or a free by the wrong holder raises ``OwnershipError``
-  instead of silently corrupting the stack.
+  each named once, so a double free or a free by the wrong holder raises
+  ``OwnershipError`` instead of silently corrupting the stack.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import NamedTuple, NoReturn
 
 import numpy as np
 import torch
@@ -31,6 +31,7 @@ import torch
 from kvwatch.engine.cache.owner import Owner, OwnerKind
 
 PageIds = np.ndarray  # int64 page ids
+SHORT_RUN = 8  # up to this many pages, ownership is checked page by page in Python
 
 
 class PoolExhausted(RuntimeError):
@@ -132,38 +133,76 @@ class PagePool:
 
     def free(self, pages: PageIds | Sequence[int], owner: Owner) -> None:
         """Return ``owner``'s pages to the free stack."""
-        idx = as_index(pages)
-        if idx.size == 0:
+        n = len(pages)
+        if n == 0:
             return
-        self._check_owned(idx, owner, "free")
-        self.owner_kind[idx] = int(OwnerKind.FREE)
-        self.owner_id[idx] = -1
-        self._free[self._top : self._top + idx.size] = idx[::-1]
-        self._top += idx.size
+        ids = self._claim(pages, owner, "free", OwnerKind.FREE, -1)
+        self._free[self._top : self._top + n] = ids[::-1]
+        self._top += n
 
     def transfer(self, pages: PageIds | Sequence[int], old: Owner, new: Owner) -> None:
         """Move pages from ``old`` to ``new`` (a request's pages joining the tree)."""
-        idx = as_index(pages)
-        if idx.size == 0:
-            return
-        self._check_owned(idx, old, "transfer")
-        self.owner_kind[idx] = int(new.kind)
-        self.owner_id[idx] = new.id
+        if len(pages):
+            self._claim(pages, old, "transfer", new.kind, new.id)
 
     def owner_of(self, page: int) -> Owner | None:
         kind = OwnerKind(int(self.owner_kind[page]))
         return None if kind is OwnerKind.FREE else Owner(kind, int(self.owner_id[page]))
 
-    def _check_owned(self, idx: np.ndarray, owner: Owner, verb: str) -> None:
-        if int(idx.min()) < 0 or int(idx.max()) >= self.capacity:
+    def _claim(
+        self, pages: PageIds | Sequence[int], owner: Owner, verb: str, kind: int, oid: int
+    ) -> np.ndarray | list[int]:
+        """Check that ``owner`` holds every page named, each named once; then tag
+        them ``(kind, oid)``. Otherwise raise ``OwnershipError`` and change nothing.
+
+        A short run is checked on Python ints (a numpy call costs more than the
+        whole loop); a long one in a few vectorised passes, duplicates included
+        (see ``_check_long``). Returns the page ids, as a list or an array.
+        """
+        if len(pages) > SHORT_RUN:
+            idx = as_index(pages)
+            self._check_long(idx, owner, verb)
+            self.owner_kind[idx] = int(kind)
+            self.owner_id[idx] = oid
+            return idx
+        ids = pages.tolist() if isinstance(pages, np.ndarray) else list(pages)
+        kinds, oids, cap = self.owner_kind, self.owner_id, self.capacity
+        want, wid, kind = int(owner.kind), owner.id, int(kind)  # plain ints: enums compare slowly
+        if len(set(ids)) != len(ids) or not all(
+            0 <= p < cap and kinds[p] == want and oids[p] == wid for p in ids
+        ):
+            self._refuse(ids, owner, verb)
+        for p in ids:
+            kinds[p] = kind
+            oids[p] = oid
+        return ids
+
+    def _check_long(self, idx: np.ndarray, owner: Owner, verb: str) -> None:
+        """Every page in range and ``owner``'s, none named twice, without sorting.
+
+        Duplicates: each named page's id tag is set to a code unique to its
+        position and read back; a page named twice reads back one code only, so
+        some position sees another's. The tags were all ``owner.id`` (checked
+        first), so they are put back before the caller retags or refuses.
+        """
+        if int(idx.view(np.uint64).max()) >= self.capacity:  # negatives wrap to huge
+            self._refuse(idx.tolist(), owner, verb)
+        oids = self.owner_id
+        if ((self.owner_kind[idx] != int(owner.kind)) | (oids[idx] != owner.id)).any():
+            self._refuse(idx.tolist(), owner, verb)
+        codes = np.arange(-2, -2 - idx.size, -1, dtype=np.int64)
+        oids[idx] = codes
+        twice = bool((oids[idx] != codes).any())
+        oids[idx] = owner.id
+        if twice:
+            self._refuse(idx.tolist(), owner, verb)
+
+    def _refuse(self, ids: list[int], owner: Owner, verb: str) -> NoReturn:
+        if any(not 0 <= p < self.capacity for p in ids):
             raise OwnershipError(f"{self.group}: {verb} of page ids outside [0, {self.capacity})")
-        wrong = (self.owner_kind[idx] != int(owner.kind)) | (self.owner_id[idx] != owner.id)
-        if wrong.any() or (idx.size > 1 and np.unique(idx).size != idx.size):
-            bad = idx[wrong].tolist()[:8] or idx.tolist()[:8]
-            held = [str(self.owner_of(p) or "free") for p in bad]
-            raise OwnershipError(
-                f"{self.group}: {owner} tried to {verb} pages {bad} held by {held}"
-            )
+        bad = [p for p in ids if self.owner_of(p) != owner][:8] or ids[:8]
+        held = [str(self.owner_of(p) or "free") for p in bad]
+        raise OwnershipError(f"{self.group}: {owner} tried to {verb} pages {bad} held by {held}")
 
     def view(self) -> PoolSnapshot:
         """The bookkeeping without copies: valid until the pool next changes
