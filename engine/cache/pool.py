@@ -208,22 +208,22 @@ class PagePool:
         """The bookkeeping without copies: valid until the pool next changes
         (the audit reads it synchronously)."""
         return PoolSnapshot(
-            self.group,
-            self.tier,
-            self.capacity,
-            self._free[: self._top],
-            self.owner_kind,
-            self.owner_id,
+            group=self.group,
+            tier=self.tier,
+            capacity=self.capacity,
+            free_pages=self._free[: self._top],
+            owner_kind=self.owner_kind,
+            owner_id=self.owner_id,
         )
 
     def snapshot(self) -> PoolSnapshot:
         return PoolSnapshot(
-            self.group,
-            self.tier,
-            self.capacity,
-            self._free[: self._top].copy(),
-            self.owner_kind.copy(),
-            self.owner_id.copy(),
+            group=self.group,
+            tier=self.tier,
+            capacity=self.capacity,
+            free_pages=self._free[: self._top].copy(),
+            owner_kind=self.owner_kind.copy(),
+            owner_id=self.owner_id.copy(),
         )
 
     # -- data -----------------------------------------------------------------
