@@ -128,6 +128,24 @@ def test_walk_counts_pages_matched_inside_a_diverging_node():
     assert tree.walk([1, 2, 3, 4, 5, 6, 7], None, 7).hit_len == 6
 
 
+def test_matching_pages_finds_the_first_differing_page_wherever_it_is():
+    tree = RadixTree(page_size=4)
+    node = tree.add_leaf(tree.root, list(range(52)), np.arange(13), None)
+    for differ in [*range(52), None]:  # every token of the node, and none
+        for pos, limit in ((0, 60), (0, 52), (0, 20), (0, 50), (4, 60), (8, 36)):
+            tokens = [-9] * pos + list(range(60))
+            if differ is not None:
+                tokens[pos + differ] = -1
+            expect = 0  # page by page, as a reference
+            while (
+                expect * 4 < min(52, limit - pos)
+                and node.tokens[expect * 4 : expect * 4 + 4]
+                == tokens[pos + expect * 4 : pos + expect * 4 + 4]
+            ):
+                expect += 1
+            assert tree.matching_pages(node, tokens, pos, limit) == expect, (differ, pos, limit)
+
+
 def test_extra_key_separates_namespaces():
     tree = RadixTree(page_size=2)
     tree.add_leaf(tree.root, [1, 2], np.array([0]), "a")
@@ -189,7 +207,9 @@ def test_match_leaves_the_last_token_to_compute():
 
 
 def test_allocation_failure_is_atomic():
-    cache = build_cache(small_config(swa_kv=GroupSpec(SWA_KV, 4, 4)), INT_LAYOUTS)
+    cache = build_cache(
+        small_config(swa_kv=GroupSpec(name=SWA_KV, page_size=4, capacity=4)), INT_LAYOUTS
+    )
     h = cache.open(list(range(40)))
     cache.match(h)
     before = {g: p.free_count for g, p in cache.pools.items()}
@@ -265,11 +285,11 @@ def test_config_rejects_bad_geometry():
     with pytest.raises(ValueError, match="snapshot_interval"):
         CacheConfig(snapshot_interval=24)
     with pytest.raises(ValueError, match="page_size must be 1"):
-        GroupSpec(LINEAR_STATE, 2, 8)
+        GroupSpec(name=LINEAR_STATE, page_size=2, capacity=8)
     with pytest.raises(ValueError, match="only state groups have a host tier"):
-        GroupSpec(FULL_KV, 16, 8, host_capacity=4)
+        GroupSpec(name=FULL_KV, page_size=16, capacity=8, host_capacity=4)
     with pytest.raises(ValueError, match="must hold at least a working state"):
-        small_config(linear_state=GroupSpec(LINEAR_STATE, 1, 1))
+        small_config(linear_state=GroupSpec(name=LINEAR_STATE, page_size=1, capacity=1))
 
 
 def test_root_has_no_pages():
@@ -319,7 +339,9 @@ def test_probe_counts_only_superseded_interior_snapshots(leak):
     run_turn(sim, h, [7] * 9, chunk=8, decode=[])  # a second turn on the second branch
     run_turn(sim, h, [6] * 9, chunk=8, decode=[])  # and a third
     cache.release(h, commit=True)
-    interior = take_stats(cache, 0, QueueReport(0, 0, 0, 0)).tree.interior_snapshots
+    interior = take_stats(
+        cache, 0, QueueReport(waiting=0, running=0, retracted=0, paused=0)
+    ).tree.interior_snapshots
     assert (max(interior.values()) > 0) is leak, interior
     assert audit(cache).clean
 

@@ -75,29 +75,48 @@ class RadixTree:
         return node.children.get(self.key_at(extra_key, tokens, pos))
 
     def matching_pages(self, node: Node, tokens: list[int], pos: int, limit: int) -> int:
-        """Leading pages of ``node.tokens`` equal to ``tokens[pos:limit]``."""
-        p = self.page_size
-        n = 0
-        for k in range(0, min(len(node.tokens), limit - pos), p):
-            if node.tokens[k : k + p] != tokens[pos + k : pos + k + p]:
+        """Leading pages of ``node.tokens`` equal to ``tokens[pos:limit]``.
+
+        Compares slices, not pages: the whole run first (a node on the path
+        matches whole), else runs of 1, 2, 4, ... pages until one differs, then
+        halves that run down to the first differing page.
+        """
+        p, mine = self.page_size, node.tokens
+        total = -(-min(len(mine), limit - pos) // p)  # pages that may match
+        if total <= 0:
+            return 0
+        if mine[: total * p] == tokens[pos : pos + total * p]:
+            return total
+        lo, hi, step = 0, total, 1  # pages [0, lo) match
+        while lo < total:
+            hi = min(lo + step, total)
+            if mine[lo * p : hi * p] != tokens[pos + lo * p : pos + hi * p]:
                 break
-            n += 1
-        return n
+            lo, step = hi, step * 2
+        while hi - lo > 1:  # the first differing page is in [lo, hi)
+            mid = (lo + hi) // 2
+            if mine[lo * p : mid * p] == tokens[pos + lo * p : pos + mid * p]:
+                lo = mid
+            else:
+                hi = mid
+        return lo
 
     def walk(self, tokens: list[int], extra_key: str | None, limit: int) -> Walk:
         """Descend along ``tokens[:limit]`` (rounded down to a page); pure."""
-        limit -= limit % self.page_size
+        p = self.page_size
+        limit -= limit % p
         node, pos, nodes = self.root, 0, []
         while pos < limit:
-            child = self.child(node, extra_key, tokens, pos)
+            child = node.children.get((extra_key, *tokens[pos : pos + p]))
             if child is None:
                 break
-            n = self.matching_pages(child, tokens, pos, limit)
-            pos += n * self.page_size
-            if n * self.page_size < len(child.tokens):
-                break
-            nodes.append(child)
-            node = child
+            end = pos + len(child.tokens)
+            if end <= limit and child.tokens == tokens[pos:end]:  # the whole node
+                nodes.append(child)
+                node, pos = child, end
+                continue
+            pos += self.matching_pages(child, tokens, pos, limit) * p
+            break
         return Walk(nodes, pos)
 
     def tick(self) -> int:
@@ -181,7 +200,7 @@ class RadixTree:
     # -- refs -------------------------------------------------------------------
     def inc(self, node: Node) -> None:
         node.refs += 1
-        self._refresh(node)
+        self.evictable.discard(node)  # a referenced node is never evictable
 
     def dec(self, node: Node) -> None:
         if node.refs <= 0:

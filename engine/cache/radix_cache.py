@@ -72,8 +72,32 @@ class RadixPrefixCache(CacheBase):
         The descent refs the root first. State recovery trims every node below
         the deepest complete snapshot; when nothing is left (a miss, or a
         trim-to-empty) the root ref must go too, or it drifts up by one per
-        miss (seed 002).
+        miss (seed 002). When that snapshot is on the device, nothing can
+        change while choosing it, so only the kept path is locked, directly.
+        Loading one from the host allocates, which may evict: the whole walk
+        is locked first so that nothing on it goes.
         """
+        tree = self.store.tree
+        keep = len(walk.nodes)
+        while keep and not walk.nodes[keep - 1].has_complete_snapshot:
+            keep -= 1
+        if keep and walk.nodes[keep - 1].snapshot.tier is Tier.DEVICE:
+            tree.lock(walk.nodes[keep - 1])
+        elif keep:
+            keep = self._lock_then_load(walk)
+        else:  # a miss: the descent's root ref, given back
+            tree.inc(tree.root)
+            if Fault.ROOT_REF_LEAK_ON_MISS not in self.faults:
+                tree.dec(tree.root)
+        if keep == 0:
+            return None
+        anchor = walk.nodes[keep - 1]
+        tree.touch(anchor)
+        return anchor
+
+    def _lock_then_load(self, walk: Walk) -> int:
+        """The descent with a host snapshot to load: lock the whole walk, trim
+        back to a usable snapshot; how many nodes stay locked."""
         tree = self.store.tree
         tree.inc(tree.root)
         for node in walk.nodes:
@@ -83,13 +107,9 @@ class RadixPrefixCache(CacheBase):
             keep -= 1
         for node in reversed(walk.nodes[keep:]):
             tree.dec(node)
-        if keep == 0:
-            if Fault.ROOT_REF_LEAK_ON_MISS not in self.faults:
-                tree.dec(tree.root)
-            return None
-        anchor = walk.nodes[keep - 1]
-        tree.touch(anchor)
-        return anchor
+        if keep == 0 and Fault.ROOT_REF_LEAK_ON_MISS not in self.faults:
+            tree.dec(tree.root)
+        return keep
 
     def _usable(self, node: Node) -> bool:
         if not node.has_complete_snapshot:
