@@ -94,6 +94,21 @@ def test_pool_tokens_cross_page_boundaries():
     assert torch.equal(pool.page_data([pages[1]])[0], values[3:7])
 
 
+def test_pool_whole_pages_read_write_and_copy_like_single_tokens():
+    pool = PagePool(FULL_KV, 4, 8, PageLayout((2,), torch.float64))
+    for pages in ([1, 2, 3], [5, 2, 6]):  # consecutive ids, and scattered ones
+        values = torch.arange(24, dtype=torch.float64).reshape(12, 2) + pages[0]
+        pool.write_tokens(np.array(pages), 0, values)
+        got = pool.read_tokens(pages, 0, 12)
+        assert torch.equal(got, values) and torch.equal(pool.read_tokens(pages, 1, 6), values[1:7])
+        got += 1  # a copy: the pool keeps its values
+        assert torch.equal(pool.read_tokens(pages, 0, 12), values)
+    for src, dst in (([1, 2], [2, 3]), ([3, 4], [2, 3]), ([5, 2], [1, 0])):  # overlapping too
+        before = pool.data.clone()
+        pool.copy_pages(np.array(src), pool, np.array(dst))
+        assert torch.equal(pool.page_data(dst), before[src])
+
+
 # -- RadixTree ----------------------------------------------------------------------------
 def tree_with(*seqs: list[int]) -> RadixTree:
     tree = RadixTree(page_size=2)

@@ -80,6 +80,13 @@ def as_index(pages: PageIds | Sequence[int]) -> np.ndarray:
     return np.asarray(pages, dtype=np.int64)
 
 
+def _apart(a: slice | torch.Tensor, b: slice | torch.Tensor) -> bool:
+    """Two row selections known not to overlap: disjoint slices."""
+    return (
+        isinstance(a, slice) and isinstance(b, slice) and (a.stop <= b.start or b.stop <= a.start)
+    )
+
+
 class PagePool:
     def __init__(
         self,
@@ -103,6 +110,7 @@ class PagePool:
             f.name: torch.zeros((capacity, page_size, *f.shape), dtype=f.dtype, device=device)
             for f in layout.aux
         }
+        self._tokens = self.data.view(capacity * page_size, *layout.token_shape)
         self.owner_kind = np.zeros(capacity, dtype=np.int8)
         self.owner_id = np.full(capacity, -1, dtype=np.int64)
         # Reversed so that a fresh pool hands out pages 0, 1, 2, ...
@@ -243,16 +251,24 @@ class PagePool:
     @property
     def tokens(self) -> torch.Tensor:
         """The data as one row per token slot: (capacity * page_size, *token_shape)."""
-        return self.data.view(self.capacity * self.page_size, *self.layout.token_shape)
+        return self._tokens
 
     def read_tokens(self, pages: PageIds | Sequence[int], start: int, n: int) -> torch.Tensor:
-        return self.tokens[self.token_index(pages, start, n)]
+        rows = self._whole_pages(pages, start, n)
+        if rows is None:
+            return self.tokens[self.token_index(pages, start, n)]
+        got = self.data[rows]
+        return (got.clone() if isinstance(rows, slice) else got).view(n, *self.layout.token_shape)
 
     def write_tokens(
         self, pages: PageIds | Sequence[int], start: int, values: torch.Tensor
     ) -> None:
-        idx = self.token_index(pages, start, values.shape[0])
-        self.tokens[idx] = values.to(device=self.data.device, dtype=self.data.dtype)
+        values = values.to(device=self.data.device, dtype=self.data.dtype)
+        rows = self._whole_pages(pages, start, values.shape[0])
+        if rows is None:
+            self.tokens[self.token_index(pages, start, values.shape[0])] = values
+        else:
+            self.data[rows] = values.reshape(-1, *self.data.shape[1:])
 
     def read_aux(
         self, name: str, pages: PageIds | Sequence[int], start: int, n: int
@@ -268,15 +284,41 @@ class PagePool:
         field.view(-1, *field.shape[2:])[idx] = values.to(device=field.device, dtype=field.dtype)
 
     def page_data(self, pages: PageIds | Sequence[int]) -> torch.Tensor:
-        return self.data[torch.from_numpy(as_index(pages)).to(self.data.device)]
+        rows = self._rows(pages)
+        return self.data[rows].clone() if isinstance(rows, slice) else self.data[rows]
 
     def set_page_data(self, pages: PageIds | Sequence[int], values: torch.Tensor | float) -> None:
-        self.data[torch.from_numpy(as_index(pages)).to(self.data.device)] = values
+        self.data[self._rows(pages)] = values
 
     def copy_pages(self, src: PageIds, dst_pool: PagePool, dst: PageIds) -> None:
         """Copy whole pages into a pool with the same layout (same pool, or a tier move)."""
-        dst_pool.set_page_data(dst, self.page_data(src).to(dst_pool.data.device))
+        rows, to = self._rows(src), dst_pool._rows(dst)
+        got = self.data[rows]
+        if dst_pool is self and isinstance(rows, slice) and not _apart(rows, to):  # a view
+            got = got.clone()
+        dst_pool.data[to] = got.to(dst_pool.data.device)
+        if not self.aux:
+            return
         src_idx, dst_idx = torch.from_numpy(as_index(src)), torch.from_numpy(as_index(dst))
         for name, field in self.aux.items():
             target = dst_pool.aux[name]
             target[dst_idx.to(target.device)] = field[src_idx.to(field.device)].to(target.device)
+
+    def _rows(self, pages: PageIds | Sequence[int]) -> slice | torch.Tensor:
+        """The data rows of ``pages``: a slice where the ids run consecutively
+        inside the pool (no gather, no index tensor), else an index tensor."""
+        ids = pages.tolist() if isinstance(pages, np.ndarray) else list(pages)
+        first = ids[0] if ids else -1
+        if first >= 0 and ids[-1] < self.capacity and ids == list(range(first, first + len(ids))):
+            return slice(first, first + len(ids))
+        return torch.from_numpy(as_index(ids)).to(self.data.device)
+
+    def _whole_pages(
+        self, pages: PageIds | Sequence[int], start: int, n: int
+    ) -> slice | torch.Tensor | None:
+        """``_rows`` of the pages that tokens [start, start + n) fill exactly, or
+        None where the run starts or ends inside a page (the caller goes by token)."""
+        p = self.page_size
+        if n <= 0 or start % p or n % p or start < 0 or len(pages) < (start + n) // p:
+            return None
+        return self._rows(pages[start // p : (start + n) // p])
