@@ -43,30 +43,39 @@ def _chat(**fields) -> dict:
 VLLM = frozenset({"vllm"})
 
 CASES: tuple[Case, ...] = (
-    Case("not json", CHAT, b'{"model": "m", "messages": ['),
-    Case("body is a list", CHAT, [1, 2, 3]),
-    Case("no messages", CHAT, {"max_tokens": 4}),
-    Case("empty messages", CHAT, _chat(messages=[])),
+    Case(name="not json", path=CHAT, body=b'{"model": "m", "messages": ['),
+    Case(name="body is a list", path=CHAT, body=[1, 2, 3]),
+    Case(name="no messages", path=CHAT, body={"max_tokens": 4}),
+    Case(name="empty messages", path=CHAT, body=_chat(messages=[])),
     # vLLM takes any role name (a custom message type) into the chat template
     Case(
-        "unknown role",
-        CHAT,
-        _chat(messages=[{"role": "wizard", "content": "x"}]),
+        name="unknown role",
+        path=CHAT,
+        body=_chat(messages=[{"role": "wizard", "content": "x"}]),
         accepted_by=VLLM,
     ),
-    Case("content is a number", CHAT, _chat(messages=[{"role": "user", "content": 7}])),
-    Case("negative max_tokens", CHAT, _chat(max_tokens=-1)),
+    Case(
+        name="content is a number", path=CHAT, body=_chat(messages=[{"role": "user", "content": 7}])
+    ),
+    Case(name="negative max_tokens", path=CHAT, body=_chat(max_tokens=-1)),
     # OpenAI's range is 0..2; vLLM has no upper bound
-    Case("temperature too high", CHAT, _chat(temperature=9), accepted_by=VLLM),
-    Case("n > 1", CHAT, _chat(n=4), valid=True),
-    Case("stop strings", CHAT, _chat(stop=["\n"]), valid=True),
-    Case("unknown session", CHAT, _chat(session_id="no-such-session"), sessions=True),
-    Case("malformed session id", CHAT, _chat(session_id="../../etc"), sessions=True),
-    Case("token id out of range", TEXT, {"prompt": [1, 2, 10**9], "max_tokens": 4}),
-    Case("negative token id", TEXT, {"prompt": [-5], "max_tokens": 4}),
-    Case("empty prompt", TEXT, {"prompt": "", "max_tokens": 4}),
-    Case("prompt too long", TEXT, {"prompt": TOO_LONG, "max_tokens": 4}),
-    Case("rollback unknown session", "/v1/sessions/nope/rollback", {"steps": 1}, sessions=True),
+    Case(name="temperature too high", path=CHAT, body=_chat(temperature=9), accepted_by=VLLM),
+    Case(name="n > 1", path=CHAT, body=_chat(n=4), valid=True),
+    Case(name="stop strings", path=CHAT, body=_chat(stop=["\n"]), valid=True),
+    Case(
+        name="unknown session", path=CHAT, body=_chat(session_id="no-such-session"), sessions=True
+    ),
+    Case(name="malformed session id", path=CHAT, body=_chat(session_id="../../etc"), sessions=True),
+    Case(name="token id out of range", path=TEXT, body={"prompt": [1, 2, 10**9], "max_tokens": 4}),
+    Case(name="negative token id", path=TEXT, body={"prompt": [-5], "max_tokens": 4}),
+    Case(name="empty prompt", path=TEXT, body={"prompt": "", "max_tokens": 4}),
+    Case(name="prompt too long", path=TEXT, body={"prompt": TOO_LONG, "max_tokens": 4}),
+    Case(
+        name="rollback unknown session",
+        path="/v1/sessions/nope/rollback",
+        body={"steps": 1},
+        sessions=True,
+    ),
 )
 
 

@@ -61,7 +61,7 @@ HEAP_UP_TO = 2
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report it
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class GateOptions:
     profiles: tuple[str, ...] = ()  # () = every profile the target can run
     concurrency: tuple[int, ...] = (1, 2, 4, 8)
@@ -315,7 +315,7 @@ def _run_one(
         run = run._replace(coverage=since(before, counted.coverage()))
     if reference is not None and run.error is None:
         run = _replayed(opts, progress, run, reference, record)
-    sent = run.requests or Counts({}, 0, 0)
+    sent = run.requests or Counts(status={}, failed=0, broken_turns=0)
     requests, errors = sent.requests, sent.errors
     if run.error is None and (dead := no_service(requests, errors)):
         run = run._replace(error=dead)
@@ -390,4 +390,6 @@ def no_service(requests: int, errors: int) -> str | None:
 
 
 def _broken(profile: str, c: int, turns: int, error: str) -> verdicts.RunResult:
-    return verdicts.RunResult(profile, c, turns, 0, 0, {}, error)
+    return verdicts.RunResult(
+        profile=profile, concurrency=c, turns=turns, requests=0, errors=0, verdicts={}, error=error
+    )

@@ -84,7 +84,12 @@ class Cell(NamedTuple):
 
     @classmethod
     def from_json(cls, data: dict) -> Cell:
-        job = Job(data["fault"], data["profile"], data["concurrency"], data["seed"])
+        job = Job(
+            fault=data["fault"],
+            profile=data["profile"],
+            concurrency=data["concurrency"],
+            seed=data["seed"],
+        )
         verdicts = {k: (v[0], v[1]) for k, v in data["verdicts"].items()}
         return cls(job, data["exit_code"], verdicts, data["requests"], data["elapsed_s"])
 
@@ -96,10 +101,17 @@ def jobs(
 ) -> list[Job]:
     """Every fault at every concurrency, then the clean engine on each profile a
     fault names, at every concurrency, with each clean seed."""
-    out = [Job(f, CATCHES[f].profile, c) for f in faults for c in concurrency]
+    out = [
+        Job(fault=f, profile=CATCHES[f].profile, concurrency=c) for f in faults for c in concurrency
+    ]
     if clean:
         profiles = sorted({catch.profile for catch in CATCHES.values()})
-        out += [Job(None, p, c, s) for p in profiles for c in concurrency for s in CLEAN_SEEDS]
+        out += [
+            Job(fault=None, profile=p, concurrency=c, seed=s)
+            for p in profiles
+            for c in concurrency
+            for s in CLEAN_SEEDS
+        ]
     return out
 
 
@@ -116,10 +128,16 @@ def run_cell(job: Job, root: Path, extra: Sequence[str] = ()) -> Cell:
     elapsed = round(time.monotonic() - started, 1)
     summary_path = out / "summary.json"
     if not summary_path.exists():
-        return Cell(job, proc.returncode, {}, 0, elapsed)
+        return Cell(job=job, exit_code=proc.returncode, verdicts={}, requests=0, elapsed_s=elapsed)
     run = json.loads(summary_path.read_text())["runs"][0]
     verdicts = {k: (v["verdict"], v["first_turn"]) for k, v in run["detectors"].items()}
-    return Cell(job, proc.returncode, verdicts, run["requests"], elapsed)
+    return Cell(
+        job=job,
+        exit_code=proc.returncode,
+        verdicts=verdicts,
+        requests=run["requests"],
+        elapsed_s=elapsed,
+    )
 
 
 def run_matrix(

@@ -40,7 +40,7 @@ _PAGES = n.prom(n.POOL_PAGES)
 
 PRESETS = {
     "kvwatch": GaugePreset(
-        "kvwatch",
+        name="kvwatch",
         usage=(
             n.prom(n.TREE_INTERIOR_SNAPSHOTS),
             _PAGES + '{family="state",state="pinned_session"}',
@@ -54,13 +54,13 @@ PRESETS = {
         ),
     ),
     "vllm": GaugePreset(
-        "vllm",
+        name="vllm",
         usage=("vllm:kv_cache_usage_perc",),
         busy=("vllm:num_requests_running", "vllm:num_requests_waiting"),
         drain=("vllm:kv_cache_usage_perc",),
     ),
     "sglang": GaugePreset(
-        "sglang",
+        name="sglang",
         usage=("sglang:token_usage", "sglang:swa_token_usage", "sglang:mamba_usage"),
         busy=("sglang:num_running_reqs", "sglang:num_queue_reqs"),
         drain=("sglang:token_usage", "sglang:swa_token_usage", "sglang:mamba_usage"),
@@ -75,7 +75,7 @@ def preset(name: str, extra_usage: tuple[str, ...] = ()) -> GaugePreset:
     return base._replace(usage=base.usage + tuple(extra_usage))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class RunPlan:
     profile: str
     concurrency: int
@@ -105,7 +105,9 @@ class RunPlan:
     @classmethod
     def load(cls, path: str | Path) -> RunPlan:
         data = json.loads(Path(path).read_text())
+        # to_json writes the preset as a list, in field order (a NamedTuple is a tuple)
+        named = zip(GaugePreset._fields, data["gauges"], strict=False)
         data["gauges"] = GaugePreset(
-            *(tuple(v) if isinstance(v, list) else v for v in data["gauges"])
+            **{field: tuple(v) if isinstance(v, list) else v for field, v in named}
         )
         return cls(**data)

@@ -77,50 +77,50 @@ PROFILES: dict[str, Profile] = {
     p.name: p
     for p in (
         Profile(
-            "agentic-trie",
-            "AgentTrieUser",
-            "agents share a system prompt and tool schema, run multi-turn chats with parallel "
+            name="agentic-trie",
+            user="AgentTrieUser",
+            summary="agents share a system prompt and tool schema, run multi-turn chats with parallel "
             "tool calls, and fork sub-agents from a chat's history",
             # a retracted request waits 16 steps on the host tier: long enough for a
             # probe between two barriers to see what its host ref should protect
             engine={"scheduler": {"retract_every": 6, "retract_backoff": 16}},
         ),
         Profile(
-            "streaming-session",
-            "StreamingSessionUser",
-            "two kept session slots per agent, streamed side by side with speculative "
+            name="streaming-session",
+            user="StreamingSessionUser",
+            summary="two kept session slots per agent, streamed side by side with speculative "
             "decoding and retract-retry mid-verify; one first turn is cut mid-stream",
             engine={"scheduler": {"retract_every": 5}},
             kvwatch_api=True,
         ),
         Profile(
-            "abort-storm",
-            "AbortStormUser",
-            "long prompts cut mid-prefill, streams cut mid-decode, stalled readers; the cache "
+            name="abort-storm",
+            user="AbortStormUser",
+            summary="long prompts cut mid-prefill, streams cut mid-decode, stalled readers; the cache "
             "is flushed at every barrier",
             flush_every_turn=True,
         ),
         Profile(
-            "rl-rollout",
-            "RolloutUser",
-            "recorded sessions with routed experts, n sampled rollouts per prompt, rollback "
+            name="rl-rollout",
+            user="RolloutUser",
+            summary="recorded sessions with routed experts, n sampled rollouts per prompt, rollback "
             "and a trajectory fetch every turn",
             kvwatch_api=True,
             heap=True,
         ),
         Profile(
-            "slot-cache",
-            "SlotCacheUser",
-            "the seed-004 sequence on the snapshot-slot backend: follow-ups that shorten and "
+            name="slot-cache",
+            user="SlotCacheUser",
+            summary="the seed-004 sequence on the snapshot-slot backend: follow-ups that shorten and "
             "lengthen, retried follow-ups, and tiny chats whose snapshots abort",
             # a full.kv pool that a few running requests and two slots overfill:
             # slots are evicted under pressure
             engine={"cache": {"mode": "slots", "slots": 2, "full_kv": {"capacity": 128}}},
         ),
         Profile(
-            "chaos",
-            "ChaosUser",
-            "session and request transitions the other profiles leave out, mixed from the "
+            name="chaos",
+            user="ChaosUser",
+            summary="session and request transitions the other profiles leave out, mixed from the "
             "seed: sessions opened and closed at once, closed after a cut turn or a rollback, "
             "left to the idle timeout; requests aborted while retracted, recovering or "
             "paused, or paused and resumed",
@@ -134,9 +134,9 @@ PROFILES: dict[str, Profile] = {
             engine={"cache": {"swa_window": {"capacity": 16}, "linear_state": {"capacity": 16}}},
         ),
         Profile(
-            "bad-input",
-            "BadInputUser",
-            "malformed requests (bad JSON, types, ranges, token ids, sessions) mixed with valid "
+            name="bad-input",
+            user="BadInputUser",
+            summary="malformed requests (bad JSON, types, ranges, token ids, sessions) mixed with valid "
             "chats and cold prompts that miss the cache",
         ),
     )

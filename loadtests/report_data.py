@@ -94,12 +94,12 @@ def _point(x: int, label: str, shown: ProbeReport, probes: Iterable[ProbeReport]
     probes = list(probes)
     stack, host = _stack(shown, group)
     return PoolPoint(
-        x,
-        label,
-        stack,
-        host,
-        max(leaked_pages(p, group) for p in probes),
-        max(over_bound(p, group) for p in probes),
+        x=x,
+        label=label,
+        stack=stack,
+        host=host,
+        leaked=max(leaked_pages(p, group) for p in probes),
+        over_bound=max(over_bound(p, group) for p in probes),
     )
 
 
@@ -145,11 +145,11 @@ def step_series(record: RunRecord) -> StepSeries | None:
         if any(p.groups[name].used for _, p in probes)
     }
     return StepSeries(
-        tuple(p.step for _, p in probes),
-        used,
-        {name: g.capacity for name, g in groups.items()},
-        tuple((t.turn, t.barrier.step) for t in record.turns if t.barrier is not None),
-        tuple(p.step for _, p in probes if any(leaked_pages(p, g) for g in groups)),
+        steps=tuple(p.step for _, p in probes),
+        used=used,
+        capacity={name: g.capacity for name, g in groups.items()},
+        barriers=tuple((t.turn, t.barrier.step) for t in record.turns if t.barrier is not None),
+        flagged=tuple(p.step for _, p in probes if any(leaked_pages(p, g) for g in groups)),
     )
 
 
@@ -174,10 +174,10 @@ def read_stats(path: Path) -> list[StatsRow]:
     with path.open() as f:
         return [
             StatsRow(
-                r["Type"],
-                r["Name"],
-                int(r["Request Count"] or 0),
-                tuple(map(_ms, (r.get(p) for p in PERCENTILES))),
+                kind=r["Type"],
+                name=r["Name"],
+                count=int(r["Request Count"] or 0),
+                percentiles=tuple(map(_ms, (r.get(p) for p in PERCENTILES))),
             )
             for r in csv.DictReader(f)
             if r["Name"] != "Aggregated"

@@ -63,7 +63,7 @@ def parse_duration(text: str) -> float:
     return seconds
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class SoakOptions:
     duration: float  # seconds of load
     profiles: tuple[str, ...] = SOAK_PROFILES
@@ -110,14 +110,14 @@ def run_soak(opts: SoakOptions) -> tuple[dict, int]:
     try:
         server = _start_server(opts)
     except ServerError as exc:
-        record = RunRecord((), error=str(exc))
+        record = RunRecord(turns=(), error=str(exc))
     else:
         try:
             record = SoakLoad(opts, server, where).record()
         finally:
             server.stop()
     (where / "record.json").write_text(json.dumps(record.to_json()))
-    sent = record.requests or Counts({}, 0, 0)
+    sent = record.requests or Counts(status={}, failed=0, broken_turns=0)
     result = verdicts.judge(
         "soak",
         opts.concurrency,

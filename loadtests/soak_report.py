@@ -41,7 +41,13 @@ def checks(record: RunRecord, result: RunResult) -> dict[str, dict]:
     )
     drain = allocator.drain_rule(record)
     if record.drained is None:
-        drain = Verdict(allocator.ID, "fail", None, (), "no probe after the drain")
+        drain = Verdict(
+            detector=allocator.ID,
+            verdict="fail",
+            first_turn=None,
+            evidence=(),
+            note="no probe after the drain",
+        )
     return {
         "no-5xx": _check(result.verdicts.get("requests"), ""),
         "probe-findings": _check(found, f"{len(record.turns) + 1} probes, no findings"),
@@ -51,7 +57,7 @@ def checks(record: RunRecord, result: RunResult) -> dict[str, dict]:
 
 
 def soak_section(opts, record: RunRecord, result: RunResult, wall: float) -> dict:
-    sent = record.requests or Counts({}, 0, 0)
+    sent = record.requests or Counts(status={}, failed=0, broken_turns=0)
     probes = [t.barrier for t in record.turns if t.barrier is not None]
     usage = {}
     for t in allocator.usage_trends(record):

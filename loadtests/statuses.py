@@ -71,7 +71,12 @@ class StatusCounts:
             )
 
     def counts(self) -> Counts:
-        return Counts(dict(self.status), self.failed, self.broken_turns, tuple(self.first_failures))
+        return Counts(
+            status=dict(self.status),
+            failed=self.failed,
+            broken_turns=self.broken_turns,
+            first_failures=tuple(self.first_failures),
+        )
 
     def episode_ended(self, user: int) -> None:
         self.episode_ends.append((user, time.time()))

@@ -14,7 +14,11 @@ from kvwatch.loadtests import matrix
 from kvwatch.loadtests.profiles import CATCHES
 
 ROTATION = [
-    matrix.Job(fault, catch.profile, matrix.CONCURRENCY[i % len(matrix.CONCURRENCY)])
+    matrix.Job(
+        fault=fault,
+        profile=catch.profile,
+        concurrency=matrix.CONCURRENCY[i % len(matrix.CONCURRENCY)],
+    )
     for i, (fault, catch) in enumerate(CATCHES.items())
 ]
 

@@ -21,7 +21,16 @@ def test_progress_lines_carry_elapsed_time_and_an_estimate_from_the_pace_so_far(
     progress.run_started("p", 1)
     assert lines[-1] == "[1/3] p c=1 (0s elapsed)"  # nothing finished: no estimate yet
     clock.now += 30  # c = 1 weighs 1.5: 20 s per unit
-    progress.run_finished(verdicts.RunResult("p", 1, 6, 10, 0, {"allocator": passed("allocator")}))
+    progress.run_finished(
+        verdicts.RunResult(
+            profile="p",
+            concurrency=1,
+            turns=6,
+            requests=10,
+            errors=0,
+            verdicts={"allocator": passed("allocator")},
+        )
+    )
     progress.run_started("p", 8)
     # left: c = 8 (weight 5) and c = 1 (1.5) at 20 s each
     assert lines[-1] == "[2/3] p c=8 (30s elapsed, about 2m10s left)"
@@ -42,13 +51,24 @@ def test_turns_are_numbered_from_0_as_in_the_summary():
 
 def test_every_failed_detector_prints_its_evidence_with_when_it_failed():
     during = fail(
-        "allocator", 3, [Evidence("full.kv", (), "full.kv: 4 pages held by no live holder")]
+        "allocator",
+        3,
+        [Evidence(group="full.kv", pages=(), detail="full.kv: 4 pages held by no live holder")],
     )
     drained = Verdict(
-        "heap", "fail", 6, (Evidence(None, (), "engine/x.py:9: 4096 bytes left"),), after_drain=True
+        detector="heap",
+        verdict="fail",
+        first_turn=6,
+        evidence=(Evidence(group=None, pages=(), detail="engine/x.py:9: 4096 bytes left"),),
+        after_drain=True,
     )
     result = verdicts.RunResult(
-        "p", 2, 6, 40, 1, {"allocator": during, "heap": drained, "tree": passed("tree")}
+        profile="p",
+        concurrency=2,
+        turns=6,
+        requests=40,
+        errors=1,
+        verdicts={"allocator": during, "heap": drained, "tree": passed("tree")},
     )
     assert result_lines(result) == [
         "40 requests, 1 failed",

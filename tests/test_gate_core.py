@@ -24,16 +24,35 @@ from kvwatch.loadtests.gate import no_service
 
 
 def verdicts(failing: str | None = None) -> dict[str, Verdict]:
-    out = {name: Verdict(name, "pass", None, (), "fine") for name in IDS}
-    out["heap"] = Verdict("heap", "skipped", None, (), "heap tracking off")
+    out = {
+        name: Verdict(detector=name, verdict="pass", first_turn=None, evidence=(), note="fine")
+        for name in IDS
+    }
+    out["heap"] = Verdict(
+        detector="heap", verdict="skipped", first_turn=None, evidence=(), note="heap tracking off"
+    )
     if failing:
-        ev = (Evidence("linear.state", (3, 4), "2 pages held by no live holder"),)
-        out[failing] = Verdict(failing, "fail", 5, ev)
+        ev = (
+            Evidence(group="linear.state", pages=(3, 4), detail="2 pages held by no live holder"),
+        )
+        out[failing] = Verdict(detector=failing, verdict="fail", first_turn=5, evidence=ev)
     return out
 
 
 def test_a_clean_run_passes_with_exit_0():
-    summary = summarize([RunResult("agentic-trie", c, 6, 40, 0, verdicts()) for c in (1, 2)])
+    summary = summarize(
+        [
+            RunResult(
+                profile="agentic-trie",
+                concurrency=c,
+                turns=6,
+                requests=40,
+                errors=0,
+                verdicts=verdicts(),
+            )
+            for c in (1, 2)
+        ]
+    )
     assert summary["verdict"] == "pass" and exit_code(summary) == EXIT_PASS
     assert summary["detectors"]["allocator"] == "pass" and summary["detectors"]["heap"] == "skipped"
     run = summary["runs"][0]
@@ -57,8 +76,22 @@ def test_a_clean_run_passes_with_exit_0():
 
 def test_one_failing_detector_fails_the_gate_with_exit_1(tmp_path):
     runs = [
-        RunResult("agentic-trie", 1, 6, 40, 0, verdicts()),
-        RunResult("agentic-trie", 8, 6, 320, 0, verdicts("allocator")),
+        RunResult(
+            profile="agentic-trie",
+            concurrency=1,
+            turns=6,
+            requests=40,
+            errors=0,
+            verdicts=verdicts(),
+        ),
+        RunResult(
+            profile="agentic-trie",
+            concurrency=8,
+            turns=6,
+            requests=320,
+            errors=0,
+            verdicts=verdicts("allocator"),
+        ),
     ]
     summary = summarize(runs, faults=["abort-state-buffer-leak"])
     assert summary["verdict"] == "fail" and exit_code(summary) == EXIT_FAIL
@@ -79,7 +112,17 @@ def test_one_failing_detector_fails_the_gate_with_exit_1(tmp_path):
 
 
 def test_a_broken_run_is_an_error_with_exit_3():
-    runs = [RunResult("bad-input", 2, 3, 10, 10, verdicts(), error="the engine process died")]
+    runs = [
+        RunResult(
+            profile="bad-input",
+            concurrency=2,
+            turns=3,
+            requests=10,
+            errors=10,
+            verdicts=verdicts(),
+            error="the engine process died",
+        )
+    ]
     summary = summarize(runs)
     assert summary["verdict"] == "error" and exit_code(summary) == EXIT_ERROR
     assert '<error message="the engine process died"' in junit_xml(summary)
@@ -88,17 +131,36 @@ def test_a_broken_run_is_an_error_with_exit_3():
 
 def test_a_failed_detector_outranks_a_broken_run():
     """A fault that both trips a detector and then breaks the run is a finding (exit 1)."""
-    broken = RunResult("abort-storm", 2, 6, 10, 0, verdicts(), error="drain timed out")
-    failed = RunResult("agentic-trie", 2, 6, 10, 0, verdicts("allocator"))
+    broken = RunResult(
+        profile="abort-storm",
+        concurrency=2,
+        turns=6,
+        requests=10,
+        errors=0,
+        verdicts=verdicts(),
+        error="drain timed out",
+    )
+    failed = RunResult(
+        profile="agentic-trie",
+        concurrency=2,
+        turns=6,
+        requests=10,
+        errors=0,
+        verdicts=verdicts("allocator"),
+    )
     summary = summarize([broken, failed])
     assert summary["verdict"] == "fail" and exit_code(summary) == EXIT_FAIL
     assert summary["runs"][0]["error"] == "drain timed out"
 
 
 def test_judge_runs_the_detectors_over_a_recorded_run():
-    leak = Finding(FindingKind.ORPHAN, "linear.state", (9,), "held by no one")
+    leak = Finding(
+        kind=FindingKind.ORPHAN, group="linear.state", pages=(9,), detail="held by no one"
+    )
     probe = make_probe(findings=(leak,))
-    result = judge("abort-storm", 4, RunRecord((Turn(0, (probe,)),), warmup=0), requests=12)
+    result = judge(
+        "abort-storm", 4, RunRecord(turns=(Turn(turn=0, probes=(probe,)),), warmup=0), requests=12
+    )
     assert (
         result.verdicts["allocator"].failed and result.verdicts["equivalence"].verdict == "skipped"
     )
@@ -108,11 +170,25 @@ def test_judge_runs_the_detectors_over_a_recorded_run():
 def test_judge_keeps_when_each_barrier_was_reached_and_the_heap_per_token():
     probe = make_probe()
     turns = (
-        Turn(0, (probe,), 2, 400, HeapSample(8000, ()), at=1700000000.5),
-        Turn(1, (probe,), 2, 0, HeapSample(9000, ()), at=1700000002.0),
-        Turn(2, (probe,), 2, 500, None, at=None),
+        Turn(
+            turn=0,
+            probes=(probe,),
+            conversations=2,
+            context_tokens=400,
+            heap=HeapSample(traced_bytes=8000, top=()),
+            at=1700000000.5,
+        ),
+        Turn(
+            turn=1,
+            probes=(probe,),
+            conversations=2,
+            context_tokens=0,
+            heap=HeapSample(traced_bytes=9000, top=()),
+            at=1700000002.0,
+        ),
+        Turn(turn=2, probes=(probe,), conversations=2, context_tokens=500, heap=None, at=None),
     )
-    run = judge("rl-rollout", 1, RunRecord(turns, warmup=0)).as_dict()
+    run = judge("rl-rollout", 1, RunRecord(turns=turns, warmup=0)).as_dict()
     assert run["timeline"] == [
         {"turn": 0, "at": 1700000000.5},
         {"turn": 1, "at": 1700000002.0},
@@ -130,11 +206,11 @@ def test_a_run_whose_every_request_failed_was_not_served():
 def test_evidence_names_the_group_once():
     """A detail that already names its group (the audit's "full.kv (host): ...") is not
     prefixed again; one that does not gets the group in front."""
-    bare = Evidence("linear.state", (3,), "2 pages held by no live holder")
-    named = Evidence("full.kv", (7,), "full.kv (host): 1 pages held twice")
-    assert Verdict("allocator", "fail", 2, (bare,)).summary() == (
-        "turn 2: linear.state: 2 pages held by no live holder"
-    )
-    assert Verdict("allocator", "fail", 0, (named, bare)).summary() == (
-        "turn 0: full.kv (host): 1 pages held twice (+1 more)"
-    )
+    bare = Evidence(group="linear.state", pages=(3,), detail="2 pages held by no live holder")
+    named = Evidence(group="full.kv", pages=(7,), detail="full.kv (host): 1 pages held twice")
+    assert Verdict(
+        detector="allocator", verdict="fail", first_turn=2, evidence=(bare,)
+    ).summary() == ("turn 2: linear.state: 2 pages held by no live holder")
+    assert Verdict(
+        detector="allocator", verdict="fail", first_turn=0, evidence=(named, bare)
+    ).summary() == ("turn 0: full.kv (host): 1 pages held twice (+1 more)")

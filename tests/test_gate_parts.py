@@ -105,7 +105,13 @@ def test_retract_every_pushes_requests_out_and_outputs_stay_exact():
 
 
 def test_run_plan_round_trips_through_json(tmp_path):
-    plan = RunPlan("slot-cache", 4, "http://x", str(tmp_path / "r.json"), gauges=preset("sglang"))
+    plan = RunPlan(
+        profile="slot-cache",
+        concurrency=4,
+        target="http://x",
+        record=str(tmp_path / "r.json"),
+        gauges=preset("sglang"),
+    )
     path = tmp_path / "plan.json"
     path.write_text(plan.to_json())
     assert RunPlan.load(path) == plan
@@ -255,8 +261,13 @@ def test_request_counts_come_from_request_events_and_merge_by_process():
     ]
     assert failure_line(late.first_failures[2]) == "chat: no answer (ConnectionError: refused)"
     assert failure_line(late.first_failures[1]) == "chat: HTTP 503 (RuntimeError: 503) oops"
-    other = Counts({"2xx": 7}, 0, 0)
-    reports = [("w1", early), ("w2", other), ("w1", late), ("w2", Counts({"2xx": 3}, 0, 0))]
+    other = Counts(status={"2xx": 7}, failed=0, broken_turns=0)
+    reports = [
+        ("w1", early),
+        ("w2", other),
+        ("w1", late),
+        ("w2", Counts(status={"2xx": 3}, failed=0, broken_turns=0)),
+    ]
     total = merge_counts(reports)
     assert total.status == {"2xx": 8, "4xx": 1, "5xx": 1, "none": 1}
     assert (total.requests, total.errors) == (12, 4)

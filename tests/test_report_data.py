@@ -43,27 +43,38 @@ def probe(
     full = full or {}
     groups = {
         g: GroupReport(
-            "history",
-            100,
-            100 - (sum(full.values()) if g == "full.kv" else 0),
-            dict(full) if g == "full.kv" else {},
-            evictable if g == "full.kv" else 0,
-            0,
+            family="history",
+            capacity=100,
+            free=100 - (sum(full.values()) if g == "full.kv" else 0),
+            by_owner=dict(full) if g == "full.kv" else {},
+            evictable=evictable if g == "full.kv" else 0,
+            host_capacity=0,
         )
         for g in GROUPS
     }
-    tree = TreeReport(0, {}, 0, {}, 0)
-    stats = EngineStats(step, 0, 0, groups, RootRefs(0, 0), tree, QueueReport(0, 0, 0, 0), 0)
-    bounds = {"full.kv": Bound("full.kv", pinned[0], pinned[1], 0, 1)}
-    return ProbeReport(stats, tuple(findings), bounds)
+    tree = TreeReport(nodes=0, snapshots={}, host_snapshots=0, interior_snapshots={}, tokens=0)
+    stats = EngineStats(
+        step=step,
+        live_requests=0,
+        live_sessions=0,
+        groups=groups,
+        root_refs=RootRefs(0, 0),
+        tree=tree,
+        queue=QueueReport(waiting=0, running=0, retracted=0, paused=0),
+        record_bytes=0,
+    )
+    bounds = {
+        "full.kv": Bound(group="full.kv", pinned=pinned[0], limit=pinned[1], shared=0, holders=1)
+    }
+    return ProbeReport(stats=stats, findings=tuple(findings), bounds=bounds)
 
 
 def orphan(pages: list[int], detail: str = "", group: str = "full.kv") -> Finding:
     return Finding(
-        FindingKind.ORPHAN,
-        group,
-        tuple(pages),
-        detail or f"{group}: {len(pages)} allocated pages held by no live holder",
+        kind=FindingKind.ORPHAN,
+        group=group,
+        pages=tuple(pages),
+        detail=detail or f"{group}: {len(pages)} allocated pages held by no live holder",
     )
 
 
@@ -72,17 +83,22 @@ def record() -> RunRecord:
     3 pages are still leaked at turn 2's barrier and after the drain."""
     three = orphan([5, 6, 7])
     turns = (
-        Turn(0, (probe(3, {"session": 4}), probe(5, {"session": 6, "tree": 4}, evictable=3))),
         Turn(
-            1,
-            (
+            turn=0,
+            probes=(probe(3, {"session": 4}), probe(5, {"session": 6, "tree": 4}, evictable=3)),
+        ),
+        Turn(
+            turn=1,
+            probes=(
                 probe(8, {"session": 7}, findings=[orphan([5])], pinned=(9, 7)),
                 probe(9, {"session": 7}),
             ),
         ),
-        Turn(2, (probe(12, {"session": 9}, findings=[three]),)),
+        Turn(turn=2, probes=(probe(12, {"session": 9}, findings=[three]),)),
     )
-    return RunRecord(turns, baseline=probe(0), drained=probe(15, {"session": 3}, findings=[three]))
+    return RunRecord(
+        turns=turns, baseline=probe(0), drained=probe(15, {"session": 3}, findings=[three])
+    )
 
 
 def test_leaked_pages_are_the_orphan_findings_of_the_group():
@@ -91,7 +107,9 @@ def test_leaked_pages_are_the_orphan_findings_of_the_group():
         findings=[
             orphan([1, 2]),
             orphan([9], group="swa.kv"),
-            Finding(FindingKind.DOUBLE_OWNED, "full.kv", (3,), "held twice"),
+            Finding(
+                kind=FindingKind.DOUBLE_OWNED, group="full.kv", pages=(3,), detail="held twice"
+            ),
         ],
     )
     assert leaked_pages(p, "full.kv") == 2  # not the double-owned page, not swa.kv's
@@ -139,7 +157,9 @@ def test_step_series_marks_barriers_and_probes_that_found_leaks():
 
 def test_groups_that_held_nothing_get_one_line_not_a_panel(tmp_path):
     empty = RunRecord(
-        (Turn(0, (probe(1), probe(2))), Turn(1, (probe(4),))), baseline=probe(0), drained=probe(5)
+        turns=(Turn(turn=0, probes=(probe(1), probe(2))), Turn(turn=1, probes=(probe(4),))),
+        baseline=probe(0),
+        drained=probe(5),
     )
     series = {1: pool_series(record()), 2: pool_series(empty)}
     assert report_pool.held_groups(series) == ["full.kv"]  # held at c = 1 only: still a row
@@ -160,7 +180,7 @@ def test_groups_that_held_nothing_get_one_line_not_a_panel(tmp_path):
 
 def test_the_busiest_request_is_chosen_once_over_every_concurrency():
     def row(kind, name, count, p50=10.0):
-        return StatsRow(kind, name, count, (p50, 2 * p50, 3 * p50))
+        return StatsRow(kind=kind, name=name, count=count, percentiles=(p50, 2 * p50, 3 * p50))
 
     stats = {
         1: [row("GET", "poll", 9), row("POST", "turn", 5), row("TTFT", "turn", 5, 100.0)],
@@ -177,10 +197,10 @@ def test_the_busiest_request_is_chosen_once_over_every_concurrency():
 
 
 def test_ties_go_to_a_generation_whatever_the_row_order():
-    a = StatsRow("POST", "turn", 4, (1.0, 1.0, 1.0))
-    b = StatsRow("GET", "poll", 4, (1.0, 1.0, 1.0))
+    a = StatsRow(kind="POST", name="turn", count=4, percentiles=(1.0, 1.0, 1.0))
+    b = StatsRow(kind="GET", name="poll", count=4, percentiles=(1.0, 1.0, 1.0))
     assert busiest({1: [a, b]}, None) == busiest({1: [b, a]}, None) == ("POST", "turn")
-    c = StatsRow("POST", "another", 4, (1.0, 1.0, 1.0))
+    c = StatsRow(kind="POST", name="another", count=4, percentiles=(1.0, 1.0, 1.0))
     assert busiest({1: [a, c]}, None) == busiest({1: [c, a]}, None) == ("POST", "another")
 
 
