@@ -120,7 +120,16 @@ def catalog(scope: tuple[str, ...] = SCOPE, source: Path = REPO) -> list[Mutant]
     out = []
     for file in scope:
         for i, site in enumerate(sites((source / file).read_text())):
-            out.append(Mutant(file, i, site.operator, site.line, site.before, site.after))
+            out.append(
+                Mutant(
+                    file=file,
+                    ordinal=i,
+                    operator=site.operator,
+                    line=site.line,
+                    before=site.before,
+                    after=site.after,
+                )
+            )
     return out
 
 

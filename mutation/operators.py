@@ -71,7 +71,7 @@ class _Mutator(ast.NodeTransformer):
 
     def _site(self, operator: str, node: ast.AST, before: str, after: str) -> bool:
         """Record a site; True when it is the one to change."""
-        self.sites.append(Site(operator, node.lineno, before, after))
+        self.sites.append(Site(operator=operator, line=node.lineno, before=before, after=after))
         return len(self.sites) - 1 == self.target
 
     # -- scopes ---------------------------------------------------------------

@@ -84,7 +84,14 @@ class Verdict(NamedTuple):
 
     @classmethod
     def from_json(cls, d: dict) -> Verdict:
-        mutant = Mutant(d["file"], d["ordinal"], d["operator"], d["line"], d["before"], d["after"])
+        mutant = Mutant(
+            file=d["file"],
+            ordinal=d["ordinal"],
+            operator=d["operator"],
+            line=d["line"],
+            before=d["before"],
+            after=d["after"],
+        )
         return cls(
             mutant, d["alive"], d["oracle"], d["detail"], d["caught_by"],
             tuple(d["detectors"]), d["elapsed_s"],
@@ -148,7 +155,13 @@ def judge(mutant: Mutant, work: Path, source: Path = REPO) -> Verdict:
     def verdict(caught_by: str | None, detectors: tuple[str, ...] = ()) -> Verdict:
         elapsed = round(time.monotonic() - started, 1)
         return Verdict(
-            mutant, alive["alive"], alive["oracle"], alive["detail"], caught_by, detectors, elapsed
+            mutant=mutant,
+            alive=alive["alive"],
+            oracle=alive["oracle"],
+            detail=alive["detail"],
+            caught_by=caught_by,
+            detectors=detectors,
+            elapsed_s=elapsed,
         )
 
     try:

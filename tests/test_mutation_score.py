@@ -134,7 +134,15 @@ def test_a_stopped_run_resumes_from_its_journal(tmp_path, monkeypatch):
     def judge(mutant, work, source):
         assert work.is_absolute()  # the gates run from the mutant's tree, not from here
         judged.append(mutant.id)
-        return score.Verdict(mutant, True, "audit", "seen", "fast: chaos", ("tree",), 1.0)
+        return score.Verdict(
+            mutant=mutant,
+            alive=True,
+            oracle="audit",
+            detail="seen",
+            caught_by="fast: chaos",
+            detectors=("tree",),
+            elapsed_s=1.0,
+        )
 
     monkeypatch.setattr(score, "judge", judge)
     monkeypatch.chdir(tmp_path)
@@ -168,9 +176,33 @@ def test_the_score_document_is_rendered_from_its_verdicts_and_names_its_commit(t
 
     a, b, c = catalog()[:3]
     verdicts = [
-        score.Verdict(a, True, "audit", "seen", "fast: chaos", ("tree",), 1.0),
-        score.Verdict(b, True, "quiescence", "a registry kept 3", None, (), 2.0),
-        score.Verdict(c, False, None, "", None, (), 0.5),
+        score.Verdict(
+            mutant=a,
+            alive=True,
+            oracle="audit",
+            detail="seen",
+            caught_by="fast: chaos",
+            detectors=("tree",),
+            elapsed_s=1.0,
+        ),
+        score.Verdict(
+            mutant=b,
+            alive=True,
+            oracle="quiescence",
+            detail="a registry kept 3",
+            caught_by=None,
+            detectors=(),
+            elapsed_s=2.0,
+        ),
+        score.Verdict(
+            mutant=c,
+            alive=False,
+            oracle=None,
+            detail="",
+            caught_by=None,
+            detectors=(),
+            elapsed_s=0.5,
+        ),
     ]
     doc = tmp_path / "score.md"
     save(verdicts, doc, sites=214, sample=3, seed=0, commit="abc123")
