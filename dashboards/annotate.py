@@ -40,15 +40,20 @@ def annotations(summary: Mapping) -> Iterator[Annotation]:
         failed = {d: v for d, v in run["detectors"].items() if v["verdict"] == "fail"}
         verdict = "error" if run.get("error") else ("fail" if failed else "pass")
         text = f"{name}: {verdict}" + (f" ({', '.join(failed)})" if failed else "")
-        yield Annotation(_ms(min(at.values())), _ms(max(at.values())), (*tags, verdict), text)
+        yield Annotation(
+            time_ms=_ms(min(at.values())),
+            time_end_ms=_ms(max(at.values())),
+            tags=(*tags, verdict),
+            text=text,
+        )
         for detector, v in failed.items():
             turn = v.get("first_turn")
             when = at.get(turn, max(at.values()))
             yield Annotation(
-                _ms(when),
-                None,
-                (*tags, detector, "leak"),
-                f"{detector} failed at turn {turn} ({name}): {v.get('evidence', '')}",
+                time_ms=_ms(when),
+                time_end_ms=None,
+                tags=(*tags, detector, "leak"),
+                text=f"{detector} failed at turn {turn} ({name}): {v.get('evidence', '')}",
             )
 
 

@@ -91,7 +91,7 @@ class ProbeSource(Protocol):
     def sleep(self, seconds: float) -> None: ...
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class RecorderOptions:
     warmup: int = 2
     watch: bool = False  # probes after every engine step, kept when they show a finding

@@ -39,7 +39,7 @@ STATS_MAX_AGE_S = 0.05
 INTERRUPTED = 130
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ServeOptions:
     host: str = "127.0.0.1"
     port: int = 8000

@@ -49,7 +49,7 @@ PENDING_COPY = "(pending copy)"
 HELD = "(held)"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Finding:
     """One broken invariant: which rule, in words, and what it involves.
 
@@ -64,7 +64,7 @@ class Finding:
     pool: int = 0
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Audit:
     """The findings and the counts they were read against, all pools summed.
 
@@ -135,8 +135,15 @@ class _PoolAudit:
             self.holders[block.block_id].append(HELD)
 
     def add(self, rule: str, detail: str, blocks, requests=(), key=None) -> None:
-        names = tuple(blocks), tuple(requests), short_hash(key)
-        self.found.append(Finding(rule, detail, *names, pool=self.index))
+        found = Finding(
+            rule=rule,
+            detail=detail,
+            blocks=tuple(blocks),
+            requests=tuple(requests),
+            hash=short_hash(key),
+            pool=self.index,
+        )
+        self.found.append(found)
 
     def held_by(self, block) -> list[str]:
         return sorted(set(self.holders.get(block.block_id, [])))
@@ -247,7 +254,7 @@ def audit(kv_cache_manager, live_request_ids: Iterable[str], held: Iterable = ()
         counts["blocks_total"] += len(pool.blocks)
         counts["blocks_referenced"] += sum(b.ref_cnt > 0 and not b.is_null for b in pool.blocks)
     return Audit(
-        tuple(findings),
+        findings=tuple(findings),
         live_requests=len(live),
         holding_requests=len(holding),
         pools=len(pools),

@@ -55,7 +55,14 @@ def probe_report(answer: dict) -> ProbeReport:
     audit = answer["audit"]
     capacity = audit["blocks_total"] - audit.get("pools", 1)  # the null blocks are no one's
     used = audit["blocks_referenced"]
-    group = GroupReport("history", capacity, capacity - used, {"request": used}, 0, 0)
+    group = GroupReport(
+        family="history",
+        capacity=capacity,
+        free=capacity - used,
+        by_owner={"request": used},
+        evictable=0,
+        host_capacity=0,
+    )
     found = tuple(
         finding(KINDS[f["rule"]], GROUP, list(f["blocks"]), _detail(f)) for f in audit["findings"]
     )
@@ -65,11 +72,18 @@ def probe_report(answer: dict) -> ProbeReport:
         live_sessions=0,
         groups={GROUP: group},
         root_refs=RootRefs(0, 0),
-        tree=TreeReport(audit["cached_hashes"], {}, 0, {}),
-        queue=QueueReport(answer.get("waiting", 0), answer.get("running", 0), 0, 0),
+        tree=TreeReport(
+            nodes=audit["cached_hashes"], snapshots={}, host_snapshots=0, interior_snapshots={}
+        ),
+        queue=QueueReport(
+            waiting=answer.get("waiting", 0),
+            running=answer.get("running", 0),
+            retracted=0,
+            paused=0,
+        ),
         record_bytes=0,
     )
-    return ProbeReport(stats, found, {})
+    return ProbeReport(stats=stats, findings=found, bounds={})
 
 
 def _detail(f: dict) -> str:

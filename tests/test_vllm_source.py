@@ -63,9 +63,9 @@ def test_findings_keep_blocks_requests_and_hash_under_the_detector_that_owns_the
 
 
 def run_of(*barriers: dict, drained: dict | None = None) -> RunRecord:
-    turns = tuple(Turn(i, (probe_report(a),)) for i, a in enumerate(barriers))
+    turns = tuple(Turn(turn=i, probes=(probe_report(a),)) for i, a in enumerate(barriers))
     last = probe_report(drained or answer())
-    return RunRecord(turns, 2, baseline=probe_report(answer()), drained=last)
+    return RunRecord(turns=turns, warmup=2, baseline=probe_report(answer()), drained=last)
 
 
 def verdicts(run: RunRecord) -> dict[str, str]:
