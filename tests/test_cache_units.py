@@ -94,10 +94,12 @@ def test_pool_tokens_cross_page_boundaries():
     assert torch.equal(pool.page_data([pages[1]])[0], values[3:7])
 
 
-def test_pool_whole_pages_read_write_and_copy_like_single_tokens():
-    pool = PagePool(FULL_KV, 4, 8, PageLayout((2,), torch.float64))
+@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16])  # numpy's view, torch alone
+def test_pool_whole_pages_read_write_and_copy_like_single_tokens(dtype):
+    pool = PagePool(FULL_KV, 4, 8, PageLayout((2,), dtype))
+    assert (pool._host is None) == (dtype is torch.bfloat16)
     for pages in ([1, 2, 3], [5, 2, 6]):  # consecutive ids, and scattered ones
-        values = torch.arange(24, dtype=torch.float64).reshape(12, 2) + pages[0]
+        values = torch.arange(24, dtype=dtype).reshape(12, 2) + pages[0]
         pool.write_tokens(np.array(pages), 0, values)
         got = pool.read_tokens(pages, 0, 12)
         assert torch.equal(got, values) and torch.equal(pool.read_tokens(pages, 1, 6), values[1:7])
@@ -107,6 +109,9 @@ def test_pool_whole_pages_read_write_and_copy_like_single_tokens():
         before = pool.data.clone()
         pool.copy_pages(np.array(src), pool, np.array(dst))
         assert torch.equal(pool.page_data(dst), before[src])
+    pool.set_page_data(np.array([7, 0]), 3)
+    pool.write_tokens([6, 7], 0, torch.ones(8, 2))  # float32 values, converted
+    assert (pool.page_data([0]) == 3).all() and (pool.read_tokens([6, 7], 0, 8) == 1).all()
 
 
 # -- RadixTree ----------------------------------------------------------------------------

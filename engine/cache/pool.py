@@ -80,11 +80,14 @@ def as_index(pages: PageIds | Sequence[int]) -> np.ndarray:
     return np.asarray(pages, dtype=np.int64)
 
 
-def _apart(a: slice | torch.Tensor, b: slice | torch.Tensor) -> bool:
-    """Two row selections known not to overlap: disjoint slices."""
-    return (
-        isinstance(a, slice) and isinstance(b, slice) and (a.stop <= b.start or b.stop <= a.start)
-    )
+def _numpy_view(data: torch.Tensor) -> np.ndarray | None:
+    """``data``'s memory as a numpy array, where it is on the CPU in a dtype numpy has."""
+    if data.device.type != "cpu":
+        return None
+    try:
+        return data.numpy()
+    except TypeError:  # bfloat16 and the like
+        return None
 
 
 class PagePool:
@@ -111,6 +114,7 @@ class PagePool:
             for f in layout.aux
         }
         self._tokens = self.data.view(capacity * page_size, *layout.token_shape)
+        self._host = _numpy_view(self.data)
         self.owner_kind = np.zeros(capacity, dtype=np.int8)
         self.owner_id = np.full(capacity, -1, dtype=np.int64)
         # Reversed so that a fresh pool hands out pages 0, 1, 2, ...
@@ -257,18 +261,21 @@ class PagePool:
         rows = self._whole_pages(pages, start, n)
         if rows is None:
             return self.tokens[self.token_index(pages, start, n)]
-        got = self.data[rows]
-        return (got.clone() if isinstance(rows, slice) else got).view(n, *self.layout.token_shape)
+        if self._host is not None:
+            return torch.from_numpy(self._host_copy(rows).reshape(n, *self.layout.token_shape))
+        return self._get(rows).view(n, *self.layout.token_shape)
 
     def write_tokens(
         self, pages: PageIds | Sequence[int], start: int, values: torch.Tensor
     ) -> None:
-        values = values.to(device=self.data.device, dtype=self.data.dtype)
         rows = self._whole_pages(pages, start, values.shape[0])
         if rows is None:
-            self.tokens[self.token_index(pages, start, values.shape[0])] = values
+            idx = self.token_index(pages, start, values.shape[0])
+            self.tokens[idx] = values.to(device=self.data.device, dtype=self.data.dtype)
+        elif self._host is not None:
+            self._host[rows] = self._host_values(values).reshape(-1, *self._host.shape[1:])
         else:
-            self.data[rows] = values.reshape(-1, *self.data.shape[1:])
+            self._put(rows, values.reshape(-1, *self.data.shape[1:]))
 
     def read_aux(
         self, name: str, pages: PageIds | Sequence[int], start: int, n: int
@@ -284,19 +291,17 @@ class PagePool:
         field.view(-1, *field.shape[2:])[idx] = values.to(device=field.device, dtype=field.dtype)
 
     def page_data(self, pages: PageIds | Sequence[int]) -> torch.Tensor:
-        rows = self._rows(pages)
-        return self.data[rows].clone() if isinstance(rows, slice) else self.data[rows]
+        return self._get(self._rows(pages))
 
     def set_page_data(self, pages: PageIds | Sequence[int], values: torch.Tensor | float) -> None:
-        self.data[self._rows(pages)] = values
+        self._put(self._rows(pages), values)
 
     def copy_pages(self, src: PageIds, dst_pool: PagePool, dst: PageIds) -> None:
         """Copy whole pages into a pool with the same layout (same pool, or a tier move)."""
-        rows, to = self._rows(src), dst_pool._rows(dst)
-        got = self.data[rows]
-        if dst_pool is self and isinstance(rows, slice) and not _apart(rows, to):  # a view
-            got = got.clone()
-        dst_pool.data[to] = got.to(dst_pool.data.device)
+        if self._host is not None and dst_pool._host is not None:
+            dst_pool._host[dst_pool._rows(dst)] = self._host[self._rows(src)]  # overlap-safe
+        else:
+            dst_pool.set_page_data(dst, self.page_data(src))
         if not self.aux:
             return
         src_idx, dst_idx = torch.from_numpy(as_index(src)), torch.from_numpy(as_index(dst))
@@ -304,18 +309,48 @@ class PagePool:
             target = dst_pool.aux[name]
             target[dst_idx.to(target.device)] = field[src_idx.to(field.device)].to(target.device)
 
-    def _rows(self, pages: PageIds | Sequence[int]) -> slice | torch.Tensor:
+    # Rows of whole pages go through numpy where the data is host memory numpy can
+    # read (``_host``, the same memory): a small copy there costs a fraction of a
+    # torch indexing call. Elsewhere (another device, bfloat16) torch does it.
+    def _rows(self, pages: PageIds | Sequence[int]) -> slice | np.ndarray:
         """The data rows of ``pages``: a slice where the ids run consecutively
-        inside the pool (no gather, no index tensor), else an index tensor."""
+        inside the pool (no gather), else the ids."""
         ids = pages.tolist() if isinstance(pages, np.ndarray) else list(pages)
         first = ids[0] if ids else -1
         if first >= 0 and ids[-1] < self.capacity and ids == list(range(first, first + len(ids))):
             return slice(first, first + len(ids))
-        return torch.from_numpy(as_index(ids)).to(self.data.device)
+        return as_index(ids)
+
+    def _get(self, rows: slice | np.ndarray) -> torch.Tensor:
+        """A copy of ``rows``, as a tensor on the pool's device."""
+        if self._host is not None:
+            return torch.from_numpy(self._host_copy(rows))
+        if isinstance(rows, slice):
+            return self.data[rows].clone()
+        return self.data[torch.from_numpy(rows).to(self.data.device)]
+
+    def _put(self, rows: slice | np.ndarray, values: torch.Tensor | float) -> None:
+        if self._host is not None:
+            self._host[rows] = self._host_values(values)
+        elif isinstance(rows, slice):
+            self.data[rows] = values
+        else:
+            self.data[torch.from_numpy(rows).to(self.data.device)] = values
+
+    def _host_copy(self, rows: slice | np.ndarray) -> np.ndarray:
+        got = self._host[rows]  # a gather copies; a slice is a view
+        return got.copy() if isinstance(rows, slice) else got
+
+    def _host_values(self, values: torch.Tensor | float) -> np.ndarray | float:
+        if not isinstance(values, torch.Tensor):
+            return values
+        if values.dtype is not self.data.dtype:
+            values = values.to(self.data.dtype)
+        return values.numpy(force=True)  # from any device, detached
 
     def _whole_pages(
         self, pages: PageIds | Sequence[int], start: int, n: int
-    ) -> slice | torch.Tensor | None:
+    ) -> slice | np.ndarray | None:
         """``_rows`` of the pages that tokens [start, start + n) fill exactly, or
         None where the run starts or ends inside a page (the caller goes by token)."""
         p = self.page_size
