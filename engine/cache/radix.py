@@ -186,10 +186,9 @@ class RadixTree:
 
     def remove_leaf(self, node: Node) -> None:
         """Unlink an evictable leaf; its pages must already be freed."""
-        assert node.is_leaf and not node.is_root and node.refs == 0 and node.host_refs == 0
         parent = node.parent
-        assert parent is not None
-        assert node.snapshot is None or node.snapshot.history_only, "free the state first"
+        assert parent is not None and not node.children and not node.refs and not node.host_refs
+        assert node.snapshot is None or not node.snapshot.pages, "free the state first"
         del parent.children[node.key]
         self.evictable.discard(node)
         self.node_count -= 1
@@ -227,10 +226,10 @@ class RadixTree:
         self._refresh(node)
 
     def _refresh(self, node: Node) -> None:
-        evictable = node.is_leaf and node.refs == 0 and node.host_refs == 0
-        if Fault.ROOT_IN_EVICT_SET not in self.faults:
-            evictable = evictable and not node.is_root
-        if evictable:
+        """``node`` is in the evict set exactly when it is an unreferenced non-root leaf."""
+        if node.children or node.refs or node.host_refs:
+            self.evictable.discard(node)
+        elif node.parent is not None or Fault.ROOT_IN_EVICT_SET in self.faults:
             self.evictable.add(node)
         else:
             self.evictable.discard(node)
@@ -267,12 +266,13 @@ class RadixTree:
         count towards ``wanted``. A parent that becomes an unlocked leaf joins
         the candidates, so a whole cold branch can go in one call.
         """
-        heap = [(n.last_access, n.id, n) for n in self.evictable]
+        evictable = self.evictable
+        heap = [(n.last_access, n.id, n) for n in evictable]
         heapq.heapify(heap)
         got = 0
         while got < wanted and heap:
-            _, _, node = heapq.heappop(heap)
-            if node not in self.evictable or node.is_root:
+            node = heapq.heappop(heap)[2]
+            if node not in evictable or node.parent is None:
                 # The root holds no pages and is never taken. It can only sit in
                 # the set through the root-in-evict-set fault, which stays latent
                 # here, as in its seed report; the audit is what sees it.
@@ -280,7 +280,7 @@ class RadixTree:
             got += release(node)
             parent = node.parent
             self.remove_leaf(node)
-            if parent in self.evictable:
+            if parent in evictable:
                 heapq.heappush(heap, (parent.last_access, parent.id, parent))
         return got
 

@@ -128,12 +128,14 @@ class CacheStorage:
         ``on_unbranched`` hook frees what that makes superseded.
         """
         parents: list[Node] = []
+        freed: list[np.ndarray] = []
 
         def release(node: Node) -> int:
             parents.append(node.parent)
-            return self._release_node(node, group)
+            return self._release_node(node, group, freed)
 
         got = self.tree.evict(wanted, release)
+        self._free_tree_pages(freed)
         if self.on_unbranched is not None:
             got += self.on_unbranched(parents, group)
         return got
@@ -156,7 +158,9 @@ class CacheStorage:
     def flush(self) -> None:
         """Evict every unreferenced node and prune every unreferenced snapshot."""
         everything = self.pools[FULL_KV].capacity + 1
-        self.tree.evict(everything, lambda node: self._release_node(node, FULL_KV))
+        freed: list[np.ndarray] = []
+        self.tree.evict(everything, lambda node: self._release_node(node, FULL_KV, freed))
+        self._free_tree_pages(freed)
         for tier in (Tier.DEVICE, Tier.HOST):
             for group in STATE_GROUPS:
                 self.prune(group, self.pool_capacity(group, tier), tier)
@@ -166,15 +170,21 @@ class CacheStorage:
         return pools[group].capacity if group in pools else 0
 
     # -- node pages ---------------------------------------------------------------
-    def _release_node(self, node: Node, group: str) -> int:
-        """Free every page of an eviction victim; count those of ``group``."""
+    def _release_node(self, node: Node, group: str, freed: list[np.ndarray]) -> int:
+        """Release an eviction victim and count its pages of ``group``. Its state
+        goes now; its full.kv pages join ``freed``, which the caller frees in one
+        call once the walk is over (nothing allocates during it)."""
         counted = len(node.pages) if group == FULL_KV else 0
         if node.snapshot is not None and not node.snapshot.history_only:
             counted += len(node.snapshot.pages.get(group, ()))
             self.drop_snapshot(node, "evicted")
-        self.pools[FULL_KV].free(node.pages, TREE_OWNER)
+        freed.append(node.pages)
         self.events.emit(NodeEvicted(node.id, node.depth, tuple(node.pages.tolist())))
         return counted
+
+    def _free_tree_pages(self, freed: list[np.ndarray]) -> None:
+        if freed:
+            self.pools[FULL_KV].free(np.concatenate(freed), TREE_OWNER)
 
     def drop_snapshot(self, node: Node, reason: str) -> None:
         """Free a node's state pages; the node keeps its history (history-only)."""
