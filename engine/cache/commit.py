@@ -65,6 +65,15 @@ def insert(cache: RadixPrefixCache, holder: Holder, terminal: bool) -> int:
 
 
 def _extend(cache: RadixPrefixCache, holder: Holder) -> None:
+    """Pass 1. The holder's copies of pages the tree already has are gathered
+    over the whole pass and freed in one ownership-checked call at its end:
+    nothing in the pass allocates, and those pages are no longer on its table."""
+    copies: list[int] = []
+    _extend_over(cache, holder, copies)
+    cache.store.pools[FULL_KV].free(copies, holder.owner)
+
+
+def _extend_over(cache: RadixPrefixCache, holder: Holder, copies: list[int]) -> None:
     tree, p = cache.store.tree, cache.page_size
     end = holder.computed_len - holder.computed_len % p
     node = holder.lock_node or tree.root
@@ -79,7 +88,7 @@ def _extend(cache: RadixPrefixCache, holder: Holder) -> None:
                 child = tree.split(child, n)
             if not _adoptable(cache, child):
                 return  # the commit stops here; everything beyond stays the holder's
-            _adopt_history(cache, holder, child)
+            _adopt_history(cache, holder, child, copies)
         _step_lock(cache, holder, child)
         node, pos = child, child.depth
 
@@ -104,14 +113,15 @@ def _adoptable(cache: RadixPrefixCache, node: Node) -> bool:
     return Fault.HISTORY_ONLY_ANCHOR not in cache.faults
 
 
-def _adopt_history(cache: RadixPrefixCache, holder: Holder, node: Node) -> None:
-    """Swap the holder's copies of ``node``'s pages for the tree's own."""
+def _adopt_history(cache: RadixPrefixCache, holder: Holder, node: Node, copies: list[int]) -> None:
+    """Swap the holder's copies of ``node``'s pages for the tree's own; the
+    copies join ``copies``, to be freed (``_extend``)."""
     p = cache.page_size
     a, b = node.start // p, node.depth // p
     tree_pages = node.pages.tolist()
     mine = holder.full_pages[a:b]
     if mine != tree_pages:
-        cache.store.pools[FULL_KV].free(mine, holder.owner)
+        copies += mine
         holder.full_pages[a:b] = tree_pages
 
 

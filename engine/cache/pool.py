@@ -180,9 +180,11 @@ class PagePool:
         ids = pages.tolist() if isinstance(pages, np.ndarray) else list(pages)
         kinds, oids, cap = self.owner_kind, self.owner_id, self.capacity
         want, wid, kind = int(owner.kind), owner.id, int(kind)  # plain ints: enums compare slowly
-        if len(set(ids)) != len(ids) or not all(
-            0 <= p < cap and kinds[p] == want and oids[p] == wid for p in ids
-        ):
+        kind_of, id_of = kinds.item, oids.item  # Python ints out, no numpy scalars
+        for p in ids:
+            if not (0 <= p < cap and kind_of(p) == want and id_of(p) == wid):
+                self._refuse(ids, owner, verb)
+        if len(ids) > 1 and len(set(ids)) != len(ids):
             self._refuse(ids, owner, verb)
         for p in ids:
             kinds[p] = kind
