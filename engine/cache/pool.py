@@ -149,8 +149,12 @@ class PagePool:
         if n == 0:
             return
         ids = self._claim(pages, owner, "free", OwnerKind.FREE, -1)
-        self._free[self._top : self._top + n] = ids[::-1]
-        self._top += n
+        top = self._top
+        if n == 1:
+            self._free[top] = ids[0]
+        else:
+            self._free[top : top + n] = ids[::-1]
+        self._top = top + n
 
     def transfer(self, pages: PageIds | Sequence[int], old: Owner, new: Owner) -> None:
         """Move pages from ``old`` to ``new`` (a request's pages joining the tree)."""

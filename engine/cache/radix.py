@@ -252,8 +252,9 @@ class RadixTree:
         snap = node.snapshot
         assert snap is not None
         taken = Snapshot(snap.pages, snap.tier)
+        counts = self.state_pages
         for group, pages in taken.pages.items():
-            self.state_pages[group, taken.tier] -= len(pages)
+            counts[group, taken.tier] -= len(pages)
         snap.pages = {}
         self.snapshot_nodes.discard(node)
         return taken
@@ -266,22 +267,22 @@ class RadixTree:
         count towards ``wanted``. A parent that becomes an unlocked leaf joins
         the candidates, so a whole cold branch can go in one call.
         """
-        evictable = self.evictable
+        evictable, pop, push = self.evictable, heapq.heappop, heapq.heappush
         heap = [(n.last_access, n.id, n) for n in evictable]
         heapq.heapify(heap)
         got = 0
         while got < wanted and heap:
-            node = heapq.heappop(heap)[2]
-            if node not in evictable or node.parent is None:
+            node = pop(heap)[2]
+            parent = node.parent
+            if parent is None or node not in evictable:
                 # The root holds no pages and is never taken. It can only sit in
                 # the set through the root-in-evict-set fault, which stays latent
                 # here, as in its seed report; the audit is what sees it.
                 continue
             got += release(node)
-            parent = node.parent
             self.remove_leaf(node)
             if parent in evictable:
-                heapq.heappush(heap, (parent.last_access, parent.id, parent))
+                push(heap, (parent.last_access, parent.id, parent))
         return got
 
     def nodes(self) -> list[Node]:

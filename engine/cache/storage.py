@@ -23,6 +23,7 @@ radix backend) then decides about that parent's state.
 from __future__ import annotations
 
 import heapq
+from collections import defaultdict
 from collections.abc import Callable, Mapping
 from typing import Protocol
 
@@ -38,6 +39,7 @@ from kvwatch.engine.events import EventBus, NodeEvicted, SnapshotMoved, Snapshot
 from kvwatch.engine.faults import Fault
 
 DEFAULT_LAYOUT = PageLayout((), torch.float32)
+Released = dict[tuple[str, Tier], list[np.ndarray]]  # pages an eviction frees, by group and tier
 
 
 class Reclaimer(Protocol):
@@ -128,14 +130,14 @@ class CacheStorage:
         ``on_unbranched`` hook frees what that makes superseded.
         """
         parents: list[Node] = []
-        freed: list[np.ndarray] = []
+        freed: Released = defaultdict(list)
 
         def release(node: Node) -> int:
             parents.append(node.parent)
             return self._release_node(node, group, freed)
 
         got = self.tree.evict(wanted, release)
-        self._free_tree_pages(freed)
+        self._free_released(freed)
         if self.on_unbranched is not None:
             got += self.on_unbranched(parents, group)
         return got
@@ -158,9 +160,9 @@ class CacheStorage:
     def flush(self) -> None:
         """Evict every unreferenced node and prune every unreferenced snapshot."""
         everything = self.pools[FULL_KV].capacity + 1
-        freed: list[np.ndarray] = []
+        freed: Released = defaultdict(list)
         self.tree.evict(everything, lambda node: self._release_node(node, FULL_KV, freed))
-        self._free_tree_pages(freed)
+        self._free_released(freed)
         for tier in (Tier.DEVICE, Tier.HOST):
             for group in STATE_GROUPS:
                 self.prune(group, self.pool_capacity(group, tier), tier)
@@ -170,26 +172,31 @@ class CacheStorage:
         return pools[group].capacity if group in pools else 0
 
     # -- node pages ---------------------------------------------------------------
-    def _release_node(self, node: Node, group: str, freed: list[np.ndarray]) -> int:
-        """Release an eviction victim and count its pages of ``group``. Its state
-        goes now; its full.kv pages join ``freed``, which the caller frees in one
-        call once the walk is over (nothing allocates during it)."""
+    def _release_node(self, node: Node, group: str, freed: Released) -> int:
+        """Release an eviction victim and count its pages of ``group``. Its pages,
+        history and state, join ``freed``, which the caller frees in one call per
+        group once the walk is over (nothing allocates during it)."""
         counted = len(node.pages) if group == FULL_KV else 0
         if node.snapshot is not None and not node.snapshot.history_only:
             counted += len(node.snapshot.pages.get(group, ()))
-            self.drop_snapshot(node, "evicted")
-        freed.append(node.pages)
+            self.drop_snapshot(node, "evicted", freed)
+        freed[FULL_KV, Tier.DEVICE].append(node.pages)
         self.events.emit(NodeEvicted(node.id, node.depth, tuple(node.pages.tolist())))
         return counted
 
-    def _free_tree_pages(self, freed: list[np.ndarray]) -> None:
-        if freed:
-            self.pools[FULL_KV].free(np.concatenate(freed), TREE_OWNER)
+    def _free_released(self, freed: Released) -> None:
+        for (group, tier), pages in freed.items():
+            self.pool(group, tier).free(np.concatenate(pages), TREE_OWNER)
 
-    def drop_snapshot(self, node: Node, reason: str) -> None:
-        """Free a node's state pages; the node keeps its history (history-only)."""
+    def drop_snapshot(self, node: Node, reason: str, into: Released | None = None) -> None:
+        """Free a node's state pages (``into``: leave them there, for the caller
+        to free); the node keeps its history (history-only)."""
         taken = self.tree.detach_state(node)
-        self.free_groups(taken.pages, TREE_OWNER, taken.tier)
+        if into is None:
+            self.free_groups(taken.pages, TREE_OWNER, taken.tier)
+        else:
+            for group, ids in taken.pages.items():
+                into[group, taken.tier].append(ids)
         self.events.emit(SnapshotReleased(node.id, node.depth, reason))
 
     def give_state(self, node: Node, pages: Mapping[str, np.ndarray], owner: Owner) -> None:
