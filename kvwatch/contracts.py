@@ -59,7 +59,7 @@ class Finding(NamedTuple):
 
 
 def finding(kind: FindingKind, group: str | None, pages: list[int], detail: str) -> Finding:
-    return Finding(kind, group, tuple(pages[:MAX_PAGES]), detail)
+    return Finding(kind=kind, group=group, pages=tuple(pages[:MAX_PAGES]), detail=detail)
 
 
 class GroupReport(NamedTuple):

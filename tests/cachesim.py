@@ -46,10 +46,17 @@ def cache_config(
     return CacheConfig(
         window=window,
         snapshot_interval=interval,
-        full_kv=GroupSpec(FULL_KV, page, full),
-        swa_kv=GroupSpec(SWA_KV, page, swa),
-        swa_window=GroupSpec(SWA_WINDOW, page, snapshots * per_window, host * per_window),
-        linear_state=GroupSpec(LINEAR_STATE, 1, snapshots, host),
+        full_kv=GroupSpec(name=FULL_KV, page_size=page, capacity=full),
+        swa_kv=GroupSpec(name=SWA_KV, page_size=page, capacity=swa),
+        swa_window=GroupSpec(
+            name=SWA_WINDOW,
+            page_size=page,
+            capacity=snapshots * per_window,
+            host_capacity=host * per_window,
+        ),
+        linear_state=GroupSpec(
+            name=LINEAR_STATE, page_size=1, capacity=snapshots, host_capacity=host
+        ),
     )
 
 

@@ -34,14 +34,40 @@ def make_probe(
 ) -> ProbeReport:
     """Every group of capacity 100 with ``used`` pages in the tree; the ``exceeded``
     group pins 5 pages where its holder justifies 4."""
-    groups = {g: GroupReport(f, 100, 100 - used, {"tree": used}, 0, 0) for g, f in GROUPS.items()}
-    tree = TreeReport(0, dict.fromkeys(STATE, 0), 0, dict.fromkeys(STATE, interior), cached_tokens)
-    stats = EngineStats(
-        0, live_requests, 0, groups, RootRefs(*root), tree, QueueReport(0, 0, 0, 0), 0
+    groups = {
+        g: GroupReport(
+            family=f,
+            capacity=100,
+            free=100 - used,
+            by_owner={"tree": used},
+            evictable=0,
+            host_capacity=0,
+        )
+        for g, f in GROUPS.items()
+    }
+    tree = TreeReport(
+        nodes=0,
+        snapshots=dict.fromkeys(STATE, 0),
+        host_snapshots=0,
+        interior_snapshots=dict.fromkeys(STATE, interior),
+        tokens=cached_tokens,
     )
-    bounds = {g: Bound(g, 5 if g == exceeded else 4, 4, 0, 1) for g in GROUPS}
-    return ProbeReport(stats, tuple(findings), bounds)
+    stats = EngineStats(
+        step=0,
+        live_requests=live_requests,
+        live_sessions=0,
+        groups=groups,
+        root_refs=RootRefs(*root),
+        tree=tree,
+        queue=QueueReport(waiting=0, running=0, retracted=0, paused=0),
+        record_bytes=0,
+    )
+    bounds = {
+        g: Bound(group=g, pinned=5 if g == exceeded else 4, limit=4, shared=0, holders=1)
+        for g in GROUPS
+    }
+    return ProbeReport(stats=stats, findings=tuple(findings), bounds=bounds)
 
 
 def make_finding(kind: FindingKind, group: str | None = "full.kv") -> Finding:
-    return Finding(kind, group, (7, 8), f"{kind} seen")
+    return Finding(kind=kind, group=group, pages=(7, 8), detail=f"{kind} seen")

@@ -30,7 +30,7 @@ from kvwatch.engine.probe import QueueReport, take_probe
 SIZES = [int(n) for n in os.environ.get("KVWATCH_BENCH_PAGES", "10000").split(",")]
 
 
-IDLE = QueueReport(0, 0, 0, 0)
+IDLE = QueueReport(waiting=0, running=0, retracted=0, paused=0)
 TREE_PAGES = int(os.environ.get("KVWATCH_BENCH_TREE_PAGES", "10000"))
 
 

@@ -25,10 +25,11 @@ from kvwatch.instrumentation.record import Counts
 
 def run_of(probes: list[ProbeReport], **kw) -> RunRecord:
     turns = tuple(
-        Turn(i, (p,), conversations=4, context_tokens=100 * (i + 1)) for i, p in enumerate(probes)
+        Turn(turn=i, probes=(p,), conversations=4, context_tokens=100 * (i + 1))
+        for i, p in enumerate(probes)
     )
     return RunRecord(
-        turns, warmup=2, baseline=probes[0], drained=kw.pop("drained", probes[0]), **kw
+        turns=turns, warmup=2, baseline=probes[0], drained=kw.pop("drained", probes[0]), **kw
     )
 
 
@@ -90,10 +91,16 @@ def test_refcount_fails_on_root_drift():
 
 def heap_run(per_turn) -> RunRecord:
     turns = tuple(
-        Turn(i, (CLEAN[0],), 4, 1000 * (i + 1), HeapSample(b, (), {"records.py:12": b}))
+        Turn(
+            turn=i,
+            probes=(CLEAN[0],),
+            conversations=4,
+            context_tokens=1000 * (i + 1),
+            heap=HeapSample(traced_bytes=b, top=(), by_site={"records.py:12": b}),
+        )
         for i, b in enumerate(per_turn)
     )
-    return RunRecord(turns, 2)
+    return RunRecord(turns=turns, warmup=2)
 
 
 def test_heap_tells_o_prefix_from_o_turns_times_prefix():
@@ -111,28 +118,34 @@ def test_heap_judges_per_cached_token_when_the_cache_holds_more_than_the_context
     cached = [4000 * (i + 1) for i in range(6)]
     turns = tuple(
         Turn(
-            i,
-            (make_probe(cached_tokens=c),),
-            4,
-            1000,
-            HeapSample(8 * c, (), {"radix.py:69": 8 * c}),
+            turn=i,
+            probes=(make_probe(cached_tokens=c),),
+            conversations=4,
+            context_tokens=1000,
+            heap=HeapSample(traced_bytes=8 * c, top=(), by_site={"radix.py:69": 8 * c}),
         )
         for i, c in enumerate(cached)
     )
-    assert DETECTORS["heap"](RunRecord(turns, 2)).verdict == PASS
+    assert DETECTORS["heap"](RunRecord(turns=turns, warmup=2)).verdict == PASS
     # the same memory against the context alone looks like a leak
     blind = tuple(t._replace(probes=(CLEAN[0],)) for t in turns)
-    assert DETECTORS["heap"](RunRecord(blind, 2)).failed
+    assert DETECTORS["heap"](RunRecord(turns=blind, warmup=2)).failed
 
 
 def test_heap_needs_a_site_to_grow_by_more_than_a_few_kilobytes():
     def run(scale: int) -> RunRecord:
         kept = [640, 640, 640, 2432, 3136, 3648]  # a monotone run of chance at one small site
         turns = tuple(
-            Turn(i, (CLEAN[0],), 1, 200, HeapSample(100_000, (), {"sched.py:205": scale * b}))
+            Turn(
+                turn=i,
+                probes=(CLEAN[0],),
+                conversations=1,
+                context_tokens=200,
+                heap=HeapSample(traced_bytes=100_000, top=(), by_site={"sched.py:205": scale * b}),
+            )
             for i, b in enumerate(kept)
         )
-        return RunRecord(turns, 2)
+        return RunRecord(turns=turns, warmup=2)
 
     assert DETECTORS["heap"](run(1)).verdict == PASS
     v = DETECTORS["heap"](run(4))
@@ -148,10 +161,18 @@ def test_heap_judges_a_list_that_moves_between_sites_as_one():
 
     def run(decoded: list[int]) -> RunRecord:
         turns = tuple(
-            Turn(i, (CLEAN[0],), 2, c, HeapSample(60_000, (), {"e.py:187": x, "s.py:205": d}))
+            Turn(
+                turn=i,
+                probes=(CLEAN[0],),
+                conversations=2,
+                context_tokens=c,
+                heap=HeapSample(
+                    traced_bytes=60_000, top=(), by_site={"e.py:187": x, "s.py:205": d}
+                ),
+            )
             for i, (c, x, d) in enumerate(zip(context, extended, decoded, strict=True))
         )
-        return RunRecord(turns, 2)
+        return RunRecord(turns=turns, warmup=2)
 
     assert DETECTORS["heap"](run(decoded)).verdict == PASS
     # the same growth with nothing lost elsewhere is kept memory
@@ -164,15 +185,15 @@ def test_gauge_trend_on_black_box_series():
     flat = [{"usage": 0.5 + rng.uniform(-0.05, 0.05)} for _ in range(8)]
     rising = [{"usage": 0.2 + 0.05 * i} for i in range(8)]
     for series, want in ((flat, PASS), (rising, FAIL)):
-        turns = tuple(Turn(i, (), gauges=g) for i, g in enumerate(series))
-        assert DETECTORS["gauge-trend"](RunRecord(turns, 2)).verdict == want
+        turns = tuple(Turn(turn=i, probes=(), gauges=g) for i, g in enumerate(series))
+        assert DETECTORS["gauge-trend"](RunRecord(turns=turns, warmup=2)).verdict == want
 
 
 def test_equivalence_names_the_first_differing_token():
-    good = Replay(3, (1, 2, 3), (5, 6, 7), (5, 6, 7))
-    bad = Replay(4, (1, 2, 3), (5, 6, 9), (5, 6, 7))
-    assert DETECTORS["equivalence"](RunRecord((), 2, replays=(good,))).verdict == PASS
-    v = DETECTORS["equivalence"](RunRecord((), 2, replays=(good, bad)))
+    good = Replay(turn=3, prompt=(1, 2, 3), cached=(5, 6, 7), reference=(5, 6, 7))
+    bad = Replay(turn=4, prompt=(1, 2, 3), cached=(5, 6, 9), reference=(5, 6, 7))
+    assert DETECTORS["equivalence"](RunRecord(turns=(), warmup=2, replays=(good,))).verdict == PASS
+    v = DETECTORS["equivalence"](RunRecord(turns=(), warmup=2, replays=(good, bad)))
     assert v.failed and v.first_turn == 4 and "at token 2" in v.evidence[0].detail
 
 
@@ -185,20 +206,35 @@ def test_trend_statistics():
 
 
 def test_requests_fails_at_the_first_barrier_whose_counts_hold_a_failure_or_a_5xx():
-    ok = Counts({"2xx": 10}, 0, 0)
-    bad = Counts({"2xx": 12, "5xx": 1}, 1, 0, ({"name": "chat", "status": 500, "body": "boom"},))
-    turns = [Turn(i, (CLEAN[0],), requests=c) for i, c in enumerate([ok, ok, bad, bad])]
-    v = DETECTORS["requests"](RunRecord(tuple(turns), 2, requests=bad))
+    ok = Counts(status={"2xx": 10}, failed=0, broken_turns=0)
+    bad = Counts(
+        status={"2xx": 12, "5xx": 1},
+        failed=1,
+        broken_turns=0,
+        first_failures=({"name": "chat", "status": 500, "body": "boom"},),
+    )
+    turns = [Turn(turn=i, probes=(CLEAN[0],), requests=c) for i, c in enumerate([ok, ok, bad, bad])]
+    v = DETECTORS["requests"](RunRecord(turns=tuple(turns), warmup=2, requests=bad))
     assert v.failed and v.first_turn == 2
     assert "1 of 13 requests failed, 1 answered 5xx" in v.evidence[0].detail
     assert "chat: HTTP 500 boom" in v.evidence[1].detail
     clean = [t._replace(requests=ok) for t in turns]
-    assert DETECTORS["requests"](RunRecord(tuple(clean), 2, requests=ok)).verdict == PASS
+    assert (
+        DETECTORS["requests"](RunRecord(turns=tuple(clean), warmup=2, requests=ok)).verdict == PASS
+    )
     # a failure counted only at the end belongs after the last turn
-    late = DETECTORS["requests"](RunRecord(tuple(clean), 2, requests=Counts({"none": 1}, 1, 0)))
+    late = DETECTORS["requests"](
+        RunRecord(
+            turns=tuple(clean),
+            warmup=2,
+            requests=Counts(status={"none": 1}, failed=1, broken_turns=0),
+        )
+    )
     assert late.failed and late.first_turn == 4 and late.after_drain
-    assert DETECTORS["requests"](RunRecord(tuple(clean), 2)).verdict == SKIPPED
-    broke = RunRecord(tuple(turns), 2, requests=bad, error="the engine stopped answering")
+    assert DETECTORS["requests"](RunRecord(turns=tuple(clean), warmup=2)).verdict == SKIPPED
+    broke = RunRecord(
+        turns=tuple(turns), warmup=2, requests=bad, error="the engine stopped answering"
+    )
     assert DETECTORS["requests"](broke).verdict == SKIPPED  # the gate's error, exit 3
 
 

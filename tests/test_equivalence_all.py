@@ -80,7 +80,19 @@ def test_every_comparable_request_is_replayed(monkeypatch, plant):
 
 
 def test_candidates_round_trip_with_their_parameters():
-    c = Candidate(3, (1, 2), (5,), 4, 0.7, 0.9, 11, (2,), True)
+    c = Candidate(
+        turn=3,
+        prompt=(1, 2),
+        output=(5,),
+        max_tokens=4,
+        temperature=0.7,
+        top_p=0.9,
+        seed=11,
+        stop_token_ids=(2,),
+        ignore_eos=True,
+    )
     assert Candidate.from_json(c.to_json()) == c
     # records written before parameters were kept read back as greedy
-    assert Candidate.from_json([1, [1], [2], 8]) == Candidate(1, (1,), (2,), 8)
+    assert Candidate.from_json([1, [1], [2], 8]) == Candidate(
+        turn=1, prompt=(1,), output=(2,), max_tokens=8
+    )

@@ -24,16 +24,41 @@ from kvwatch.server import ServerSettings
 
 
 def _counts(n: int) -> Counts:
-    return Counts({"2xx": n}, 0, 0)
+    return Counts(status={"2xx": n}, failed=0, broken_turns=0)
 
 
 def _run(left: tuple[SiteGrowth, ...], at_mark: int, total: int) -> RunRecord:
     turns = tuple(
-        Turn(t, (), 1, 0, None, None, 0.0, _counts(at_mark * (t + 1) // 2)) for t in range(2)
+        Turn(
+            turn=t,
+            probes=(),
+            conversations=1,
+            context_tokens=0,
+            heap=None,
+            gauges=None,
+            at=0.0,
+            requests=_counts(at_mark * (t + 1) // 2),
+        )
+        for t in range(2)
     )
-    turns += tuple(Turn(t, (), 1, 0, None, None, 0.0, _counts(at_mark + t)) for t in range(2, 6))
+    turns += tuple(
+        Turn(
+            turn=t,
+            probes=(),
+            conversations=1,
+            context_tokens=0,
+            heap=None,
+            gauges=None,
+            at=0.0,
+            requests=_counts(at_mark + t),
+        )
+        for t in range(2, 6)
+    )
     return RunRecord(
-        turns, warmup=2, requests=_counts(total), heap_end=HeapSample(0, (), None, left)
+        turns=turns,
+        warmup=2,
+        requests=_counts(total),
+        heap_end=HeapSample(traced_bytes=0, top=(), by_site=None, since_mark=left),
     )
 
 

@@ -67,7 +67,12 @@ def test_module_globals_are_roots():
 
 
 def _run(before, after) -> RunRecord:
-    return RunRecord(turns=(Turn(0, (before,), 1, 10),), warmup=0, baseline=before, drained=after)
+    return RunRecord(
+        turns=(Turn(turn=0, probes=(before,), conversations=1, context_tokens=10),),
+        warmup=0,
+        baseline=before,
+        drained=after,
+    )
 
 
 def test_detector_fails_on_what_is_left_and_passes_when_back_or_lower():

@@ -92,7 +92,7 @@ def not_back(
 
 
 def fail(detector: str, turn: int, evidence: list[Evidence]) -> Verdict:
-    return Verdict(detector, FAIL, turn, tuple(evidence[:16]))
+    return Verdict(detector=detector, verdict=FAIL, first_turn=turn, evidence=tuple(evidence[:16]))
 
 
 def drain_turn(run: RunRecord) -> int:
@@ -102,15 +102,21 @@ def drain_turn(run: RunRecord) -> int:
 
 def fail_after_drain(detector: str, run: RunRecord, evidence: list[Evidence]) -> Verdict:
     """A failure of the check after the drain (see ``Verdict``)."""
-    return Verdict(detector, FAIL, drain_turn(run), tuple(evidence[:16]), after_drain=True)
+    return Verdict(
+        detector=detector,
+        verdict=FAIL,
+        first_turn=drain_turn(run),
+        evidence=tuple(evidence[:16]),
+        after_drain=True,
+    )
 
 
 def passed(detector: str, note: str = "") -> Verdict:
-    return Verdict(detector, PASS, None, (), note)
+    return Verdict(detector=detector, verdict=PASS, first_turn=None, evidence=(), note=note)
 
 
 def skipped(detector: str, note: str) -> Verdict:
-    return Verdict(detector, SKIPPED, None, (), note)
+    return Verdict(detector=detector, verdict=SKIPPED, first_turn=None, evidence=(), note=note)
 
 
 def findings_detector(detector: str, kinds: Collection[FindingKind], run: RunRecord) -> Verdict:

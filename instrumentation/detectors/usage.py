@@ -115,13 +115,14 @@ def usage_trend(
     judged = t >= start
     tj, yj = t[judged], y[judged]
     lo, hi = (int(y.min()), int(y.max())) if len(y) else (0, 0)
-    head = (group, capacity, lo, hi, len(yj))
+    head = dict(group=group, capacity=capacity, pinned_min=lo, pinned_max=hi, points=len(yj))
     if too_short is None and len(yj) < MIN_TREND_POINTS:
         too_short = f"{len(yj)} probes after the warm-up: too few for a trend"
     if too_short is not None:
-        bounded = hi < capacity
         why = f"{too_short}; headroom only ({lo}..{hi} of {capacity})"
-        return UsageTrend(*head, 0.0, 1.0, 0.0, hi, hi, tol, bounded, why)
+        flat = dict(slope_per_min=0.0, p_value=1.0, rise=0.0)
+        windows = dict(first_window_max=hi, last_window_max=hi)
+        return UsageTrend(**head, **flat, **windows, tolerance=tol, bounded=hi < capacity, why=why)
     fit = trend(yj, tj)
     rise = fit.slope * float(tj[-1] - tj[0])
     third = max(1, len(yj) // 3)
@@ -140,4 +141,6 @@ def usage_trend(
     else:
         bounded = True
         why = f"{lo}..{hi} of {capacity}, {fit.slope * 60:+.2f}/min (p={fit.p_value:.2g})"
-    return UsageTrend(*head, fit.slope * 60, fit.p_value, rise, first, last, tol, bounded, why)
+    fitted = dict(slope_per_min=fit.slope * 60, p_value=fit.p_value, rise=rise)
+    windows = dict(first_window_max=first, last_window_max=last)
+    return UsageTrend(**head, **fitted, **windows, tolerance=tol, bounded=bounded, why=why)
