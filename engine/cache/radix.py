@@ -107,6 +107,17 @@ class RadixTree:
         limit -= limit % p
         node, pos, nodes = self.root, 0, []
         while pos < limit:
+            if len(node.children) == 1:  # most nodes on a path: skip building its key
+                (child,) = node.children.values()
+                end = pos + len(child.tokens)
+                if (
+                    end <= limit
+                    and child.extra_key == extra_key
+                    and child.tokens == tokens[pos:end]
+                ):
+                    nodes.append(child)
+                    node, pos = child, end
+                    continue
             child = node.children.get((extra_key, *tokens[pos : pos + p]))
             if child is None:
                 break
@@ -210,6 +221,15 @@ class RadixTree:
     def lock(self, node: Node) -> None:
         for n in node.path():
             self.inc(n)
+
+    def lock_used(self, path: list[Node]) -> None:
+        """``lock`` then ``touch`` the last node of ``path`` (root-down, root
+        excluded, as a walk lists it), in one pass."""
+        now, evictable = self.tick(), self.evictable
+        for node in (self.root, *path):
+            node.refs += 1
+            node.last_access = now
+            evictable.discard(node)  # a referenced node is never evictable
 
     def unlock(self, node: Node) -> None:
         for n in node.path():

@@ -16,8 +16,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-import numpy as np
-
 from kvwatch.engine.cache import commit
 from kvwatch.engine.cache.base import CacheBase, mutation
 from kvwatch.engine.cache.holder import Holder, HolderStatus, PendingKind
@@ -82,8 +80,9 @@ class RadixPrefixCache(CacheBase):
         while keep and not walk.nodes[keep - 1].has_complete_snapshot:
             keep -= 1
         if keep and walk.nodes[keep - 1].snapshot.tier is Tier.DEVICE:
-            tree.lock(walk.nodes[keep - 1])
-        elif keep:
+            tree.lock_used(walk.nodes[:keep])
+            return walk.nodes[keep - 1]
+        if keep:
             keep = self._lock_then_load(walk)
         else:  # a miss: the descent's root ref, given back
             tree.inc(tree.root)
@@ -127,8 +126,10 @@ class RadixPrefixCache(CacheBase):
         d = anchor.depth if anchor is not None else 0
         self._give_working_pages(holder, d)
         if anchor is not None:
-            path = reversed(list(anchor.path()))
-            holder.full_pages = np.concatenate([n.pages for n in path]).tolist()
+            pages: list[int] = []
+            for node in reversed(list(anchor.path())):
+                pages += node.pages.tolist()
+            holder.full_pages = pages
         holder.lock_node = anchor
         holder.cached_len = holder.computed_len = holder.allocated_len = d
         holder.status = HolderStatus.ACTIVE
