@@ -72,6 +72,20 @@ def create_app(
         worker.finished = FinishedLog()
         app.include_router(debug.router)
 
+    _add_plain_routes(app, worker, settings, metrics)
+    return RequestLimits(
+        app, max_body_bytes=settings.max_body_bytes, max_header_bytes=settings.max_header_bytes
+    )
+
+
+def _add_plain_routes(
+    app: FastAPI,
+    worker: EngineWorker,
+    settings: ServerSettings,
+    metrics: Callable[[], tuple[bytes, str]] | None,
+) -> None:
+    """``/health``, ``/v1/models`` and, when given an exposition, ``/metrics``."""
+
     @app.get("/health")
     async def health():
         if worker.failure is not None:
@@ -90,7 +104,3 @@ def create_app(
         async def metrics_page():
             body, content_type = metrics()
             return Response(body, media_type=content_type)
-
-    return RequestLimits(
-        app, max_body_bytes=settings.max_body_bytes, max_header_bytes=settings.max_header_bytes
-    )
