@@ -59,20 +59,23 @@ def test_pool_refuses_double_free_and_foreign_free():
     assert pool.free_count == 8
 
 
-@pytest.mark.parametrize("n", [3, 20])  # checked page by page, and vectorised
-def test_pool_refuses_a_page_named_twice_or_out_of_range_and_changes_nothing(n):
-    pool = PagePool(FULL_KV, 4, 32, PageLayout())
+@pytest.mark.parametrize("n", [3, 20, 200])  # page by page, as lists, vectorised
+def test_pool_refuses_a_page_named_twice_foreign_or_out_of_range_and_changes_nothing(n):
+    pool = PagePool(FULL_KV, 4, 256, PageLayout())
     pages = pool.alloc(n, REQ).tolist()
+    theirs, unused = pool.alloc(1, OTHER).tolist(), 255
     kinds, ids = pool.owner_kind.copy(), pool.owner_id.copy()
-    for bad in ([*pages, pages[0]], [*pages[1:], -1], [*pages[1:], 32], [*pages[1:], 31]):
+    wraps = pages[0] - 256  # negative, and would index one of ours not named
+    # named twice, negative (wrapping), past the end, free, someone else's
+    for odd in (pages[1], wraps, 256, unused, *theirs):
         for call in (pool.free, lambda p, o: pool.transfer(p, o, OTHER)):
             with pytest.raises(OwnershipError):
-                call(np.array(bad), REQ)
-            assert pool.free_count == 32 - n
+                call(np.array([*pages[1:], odd]), REQ)
+            assert pool.free_count == 255 - n
             assert (pool.owner_kind == kinds).all() and (pool.owner_id == ids).all()
     pool.transfer(pages, REQ, OTHER)
-    pool.free(pages, OTHER)
-    assert pool.free_count == 32 and (pool.owner_id == -1).all()
+    pool.free([*pages, *theirs], OTHER)
+    assert pool.free_count == 256 and (pool.owner_id == -1).all()
 
 
 def test_pool_exhaustion_is_a_clear_error_and_changes_nothing():

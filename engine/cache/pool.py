@@ -32,6 +32,7 @@ from kvwatch.engine.cache.owner import Owner, OwnerKind
 
 PageIds = np.ndarray  # int64 page ids
 SHORT_RUN = 8  # up to this many pages, ownership is checked page by page in Python
+LISTED_RUN = 96  # up to this many, on tags gathered into Python lists; beyond, vectorised
 
 
 class PoolExhausted(RuntimeError):
@@ -171,19 +172,29 @@ class PagePool:
         """Check that ``owner`` holds every page named, each named once; then tag
         them ``(kind, oid)``. Otherwise raise ``OwnershipError`` and change nothing.
 
-        A short run is checked on Python ints (a numpy call costs more than the
-        whole loop); a long one in a few vectorised passes, duplicates included
-        (see ``_check_long``). Returns the page ids, as a list or an array.
+        How depends on the count, for the cost of numpy calls against Python
+        loops: a few pages one by one (``_claim_short``), a few hundred as lists
+        (``_check_listed``), more in vectorised passes (``_check_long``).
+        Returns the page ids, as a list or an array.
         """
-        if len(pages) > SHORT_RUN:
-            idx = as_index(pages)
+        n = len(pages)
+        if n <= SHORT_RUN:
+            return self._claim_short(pages, owner, verb, int(kind), oid)
+        idx = as_index(pages)
+        if n <= LISTED_RUN:
+            self._check_listed(idx, owner, verb)
+        else:
             self._check_long(idx, owner, verb)
-            self.owner_kind[idx] = int(kind)
-            self.owner_id[idx] = oid
-            return idx
+        self.owner_kind[idx] = int(kind)
+        self.owner_id[idx] = oid
+        return idx
+
+    def _claim_short(
+        self, pages: PageIds | Sequence[int], owner: Owner, verb: str, kind: int, oid: int
+    ) -> list[int]:
         ids = pages.tolist() if isinstance(pages, np.ndarray) else list(pages)
         kinds, oids, cap = self.owner_kind, self.owner_id, self.capacity
-        want, wid, kind = int(owner.kind), owner.id, int(kind)  # plain ints: enums compare slowly
+        want, wid = int(owner.kind), owner.id  # plain ints: enums compare slowly
         kind_of, id_of = kinds.item, oids.item  # Python ints out, no numpy scalars
         for p in ids:
             if not (0 <= p < cap and kind_of(p) == want and id_of(p) == wid):
@@ -194,6 +205,19 @@ class PagePool:
             kinds[p] = kind
             oids[p] = oid
         return ids
+
+    def _check_listed(self, idx: np.ndarray, owner: Owner, verb: str) -> None:
+        """In range (checked before any gather: a negative id would wrap), tags
+        gathered once and counted as Python lists, no id twice (a set)."""
+        ids, n = idx.tolist(), idx.size
+        if (
+            min(ids) < 0
+            or max(ids) >= self.capacity
+            or self.owner_kind[idx].tolist().count(int(owner.kind)) != n
+            or self.owner_id[idx].tolist().count(owner.id) != n
+            or len(set(ids)) != n
+        ):
+            self._refuse(ids, owner, verb)
 
     def _check_long(self, idx: np.ndarray, owner: Owner, verb: str) -> None:
         """Every page in range and ``owner``'s, none named twice, without sorting.
