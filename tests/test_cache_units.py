@@ -192,6 +192,22 @@ def test_lock_covers_the_path_and_eviction_goes_lru_leaf_first():
     assert tree.node_count == 0 and tree.root not in tree.evictable
 
 
+def test_evicting_more_than_the_tree_holds_takes_what_the_lru_walk_takes():
+    seqs = ([1, 1, 2, 2, 3, 3], [1, 1, 2, 2, 4, 4, 5, 5], [1, 1, 6, 6], [7, 7, 8, 8])
+    seqs += ([9, 9, 10, 10], [9, 9, 11, 11])  # a parent that becomes a leaf on the way
+    taken: dict[str, list[int]] = {}
+    for how in ("lru", "all"):
+        tree = tree_with(*seqs)
+        tree.lock(tree.walk([1, 1, 2, 2, 4, 4, 5, 5], None, 8).nodes[-1])
+        tree.add_host_ref(tree.walk([7, 7, 8, 8], None, 4).nodes[-1])
+        assert tree.page_count == 11
+        taken[how] = []
+        wanted = 5 if how == "lru" else 12  # exactly what can go, or more than the tree holds
+        got = tree.evict(wanted, lambda n: taken[how].append(n.id) or len(n.pages))  # noqa: B023
+        assert got == 5 and tree.page_count == 6 and tree.node_count == 4 and not tree.evictable
+    assert sorted(taken["lru"]) == sorted(taken["all"]) and len(taken["all"]) == 5
+
+
 def test_host_ref_pins_a_node_against_eviction():
     tree = tree_with([1, 1, 2, 2])
     leaf = tree.walk([1, 1, 2, 2], None, 4).nodes[-1]

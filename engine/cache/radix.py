@@ -197,15 +197,27 @@ class RadixTree:
 
     def remove_leaf(self, node: Node) -> None:
         """Unlink an evictable leaf; its pages must already be freed."""
-        parent = node.parent
-        assert parent is not None and not node.children and not node.refs and not node.host_refs
-        assert node.snapshot is None or not node.snapshot.pages, "free the state first"
+        assert node.parent is not None
+        self._unlink(node, node.parent)
+
+    def _unlink(self, node: Node, parent: Node) -> None:
+        snap = node.snapshot
+        assert not (node.children or node.refs or node.host_refs or (snap and snap.pages)), (
+            "only an unreferenced leaf whose state was freed is unlinked"
+        )
         del parent.children[node.key]
-        self.evictable.discard(node)
+        evictable = self.evictable
+        evictable.discard(node)
         self.node_count -= 1
         self.page_count -= len(node.pages)
         node.parent = None
-        self._refresh(parent)
+        # _refresh(parent), inline: eviction unlinks every victim through here
+        if parent.children or parent.refs or parent.host_refs:
+            evictable.discard(parent)
+        elif parent.parent is not None or Fault.ROOT_IN_EVICT_SET in self.faults:
+            evictable.add(parent)
+        else:
+            evictable.discard(parent)
 
     # -- refs -------------------------------------------------------------------
     def inc(self, node: Node) -> None:
@@ -287,6 +299,8 @@ class RadixTree:
         count towards ``wanted``. A parent that becomes an unlocked leaf joins
         the candidates, so a whole cold branch can go in one call.
         """
+        if wanted > self.page_count + sum(self.state_pages.values()):
+            return self._evict_all(release)
         evictable, pop, push = self.evictable, heapq.heappop, heapq.heappush
         heap = [(n.last_access, n.id, n) for n in evictable]
         heapq.heapify(heap)
@@ -300,9 +314,25 @@ class RadixTree:
                 # here, as in its seed report; the audit is what sees it.
                 continue
             got += release(node)
-            self.remove_leaf(node)
+            self._unlink(node, parent)
             if parent in evictable:
                 push(heap, (parent.last_access, parent.id, parent))
+        return got
+
+    def _evict_all(self, release: Callable[[Node], int]) -> int:
+        """``evict`` of more than the tree holds: every evictable leaf goes, and
+        every parent that becomes one, so the order does not matter (no heap)."""
+        evictable = self.evictable
+        work, got = list(evictable), 0
+        while work:
+            node = work.pop()
+            parent = node.parent
+            if parent is None or node not in evictable:
+                continue  # the root (fault only), or a node already taken
+            got += release(node)
+            self._unlink(node, parent)
+            if parent in evictable:
+                work.append(parent)
         return got
 
     def nodes(self) -> list[Node]:

@@ -176,12 +176,13 @@ class CacheStorage:
         """Release an eviction victim and count its pages of ``group``. Its pages,
         history and state, join ``freed``, which the caller frees in one call per
         group once the walk is over (nothing allocates during it)."""
-        counted = len(node.pages) if group == FULL_KV else 0
-        if node.snapshot is not None and not node.snapshot.history_only:
-            counted += len(node.snapshot.pages.get(group, ()))
+        pages, snap = node.pages, node.snapshot
+        counted = len(pages) if group == FULL_KV else 0
+        if snap is not None and snap.pages:  # not history-only
+            counted += len(snap.pages.get(group, ()))
             self.drop_snapshot(node, "evicted", freed)
-        freed[FULL_KV, Tier.DEVICE].append(node.pages)
-        self.events.emit(NodeEvicted(node.id, node.depth, tuple(node.pages.tolist())))
+        freed[FULL_KV, Tier.DEVICE].append(pages)
+        self.events.emit(NodeEvicted(node.id, node.depth, tuple(pages.tolist())))
         return counted
 
     def _free_released(self, freed: Released) -> None:
