@@ -54,7 +54,7 @@ from peer_sglang import VERSION, Unavailable, fetch, load
 TRACES = {"small": (8, (6, 10)), "large": (40, (9, 15))}
 REPEATS = {
     "small": int(os.environ.get("KVWATCH_BENCH_PEER_SMALL", "12")),
-    "large": int(os.environ.get("KVWATCH_BENCH_PEER_LARGE", "4")),
+    "large": int(os.environ.get("KVWATCH_BENCH_PEER_LARGE", "6")),
 }
 PROFILE_LINES = 12
 ROOT = str(Path(__file__).resolve().parents[1]) + "/"  # profile rows name files from here
