@@ -13,7 +13,9 @@ import argparse
 import json
 import os
 import re
+import signal
 import sys
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -293,8 +295,22 @@ HANDLERS = {
 }
 
 
+def interruptible() -> None:
+    """Ctrl-C (SIGINT) stops kvwatch, however it was started.
+
+    A shell starts a background job (``cmd &`` in a script) with SIGINT
+    ignored, and Python then leaves it ignored: ``kill -INT`` would do
+    nothing, and the documented exit (a partial summary, 130) would never
+    happen. The process entry points put Python's own handler back.
+    """
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if argv is None:  # the `kvwatch` command or `python -m kvwatch`, not a call from Python
+        interruptible()
     try:
         return HANDLERS[args.handler](args)
     except BrokenPipeError:  # `kvwatch faults | head`: the reader left, which is fine
