@@ -18,16 +18,18 @@ $(STAMP): pyproject.toml
 run: $(STAMP)
 	$(VENV)/bin/kvwatch gate --out kvwatch-out --junit kvwatch-out/junit.xml
 
-# Prometheus and its Pushgateway (Debian packages) for the dashboard tests, installed
-# where this runs as root with apt-get; elsewhere those tests skip and say why.
-PROM_PKGS := prometheus prometheus-pushgateway
+# Prometheus and its Pushgateway (Debian packages) for the dashboard tests, and
+# Chromium for the report's screenshot test, installed where this runs as root
+# with apt-get; elsewhere those tests skip and say why.
+PROM_PKGS := prometheus prometheus-pushgateway chromium
 prometheus:
-	@if command -v prometheus >/dev/null && command -v prometheus-pushgateway >/dev/null; then :; \
+	@if command -v prometheus >/dev/null && command -v prometheus-pushgateway >/dev/null \
+		&& command -v chromium >/dev/null; then :; \
 	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 		export DEBIAN_FRONTEND=noninteractive; \
 		apt-get install -y -q $(PROM_PKGS) >/dev/null 2>&1 || \
 		{ apt-get update -q >/dev/null && apt-get install -y -q $(PROM_PKGS) >/dev/null; }; \
-	else echo "prometheus: not installed and cannot install here; its tests will skip"; fi
+	else echo "prometheus, chromium: not installed and cannot install here; their tests will skip"; fi
 
 # Both cores (at most 8 workers), a test file per work unit, long files first (tests/conftest.py).
 # pytest exits 5 when it collects nothing; that is not a failure of the suite.
