@@ -19,6 +19,7 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 
+from kvwatch import streams
 from kvwatch.parser import GRAFANA_TOKEN_ENV, VLLM_PYTHON_ENV, build_parser
 
 # A server that is up answers one GET well within this, however busy it is.
@@ -26,8 +27,7 @@ TARGET_TIMEOUT_S = 30.0
 
 
 def _print_json(entries: list[dict]) -> int:
-    json.dump(entries, sys.stdout, indent=2)
-    sys.stdout.write("\n")
+    streams.out(json.dumps(entries, indent=2))
     return 0
 
 
@@ -39,10 +39,10 @@ def _faults(args: argparse.Namespace) -> int:
     if args.json:
         return _print_json(entries)
     width = max(len(e["name"]) for e in entries)
-    print(f"{'fault':<{width}}  seed  summary (and what catches it)")
+    streams.out(f"{'fault':<{width}}  seed  summary (and what catches it)")
     for e in entries:
-        print(f"{e['name']:<{width}}  {e['seed']:<4}  {e['summary']}")
-        print(f"{'':<{width}}        caught by {e['detector']} on profile {e['profile']}")
+        streams.out(f"{e['name']:<{width}}  {e['seed']:<4}  {e['summary']}")
+        streams.out(f"{'':<{width}}        caught by {e['detector']} on profile {e['profile']}")
     return 0
 
 
@@ -77,10 +77,10 @@ def _serve(args: argparse.Namespace) -> int:
         )
         engine_config(options)  # fail fast on a bad flag or KVWATCH_FAULTS
     except ValueError as exc:
-        print(f"kvwatch serve: {exc}", file=sys.stderr)
+        streams.err(f"kvwatch serve: {exc}")
         return 2
     if args.probe_token and not args.enable_probe:
-        print("kvwatch serve: --probe-token needs --enable-probe", file=sys.stderr)
+        streams.err("kvwatch serve: --probe-token needs --enable-probe")
         return 2
     return serve(options)
 
@@ -92,11 +92,11 @@ def _profiles(args: argparse.Namespace) -> int:
     if args.json:
         return _print_json(entries)
     width = max(len(e["name"]) for e in entries)
-    print(f"{'profile':<{width}}  black-box  summary")
+    streams.out(f"{'profile':<{width}}  black-box  summary")
     for e in entries:
         box = "yes" if e["black_box"] else "no"
-        print(f"{e['name']:<{width}}  {box:<9}  {e['summary']}")
-        print(f"{'':<{width}}             exposes: {', '.join(e['faults']) or '-'}")
+        streams.out(f"{e['name']:<{width}}  {box:<9}  {e['summary']}")
+        streams.out(f"{'':<{width}}             exposes: {', '.join(e['faults']) or '-'}")
     return 0
 
 
@@ -132,10 +132,10 @@ def _soak(args: argparse.Namespace) -> int:
 
     given = [flag for dest, flag in NOT_FOR_SOAK.items() if _given(getattr(args, dest))]
     if given:
-        print(f"kvwatch gate: --soak does not take {', '.join(given)}", file=sys.stderr)
+        streams.err(f"kvwatch gate: --soak does not take {', '.join(given)}")
         return 2
     if args.c is not None and len(args.c) != 1:
-        print("kvwatch gate: --soak runs at one concurrency, e.g. -c 4", file=sys.stderr)
+        streams.err("kvwatch gate: --soak runs at one concurrency, e.g. -c 4")
         return 2
     options = SoakOptions(
         duration=args.soak,
@@ -193,11 +193,11 @@ def _validated_run(options, run, called: Sequence[tuple[str, str, str]] = ()) ->
     try:
         options.validate()
     except ValueError as exc:
-        print(f"kvwatch gate: {exc}", file=sys.stderr)
+        streams.err(f"kvwatch gate: {exc}")
         return 2
     for flag, value, url in called:
         if (why := _unanswered(url)) is not None:
-            print(f"kvwatch gate: nothing answers at {value} ({flag}): {why}", file=sys.stderr)
+            streams.err(f"kvwatch gate: nothing answers at {value} ({flag}): {why}")
             return 3
     _, code = run(options)
     return code
@@ -233,15 +233,12 @@ def _dashboards_build(args: argparse.Namespace) -> int:
         else:
             written = build.write(out)
     except ValueError as exc:
-        print(f"kvwatch dashboards build: {exc}", file=sys.stderr)
+        streams.err(f"kvwatch dashboards build: {exc}")
         return 2
     except OSError as exc:
         verb = "read" if args.check else "write"
         where = exc.filename or out
-        print(
-            f"kvwatch dashboards build: cannot {verb} {where}: {exc.strerror or exc}",
-            file=sys.stderr,
-        )
+        streams.err(f"kvwatch dashboards build: cannot {verb} {where}: {exc.strerror or exc}")
         return 2
     if args.check:
         for name in stale:
@@ -249,10 +246,10 @@ def _dashboards_build(args: argparse.Namespace) -> int:
                 how = "has no builder"
             else:
                 how = "differs from its builder" if (out / name).exists() else "is missing"
-            print(f"kvwatch dashboards build: {out / name} {how}", file=sys.stderr)
+            streams.err(f"kvwatch dashboards build: {out / name} {how}")
         return 1 if stale else 0
     for path in written:
-        print(path)
+        streams.out(str(path))
     return 0
 
 
@@ -266,10 +263,10 @@ def _dashboards_push(args: argparse.Namespace) -> int:
         api = push.connect(args.grafana_url, token)
         result = push.push(api, build.models(), args.prometheus_url, args.folder)
     except (OSError, GrafanaException) as exc:
-        print(f"kvwatch dashboards push: {args.grafana_url}: {exc}", file=sys.stderr)
+        streams.err(f"kvwatch dashboards push: {args.grafana_url}: {exc}")
         return 1
     for uid, url in result.dashboards.items():
-        print(f"{uid}\t{url}")
+        streams.out(f"{uid}\t{url}")
     return 0
 
 
@@ -312,7 +309,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv is None:  # the `kvwatch` command or `python -m kvwatch`, not a call from Python
         interruptible()
     try:
+        # A reader that leaves (`kvwatch faults | head`, a CI log pipe closed
+        # early) loses the lines it did not read, never the exit code: every
+        # line goes through `streams`, which drops what a closed pipe cannot take.
         return HANDLERS[args.handler](args)
-    except BrokenPipeError:  # `kvwatch faults | head`: the reader left, which is fine
-        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - keep Python's exit flush quiet
-        return 0
+    finally:
+        streams.settle()

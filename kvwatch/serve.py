@@ -7,13 +7,12 @@ the engine's events and polls its stats through the worker.
 
 from __future__ import annotations
 
-import functools
-import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from kvwatch import streams
 from kvwatch.engine import Engine, EngineConfig
 from kvwatch.engine.config import CacheConfig, PrefixCacheMode
 from kvwatch.engine.faults import faults_from_env, parse_faults
@@ -131,7 +130,7 @@ def serve(options: ServeOptions) -> int:
     """
     import uvicorn
 
-    say = functools.partial(print, file=sys.stderr, flush=True)
+    say = streams.err
     try:
         config = engine_config(options)
         app, _, telemetry = build(

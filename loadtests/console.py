@@ -1,12 +1,15 @@
-"""What ``kvwatch gate`` prints while it runs, on stderr: one line per event.
+"""What ``kvwatch gate`` prints while it runs: one line per event.
 
-    [3/28] agentic-trie c=4 (2m10s elapsed, about 12m left)
-        turn 0: 4 conversations, 0 of 32 probes with findings (1 of 6 turns, 9.5 s)
-        ...
-        sessions closed, drained and flushed (88.2 s)
-        159 requests, 0 failed
-        FAIL allocator at turn 3: full.kv: 12 pinned pages, live holders (4) justify 9
-        FAIL heap after the drain: engine/records.py:125: ...
+Progress goes to stderr (``emit``), results to stdout (``tell``), so
+``kvwatch gate > log`` keeps every run's result and the verdict::
+
+    stderr  [3/28] agentic-trie c=4 (2m10s elapsed, about 12m left)
+    stderr      turn 0: 4 conversations, 0 of 32 probes with findings (1 of 6 turns, 9.5 s)
+    stderr      ...
+    stderr      sessions closed, drained and flushed (88.2 s)
+    stdout  agentic-trie c=4: 159 requests, 0 failed
+    stdout      FAIL allocator at turn 3: full.kv: 12 pinned pages, live holders (4) justify 9
+    stdout      FAIL heap after the drain: engine/records.py:125: ...
 
 Turns are numbered from 0 here as in ``summary.json``, the JUnit file and the
 report; the check made once the run has drained is "after the drain". The
@@ -45,7 +48,9 @@ def weight(concurrency: int) -> float:
 class Progress:
     """Numbers the runs, times them and estimates what is left.
 
-    ``clock`` is injectable so the estimate is testable without waiting.
+    ``emit`` takes progress lines, ``tell`` result lines (``emit`` too when
+    not given). ``clock`` is injectable so the estimate is testable without
+    waiting.
     """
 
     def __init__(
@@ -53,8 +58,10 @@ class Progress:
         plan: Sequence[tuple[str, int]],
         emit: Callable[[str], None],
         clock: Callable[[], float] = time.monotonic,
+        tell: Callable[[str], None] | None = None,
     ) -> None:
         self.plan, self.emit, self.clock = list(plan), emit, clock
+        self.tell = tell or emit
         self.started = clock()
         self.done_weight = 0.0
         self.index = 0
@@ -86,9 +93,13 @@ class Progress:
         )
 
     def run_finished(self, result: verdicts.RunResult) -> None:
+        """The run's result, on the result stream: its name, then a line per failure."""
         self.done_weight += weight(result.concurrency)
-        for line in result_lines(result):
-            self.say(f"    {line}")
+        head, *failures = result_lines(result)
+        self.tell(f"{result.profile} c={result.concurrency}: {head}")
+        for line in failures:
+            self.tell(f"    {line}")
+        self.last_line = self.clock()
 
     def runs_skipped(self, concurrencies: Sequence[int]) -> None:
         """Runs that never started (their server did not come up) still count as done."""

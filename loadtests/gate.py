@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlparse
 
-from kvwatch import MODEL_NAME
+from kvwatch import MODEL_NAME, streams
 from kvwatch.engine.faults import parse_faults
 from kvwatch.instrumentation import gate as verdicts
 from kvwatch.instrumentation.coverage import since
@@ -86,7 +86,8 @@ class GateOptions:
     engine: str = "kvwatch"  # or "vllm": started from --model DIR, probed in its engine core
     vllm_python: str = sys.executable  # a Python that has vLLM (and kvwatch, for its plugin)
     vllm_args: tuple[str, ...] = ()  # further arguments for vLLM's server
-    progress: Callable[[str], None] = field(default=lambda line: print(line, file=sys.stderr))
+    progress: Callable[[str], None] = field(default=streams.err)  # what it is doing
+    result: Callable[[str], None] = field(default=streams.out)  # run results, the verdict
 
     def validate(self) -> None:
         """Usage errors (the CLI's exit 2) as ValueError."""
@@ -143,7 +144,9 @@ def run_gate(opts: GateOptions) -> tuple[dict, int]:
     results: list[verdicts.RunResult] = []
     started = time.monotonic()
     progress = Progress(
-        [(p.name, c) for p in opts.selected for c in opts.concurrency], opts.progress
+        [(p.name, c) for p in opts.selected for c in opts.concurrency],
+        opts.progress,
+        tell=opts.result,
     )
     try:
         _run_profiles(opts, progress, results)
@@ -157,7 +160,7 @@ def run_gate(opts: GateOptions) -> tuple[dict, int]:
         summary["interrupted"] = True
         summary["verdict"] = "fail" if summary["verdict"] == "fail" else "error"
         verdicts.write(summary, opts.out, opts.junit)
-        opts.progress(f"verdict: interrupted ({summary['elapsed_s']} s) -> {opts.out}")
+        opts.result(f"verdict: interrupted ({summary['elapsed_s']} s) -> {opts.out}")
         return summary, EXIT_INTERRUPTED
     summary["published"] = publish(summary, opts)
     verdicts.write(summary, opts.out, opts.junit)
@@ -168,8 +171,8 @@ def run_gate(opts: GateOptions) -> tuple[dict, int]:
         write_report(summary, opts.out)
     code = verdicts.exit_code(summary)
     if line := verdicts.coverage_line(summary):
-        opts.progress(line)
-    opts.progress(f"verdict: {summary['verdict']} ({summary['elapsed_s']} s) -> {opts.out}")
+        opts.result(line)
+    opts.result(f"verdict: {summary['verdict']} ({summary['elapsed_s']} s) -> {opts.out}")
     return summary, code
 
 

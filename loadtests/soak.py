@@ -24,7 +24,6 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -32,7 +31,7 @@ from pathlib import Path
 
 import requests
 
-from kvwatch import MODEL_NAME
+from kvwatch import MODEL_NAME, streams
 from kvwatch.engine.faults import parse_faults
 from kvwatch.instrumentation import gate as verdicts
 from kvwatch.instrumentation.record import Counts, RunRecord, Soak
@@ -78,7 +77,8 @@ class SoakOptions:
     warmup_fraction: float = 0.2  # of the duration, left out of the usage trend
     stop_timeout: float = 60.0
     drain_timeout: float = 120.0
-    progress: Callable[[str], None] = field(default=lambda line: print(line, file=sys.stderr))
+    progress: Callable[[str], None] = field(default=streams.err)  # what it is doing
+    result: Callable[[str], None] = field(default=streams.out)  # the table, the verdict
 
     def validate(self) -> None:
         """Usage errors (the CLI's exit 2) as ValueError."""
@@ -132,8 +132,8 @@ def run_soak(opts: SoakOptions) -> tuple[dict, int]:
     write_series(where / "usage.csv", record)
     write_episodes(where / "episodes.csv", record)
     verdicts.write(summary, opts.out, opts.junit)
-    print(table(summary["soak"]))
-    opts.progress(f"verdict: {summary['verdict']} ({summary['elapsed_s']} s) -> {opts.out}")
+    opts.result(table(summary["soak"]))
+    opts.result(f"verdict: {summary['verdict']} ({summary['elapsed_s']} s) -> {opts.out}")
     return summary, verdicts.exit_code(summary)
 
 

@@ -155,4 +155,4 @@ def test_a_black_box_target_that_answers_5xx_fails_on_requests(tmp_path, fail_ev
     lines = [d["detail"] for d in verdict["details"]]
     assert "answered 5xx" in lines[0]
     assert any("HTTP 500" in line and "engine step failed" in line for line in lines[1:]), lines
-    assert "FAIL requests at turn" in done.stderr  # the console names it, with its evidence
+    assert "FAIL requests at turn" in done.stdout  # the result names it, with its evidence

@@ -34,17 +34,19 @@ def processes_mentioning(text: str) -> list[str]:
 def test_an_interrupted_gate_writes_a_partial_summary_and_exits_130(tmp_path):
     cmd = [sys.executable, "-m", "kvwatch", "gate", "--out", str(tmp_path)]
     cmd += ["--profile", "streaming-session", "-c", "1,8", "--max-replays", "2"]
-    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
     lines = []
     try:
-        for line in proc.stderr:  # the first run's result, then the second run's start
+        for line in proc.stderr:  # the first run's progress, then the second run's start
             lines.append(line)
             if line.startswith("[2/2]"):
                 break
         assert lines and lines[-1].startswith("[2/2]"), "".join(lines)[-3000:]
         time.sleep(2)  # Locust is under way
         os.killpg(proc.pid, signal.SIGINT)
-        _, rest = proc.communicate(timeout=300)
+        out, rest = proc.communicate(timeout=300)
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -55,7 +57,7 @@ def test_an_interrupted_gate_writes_a_partial_summary_and_exits_130(tmp_path):
     assert summary["interrupted"] is True
     assert summary["verdict"] == "error"  # an unfinished gate is no pass
     assert [(r["profile"], r["concurrency"]) for r in summary["runs"]] == [("streaming-session", 1)]
-    assert "interrupted" in err.splitlines()[-1]
+    assert "interrupted" in out.splitlines()[-1], out  # the verdict is a result: stdout
     deadline = time.monotonic() + 30  # stopping is asynchronous for grandchildren
     while (left := processes_mentioning(str(tmp_path))) and time.monotonic() < deadline:
         time.sleep(0.5)
