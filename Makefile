@@ -79,7 +79,7 @@ bench: $(STAMP)
 # Regenerate docs/mutation-matrix.{json,md}: every fault through `kvwatch gate` at
 # c = 1, 2, 4, 8, and clean runs (84 gate runs, two at a time; about half an hour).
 matrix: $(STAMP)
-	$(PY) -m kvwatch.loadtests.matrix --out docs/mutation-matrix.md
+	$(PY) -m kvwatch.mutation.matrix --out docs/mutation-matrix.md
 
 # Score the gate on generated mutants: docs/mutation-score.{json,md}. MUTATE_ARGS picks
 # them (default: 64 drawn in proportion per operator; MUTATE_ARGS= runs all of them).

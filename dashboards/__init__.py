@@ -1,5 +1,5 @@
 """kvwatch dashboards as code: built with grafana-foundation-sdk from the
-metric names in ``kvwatch.instrumentation.names``, rendered to the committed
+metric names in ``kvwatch.telemetry.names``, rendered to the committed
 JSON in ``json/``, pushed with grafana-client."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Panel and variable helpers shared by the kvwatch dashboards.
 
-Every query is PromQL over series named by ``kvwatch.instrumentation.names``
+Every query is PromQL over series named by ``kvwatch.telemetry.names``
 (through ``names.prom``), and every panel reads the ``$datasource`` variable,
 so one dashboard JSON works against any Prometheus. Engine series are
 filtered by ``instance=~"$instance"``; the gate's pushed series by
@@ -28,7 +28,7 @@ from grafana_foundation_sdk.models.dashboard import (
     VariableRefresh,
 )
 
-from kvwatch.instrumentation import names as n
+from kvwatch.telemetry import names as n
 
 DATASOURCE = DataSourceRef(type_val="prometheus", uid="${datasource}")
 INSTANCE = 'instance=~"$instance"'

@@ -6,7 +6,7 @@ from __future__ import annotations
 from grafana_foundation_sdk.builders.dashboard import Dashboard, Row
 
 from kvwatch.dashboards import panels as p
-from kvwatch.instrumentation import names as n
+from kvwatch.telemetry import names as n
 
 UID = "kvwatch-serving"
 TITLE = "kvwatch / Serving"

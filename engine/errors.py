@@ -2,7 +2,7 @@
 
 The engine says *what* went wrong (``ErrorKind``) and a stable ``code``; it
 knows nothing of HTTP. A server maps kinds to statuses in one table
-(``kvwatch.server.errors.STATUS``).
+(``kvwatch.server.http_errors.STATUS``).
 """
 
 from __future__ import annotations

@@ -33,7 +33,7 @@ def _print_json(entries: list[dict]) -> int:
 
 def _faults(args: argparse.Namespace) -> int:
     from kvwatch.engine.faults import REGISTRY
-    from kvwatch.loadtests.profiles import CATCHES
+    from kvwatch.gate.profiles import CATCHES
 
     entries = [{**info.as_dict(), **CATCHES[info.name]._asdict()} for info in REGISTRY.values()]
     if args.json:
@@ -61,7 +61,7 @@ def _serve(args: argparse.Namespace) -> int:
         )
         overrides = _read_config(args.config) if args.config else {}
         if args.run_dir is not None:
-            from kvwatch.loadtests.outputs import directory
+            from kvwatch.gate.outputs import directory
 
             directory("--run-dir", args.run_dir)  # spans.jsonl goes in it, nowhere else
         options = ServeOptions(
@@ -86,7 +86,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _profiles(args: argparse.Namespace) -> int:
-    from kvwatch.loadtests.profiles import PROFILES
+    from kvwatch.gate.profiles import PROFILES
 
     entries = [p.as_dict() for p in PROFILES.values()]
     if args.json:
@@ -128,7 +128,7 @@ def _given(value: object) -> bool:
 
 
 def _soak(args: argparse.Namespace) -> int:
-    from kvwatch.loadtests.soak import SOAK_PROFILES, SoakOptions, run_soak
+    from kvwatch.gate.soak import SOAK_PROFILES, SoakOptions, run_soak
 
     given = [flag for dest, flag in NOT_FOR_SOAK.items() if _given(getattr(args, dest))]
     if given:
@@ -151,7 +151,7 @@ def _soak(args: argparse.Namespace) -> int:
 
 
 def _gate(args: argparse.Namespace) -> int:
-    from kvwatch.loadtests.gate import GateOptions, run_gate
+    from kvwatch.gate.pipeline import GateOptions, run_gate
 
     if args.soak is not None:
         return _soak(args)
@@ -223,7 +223,7 @@ def _unanswered(url: str) -> str | None:
 
 def _dashboards_build(args: argparse.Namespace) -> int:
     from kvwatch.dashboards import build
-    from kvwatch.loadtests.outputs import directory
+    from kvwatch.gate.outputs import directory
 
     out = args.out or build.COMMITTED
     try:

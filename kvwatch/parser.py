@@ -52,7 +52,7 @@ def _port(text: str) -> int:
 
 
 def _duration(text: str) -> float:
-    from kvwatch.loadtests.soak import parse_duration
+    from kvwatch.gate.soak import parse_duration
 
     try:
         return parse_duration(text)

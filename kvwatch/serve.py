@@ -17,10 +17,10 @@ from kvwatch.engine import Engine, EngineConfig
 from kvwatch.engine.config import CacheConfig, PrefixCacheMode
 from kvwatch.engine.faults import faults_from_env, parse_faults
 from kvwatch.engine.overrides import apply_overrides
-from kvwatch.instrumentation import Telemetry, instrument
-from kvwatch.instrumentation.lifecycle import LifecycleCounter
 from kvwatch.server import EngineWorker, ServerSettings, create_app
 from kvwatch.sockets import listen_socket, socket_url
+from kvwatch.telemetry import Telemetry, instrument
+from kvwatch.telemetry.lifecycle import LifecycleCounter
 
 STATS_TIMEOUT_S = 10.0
 # uvicorn buffers at most this many times ``max_header_bytes`` of a request's

@@ -19,6 +19,7 @@ import gevent
 from locust import events, task
 from locust.runners import WorkerRunner
 
+from kvwatch.gate.plan import RunPlan
 from kvwatch.loadtests.agents import (
     AbortStormUser,
     AgentTrieUser,
@@ -29,7 +30,6 @@ from kvwatch.loadtests.agents import (
 from kvwatch.loadtests.badinput import BadInputUser
 from kvwatch.loadtests.barrier import END, TurnBarrier
 from kvwatch.loadtests.chaos import ChaosUser
-from kvwatch.loadtests.plan import RunPlan
 from kvwatch.loadtests.users import AgentUser, StreamingChatUser, sentence
 
 __all__ = [
@@ -75,7 +75,7 @@ def _wire(environment, **kwargs) -> None:
     options = environment.parsed_options
     if options is None or not getattr(options, "kvwatch_plan", ""):
         return
-    from kvwatch.loadtests.recorder import Recorder
+    from kvwatch.loadtests.barrier_action import Recorder
     from kvwatch.loadtests.statuses import StatusCounts
 
     plan = RunPlan.load(options.kvwatch_plan)

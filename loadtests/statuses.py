@@ -32,7 +32,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from kvwatch.instrumentation.record import KEEP_FAILURES, Counts
+from kvwatch.gate.run_record import KEEP_FAILURES, Counts
 
 SAMPLES = frozenset({"TTFT", "ITL"})
 BROKEN_TURN = "TURN"

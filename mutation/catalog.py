@@ -28,7 +28,8 @@ PACKAGES = {
     "kvwatch": "kvwatch",
     "kvwatch/engine": "engine",
     "kvwatch/server": "server",
-    "kvwatch/instrumentation": "instrumentation",
+    "kvwatch/telemetry": "telemetry",
+    "kvwatch/gate": "gate",
     "kvwatch/loadtests": "loadtests",
     "kvwatch/dashboards": "dashboards",
     "kvwatch/mutation": "mutation",
@@ -66,7 +67,7 @@ SCOPE = (
     "server/app.py",
     "server/completions.py",
     "server/idle.py",
-    "server/sessions.py",
+    "server/session_routes.py",
     "server/worker.py",
 )
 

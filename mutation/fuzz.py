@@ -38,10 +38,10 @@ from kvwatch.engine import (
 from kvwatch.engine.config import PrefixCacheMode
 from kvwatch.engine.model.tokenizer import USER
 from kvwatch.engine.request import Status
-from kvwatch.instrumentation.record import Candidate
-from kvwatch.instrumentation.replay import Reference
-from kvwatch.instrumentation.spans import RequestSpans
+from kvwatch.gate.replay import Reference
+from kvwatch.gate.run_record import Candidate
 from kvwatch.registries import registry_sizes
+from kvwatch.telemetry.spans import RequestSpans
 
 ALPHABET = [*range(32, 41), USER]  # few tokens, so prompts share pages; turn markers for slots
 DRAIN_STEPS = 5000

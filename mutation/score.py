@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from kvwatch.mutation.catalog import REPO, Mutant, catalog, materialize, sample, snapshot
-from kvwatch.mutation.report import DOC, save
+from kvwatch.mutation.score_report import DOC, save
 
 ALIVE_TIMEOUT_S = 600  # a mutant that hangs the programs is alive (it hangs the engine)
 GATE_TIMEOUT_S = 1800

@@ -21,8 +21,8 @@ from collections.abc import Iterator
 from fastapi.testclient import TestClient
 
 from kvwatch.engine import Engine
-from kvwatch.instrumentation.record import Candidate
-from kvwatch.instrumentation.replay import Reference
+from kvwatch.gate.replay import Reference
+from kvwatch.gate.run_record import Candidate
 from kvwatch.mutation.fuzz import SETUPS, Observation, Program
 from kvwatch.registries import module_roots, registry_sizes
 from kvwatch.server import ServerSettings, create_app

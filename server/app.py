@@ -15,7 +15,9 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse, Response
 
-from kvwatch.server import completions, debug, errors, sessions
+from kvwatch.server import completions, debug
+from kvwatch.server import http_errors as errors
+from kvwatch.server import session_routes as sessions
 from kvwatch.server.debug import heap_tracker
 from kvwatch.server.finished import FinishedLog
 from kvwatch.server.idle import IdleReaper, SessionClock

@@ -21,8 +21,8 @@ from kvwatch.engine.engine import Completion, Engine
 from kvwatch.engine.errors import EngineError
 from kvwatch.engine.model.tokenizer import ChatMessage, TextStream
 from kvwatch.engine.request import RequestOutput, SamplingParams
-from kvwatch.server.errors import ApiError, error_body
-from kvwatch.server.protocol import ChatCompletionRequest, CompletionRequest
+from kvwatch.server.bodies import ChatCompletionRequest, CompletionRequest
+from kvwatch.server.http_errors import ApiError, error_body
 from kvwatch.server.worker import EngineWorker, Scripted, Stream
 
 DEFAULT_MAX_TOKENS = 256

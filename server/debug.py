@@ -24,9 +24,9 @@ from typing import Literal
 from fastapi import APIRouter, Depends, Request
 
 from kvwatch.contracts import ProbeReport
-from kvwatch.heap import TRACE_FRAMES, HeapTracker, NotTracing
+from kvwatch.heap_tracker import TRACE_FRAMES, HeapTracker, NotTracing
 from kvwatch.registries import module_roots, registry_sizes
-from kvwatch.server.errors import ApiError
+from kvwatch.server.http_errors import ApiError
 from kvwatch.server.worker import EngineWorker
 
 
@@ -41,10 +41,7 @@ ENGINE_FILES = _files("kvwatch.engine")
 # caches, which grow with every new prompt length up to a bound, are counted
 # against the model's lines.
 KVWATCH_FILES = (
-    *(
-        _files(p)
-        for p in ("kvwatch", "kvwatch.engine", "kvwatch.server", "kvwatch.instrumentation")
-    ),
+    *(_files(p) for p in ("kvwatch", "kvwatch.engine", "kvwatch.server", "kvwatch.telemetry")),
     "!" + _files("kvwatch.engine.model"),
 )
 

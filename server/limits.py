@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 
-from kvwatch.server.errors import error_body
+from kvwatch.server.http_errors import error_body
 
 
 class RequestLimits:

@@ -34,8 +34,8 @@ from kvwatch.contracts import (
     TreeReport,
     finding,
 )
-from kvwatch.instrumentation.record import HeapSample
-from kvwatch.instrumentation.sources import TIMEOUT, HttpSource
+from kvwatch.gate.run_record import HeapSample
+from kvwatch.gate.sources import TIMEOUT, HttpSource
 
 GROUP = "vllm.kv"
 # the audit's rules (vllm_audit.py), by the detector that owns the invariant

@@ -1,5 +1,5 @@
 """Running a mutation-matrix cell in a test: one ``kvwatch gate`` process with a fault
-built into its server, as ``make matrix`` runs it (``kvwatch.loadtests.matrix``).
+built into its server, as ``make matrix`` runs it (``kvwatch.mutation.matrix``).
 
 The faults are split over two test files so the two halves run on both cores;
 the concurrencies rotate over the faults in ``CATCHES`` order, so every c runs.
@@ -10,8 +10,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from kvwatch.loadtests import matrix
-from kvwatch.loadtests.profiles import CATCHES
+from kvwatch.gate.profiles import CATCHES
+from kvwatch.mutation import matrix
 
 ROTATION = [
     matrix.Job(

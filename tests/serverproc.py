@@ -15,7 +15,7 @@ from pathlib import Path
 
 import httpx
 
-from kvwatch.loadtests.servers import ServerError, start_serve, stop
+from kvwatch.gate.servers import ServerError, start_serve, stop
 
 TOKEN = "test-probe-token"
 

@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from kvwatch.loadtests.profiles import PROFILES
+from kvwatch.gate.profiles import PROFILES
 
 pytestmark = pytest.mark.e2e
 

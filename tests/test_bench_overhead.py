@@ -20,7 +20,7 @@ from benchtrace import agentic_trace
 from conversations import small_cache
 
 from kvwatch.engine import Engine, EngineConfig, SamplingParams, SchedulerConfig
-from kvwatch.instrumentation import Telemetry, instrument
+from kvwatch.telemetry import Telemetry, instrument
 
 AGENTS = int(os.environ.get("KVWATCH_BENCH_AGENTS", "3"))
 ROUNDS = int(os.environ.get("KVWATCH_BENCH_ROUNDS", "3"))

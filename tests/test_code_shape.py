@@ -23,7 +23,8 @@ ROOT = Path(__file__).resolve().parent.parent
 FOLDERS = (
     "engine",
     "server",
-    "instrumentation",
+    "telemetry",
+    "gate",
     "loadtests",
     "kvwatch",
     "mutation",

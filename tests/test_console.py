@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from kvwatch.instrumentation import gate as verdicts
-from kvwatch.instrumentation.detectors.base import Evidence, Verdict, fail, passed
-from kvwatch.loadtests.console import HEARTBEAT_S, Progress, duration, result_lines, turn_line
+from kvwatch.gate import summary as verdicts
+from kvwatch.gate.console import HEARTBEAT_S, Progress, duration, result_lines, turn_line
+from kvwatch.gate.detectors.verdict import Evidence, Verdict, fail, passed
 
 
 class Clock:

@@ -15,9 +15,9 @@ from kvwatch.cli import main
 from kvwatch.dashboards import build
 from kvwatch.dashboards.annotate import annotations
 from kvwatch.engine import Engine, EngineConfig, SamplingParams, SchedulerConfig
-from kvwatch.instrumentation import Telemetry, instrument
-from kvwatch.instrumentation import names as n
-from kvwatch.instrumentation.gate_metrics import GateMetrics
+from kvwatch.gate.gate_metrics import GateMetrics
+from kvwatch.telemetry import Telemetry, instrument
+from kvwatch.telemetry import names as n
 
 SERIES = re.compile(r"\b((?:kvwatch|gen_ai)_[a-z_]+)")
 MODELS = build.models()

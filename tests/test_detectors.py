@@ -8,7 +8,7 @@ import pytest
 from probes import make_finding, make_probe
 
 from kvwatch.contracts import FindingKind, ProbeReport
-from kvwatch.instrumentation.detectors import (
+from kvwatch.gate.detectors import (
     DETECTORS,
     FAIL,
     PASS,
@@ -18,9 +18,9 @@ from kvwatch.instrumentation.detectors import (
     RunRecord,
     Turn,
 )
-from kvwatch.instrumentation.detectors.base import not_back
-from kvwatch.instrumentation.detectors.stats import first_rise, trend
-from kvwatch.instrumentation.record import Counts
+from kvwatch.gate.detectors.stats import first_rise, trend
+from kvwatch.gate.detectors.verdict import not_back
+from kvwatch.gate.run_record import Counts
 
 
 def run_of(probes: list[ProbeReport], **kw) -> RunRecord:

@@ -14,11 +14,11 @@ from inprocserver import serving
 
 from kvwatch.engine import EngineConfig
 from kvwatch.engine.runner import ModelRunner
-from kvwatch.instrumentation.detectors import equivalence
-from kvwatch.instrumentation.record import Candidate
-from kvwatch.instrumentation.recorder import RecorderOptions, TurnRecorder
-from kvwatch.instrumentation.replay import Reference
-from kvwatch.instrumentation.sources import HttpSource
+from kvwatch.gate.detectors import equivalence
+from kvwatch.gate.recorder import RecorderOptions, TurnRecorder
+from kvwatch.gate.replay import Reference
+from kvwatch.gate.run_record import Candidate
+from kvwatch.gate.sources import HttpSource
 from kvwatch.serve import ServeOptions, build
 from kvwatch.server import ServerSettings
 

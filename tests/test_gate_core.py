@@ -8,8 +8,9 @@ import xml.etree.ElementTree as ET
 from probes import make_probe
 
 from kvwatch.contracts import Finding, FindingKind
-from kvwatch.instrumentation.detectors import IDS, Evidence, HeapSample, RunRecord, Turn, Verdict
-from kvwatch.instrumentation.gate import (
+from kvwatch.gate.detectors import IDS, Evidence, HeapSample, RunRecord, Turn, Verdict
+from kvwatch.gate.pipeline import no_service
+from kvwatch.gate.summary import (
     EXIT_ERROR,
     EXIT_FAIL,
     EXIT_PASS,
@@ -20,7 +21,6 @@ from kvwatch.instrumentation.gate import (
     summarize,
     write,
 )
-from kvwatch.loadtests.gate import no_service
 
 
 def verdicts(failing: str | None = None) -> dict[str, Verdict]:

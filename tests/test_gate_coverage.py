@@ -12,8 +12,8 @@ from __future__ import annotations
 import pytest
 from test_gate_runs import failing, gate
 
-from kvwatch.instrumentation.coverage import MACHINES
-from kvwatch.loadtests.profiles import PROFILES
+from kvwatch.gate.profiles import PROFILES
+from kvwatch.telemetry.coverage import MACHINES
 
 pytestmark = pytest.mark.e2e
 

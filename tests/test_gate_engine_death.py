@@ -23,7 +23,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from kvwatch.loadtests.plan import PRESETS
+from kvwatch.gate.plan import PRESETS
 
 pytestmark = pytest.mark.e2e
 

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from kvwatch.cli import main
-from kvwatch.loadtests import outputs
-from kvwatch.loadtests.gate import GateOptions
-from kvwatch.loadtests.profiles import PROFILES
+from kvwatch.gate import outputs
+from kvwatch.gate.pipeline import GateOptions
+from kvwatch.gate.profiles import PROFILES
 
 BAD_NAMES = ["", ".", "..", "a/b", "../up", "a\\b", "/abs", "tab\there", "nul\x00", "del\x7f"]
 

@@ -12,12 +12,12 @@ import pytest
 from kvwatch.engine import EngineConfig, SamplingParams
 from kvwatch.engine.config import PrefixCacheMode
 from kvwatch.engine.overrides import apply_overrides
-from kvwatch.instrumentation.detectors import IDS
-from kvwatch.instrumentation.detectors.requests import failure_line
-from kvwatch.instrumentation.record import Counts, merge_counts
-from kvwatch.instrumentation.scrape import parse_spec, read_series
-from kvwatch.loadtests.plan import PRESETS, RunPlan, preset
-from kvwatch.loadtests.profiles import CATCHES, PROFILES
+from kvwatch.gate.detectors import IDS
+from kvwatch.gate.detectors.requests import failure_line
+from kvwatch.gate.plan import PRESETS, RunPlan, preset
+from kvwatch.gate.profiles import CATCHES, PROFILES
+from kvwatch.gate.run_record import Counts, merge_counts
+from kvwatch.gate.scrape import parse_spec, read_series
 from kvwatch.loadtests.statuses import StatusCounts
 
 DESIGN_PROFILES = (
@@ -275,7 +275,7 @@ def test_request_counts_come_from_request_events_and_merge_by_process():
 
 
 def test_max_replays_spreads_over_the_run_and_keeps_both_ends():
-    from kvwatch.loadtests.gate import spread
+    from kvwatch.gate.pipeline import spread
 
     items = list(range(10))
     assert spread(items, None) == items and spread(items, 20) == items

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 from serverproc import kvwatch_server
 
-from kvwatch.instrumentation.detectors import IDS
-from kvwatch.loadtests.profiles import PROFILES
+from kvwatch.gate.detectors import IDS
+from kvwatch.gate.profiles import PROFILES
 
 pytestmark = pytest.mark.e2e
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from kvwatch.cli import main
-from kvwatch.loadtests.soak import DETECTORS, parse_duration
+from kvwatch.gate.soak import DETECTORS, parse_duration
 
 CLEAN_SOAK_S = 15
 
@@ -136,7 +136,7 @@ def test_soak_refuses_flags_it_would_ignore(args, flag, tmp_path, capsys, monkey
     def started(options):
         raise AssertionError(f"the soak started, ignoring {flag}")
 
-    monkeypatch.setattr("kvwatch.loadtests.soak.run_soak", started)
+    monkeypatch.setattr("kvwatch.gate.soak.run_soak", started)
     code = main(["gate", "--out", str(tmp_path / "out"), "--soak", "10m", *args])
     assert code == 2
     assert capsys.readouterr().err == f"kvwatch gate: --soak does not take {flag}\n"

@@ -87,9 +87,9 @@ def test_a_failing_gate_whose_reader_left_exits_1_with_its_outputs_written(tmp_p
 
 def test_results_and_progress_go_to_their_own_streams():
     """The console's split, without a gate: a run's result is told, its progress said."""
-    from kvwatch.instrumentation import gate as verdicts
-    from kvwatch.instrumentation.detectors.base import Evidence, fail
-    from kvwatch.loadtests.console import Progress
+    from kvwatch.gate import summary as verdicts
+    from kvwatch.gate.console import Progress
+    from kvwatch.gate.detectors.verdict import Evidence, fail
 
     said, told = [], []
     progress = Progress([("p", 1)], said.append, tell=told.append)

@@ -10,7 +10,7 @@ from test_dashboards import SUMMARY
 
 from kvwatch.cli import main
 from kvwatch.dashboards import DASHBOARDS, build, push
-from kvwatch.loadtests.gate import GateOptions, publish
+from kvwatch.gate.pipeline import GateOptions, publish
 
 TOKEN = "glsa_test"
 PROMETHEUS = "http://127.0.0.1:9090"

@@ -15,10 +15,10 @@ import pytest
 from inprocserver import serving
 
 from kvwatch.engine.engine import Engine
-from kvwatch.instrumentation.detectors import heap
-from kvwatch.instrumentation.record import Counts, HeapSample, RunRecord, SiteGrowth, Turn
-from kvwatch.instrumentation.recorder import RecorderOptions, TurnRecorder
-from kvwatch.instrumentation.sources import HttpSource
+from kvwatch.gate.detectors import heap
+from kvwatch.gate.recorder import RecorderOptions, TurnRecorder
+from kvwatch.gate.run_record import Counts, HeapSample, RunRecord, SiteGrowth, Turn
+from kvwatch.gate.sources import HttpSource
 from kvwatch.serve import ServeOptions, build
 from kvwatch.server import ServerSettings
 

@@ -15,10 +15,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from kvwatch.engine import Engine, EngineConfig, SamplingParams, SchedulerConfig
 from kvwatch.engine.config import GROUP_NAMES, PrefixCacheMode
-from kvwatch.instrumentation import Telemetry, buckets, instrument
-from kvwatch.instrumentation import names as n
-from kvwatch.instrumentation.gate_metrics import GateMetrics
+from kvwatch.gate.gate_metrics import GateMetrics
 from kvwatch.serve import ServeOptions, build
+from kvwatch.telemetry import Telemetry, buckets, instrument
+from kvwatch.telemetry import names as n
 
 LABELS = {n.OPERATION: "chat", n.MODEL: "tiny"}
 

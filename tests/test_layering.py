@@ -41,34 +41,33 @@ def test_the_server_code_imports_no_telemetry_or_instrumentation():
     """FastAPI itself may load the OTel API; the server's own modules never use it."""
     for path, names in imports_of("server").items():
         bad = {
-            n
-            for n in names
-            if n.split(".")[0] in FORBIDDEN or n.startswith("kvwatch.instrumentation")
+            n for n in names if n.split(".")[0] in FORBIDDEN or n.startswith("kvwatch.telemetry")
         }
         assert not bad, f"{path} imports {sorted(bad)}"
 
 
-LISTENERS = ("metrics.py", "spans.py", "telemetry.py", "spanfile.py", "names.py", "__init__.py")
+LISTENERS = ("metrics.py", "spans.py", "providers.py", "spanfile.py", "names.py", "__init__.py")
 ENGINE_API = {
     "kvwatch.engine",
     "kvwatch.engine.events",
     "kvwatch.engine.probe",
     "kvwatch.engine.config",
     "kvwatch.engine.faults",
+    "kvwatch.engine.overrides",
     "kvwatch.engine.request",
     "kvwatch.engine.model.tokenizer",
 }
 
 
-def test_instrumentation_only_listens_to_the_engine():
+def test_telemetry_and_the_gate_only_listen_to_the_engine():
     """Telemetry reads events, stats and names; detectors read probe JSON only;
     the recorder and the replay drive the engine through its public API. Nothing
     here reaches into the cache, the scheduler or the model."""
-    for path, names in imports_of("instrumentation").items():
+    for path, names in {**imports_of("telemetry"), **imports_of("gate")}.items():
         engine = {n for n in names if n.startswith("kvwatch.engine")}
-        if path.startswith("instrumentation/detectors/"):
+        if path.startswith("gate/detectors/"):
             assert not engine, f"{path} imports {sorted(engine)}: detectors read probe JSON"
-        elif Path(path).name in LISTENERS and Path(path).parent.name == "instrumentation":
+        elif Path(path).name in LISTENERS and Path(path).parent.name == "telemetry":
             allowed = {"kvwatch.engine", "kvwatch.engine.events", "kvwatch.engine.probe"}
             assert engine <= allowed, f"{path} reaches into {sorted(engine - allowed)}"
         else:
@@ -77,7 +76,8 @@ def test_instrumentation_only_listens_to_the_engine():
 
 OUTSIDE_THE_ENGINE = (
     "server",
-    "instrumentation",
+    "telemetry",
+    "gate",
     "loadtests",
     "kvwatch",
     "mutation",
@@ -163,7 +163,7 @@ def test_the_reach_through_check_catches_what_it_is_for():
 def test_the_gate_process_never_loads_gevent_or_locust():
     """``kvwatch gate`` starts Locust as its own process; monkey-patching stays there."""
     code = (
-        "import sys, kvwatch.loadtests.gate, kvwatch.loadtests.report, kvwatch.cli\n"
+        "import sys, kvwatch.gate.pipeline, kvwatch.gate.report, kvwatch.cli\n"
         "print(','.join(sorted(m for m in sys.modules if m.split('.')[0] in ('gevent', 'locust'))))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -174,7 +174,7 @@ def test_the_gate_checks_its_flags_without_loading_torch_or_scipy():
     """Parsing ``--inject`` needs the fault registry, not the engine: a usage error
     answers in well under a second instead of after torch loads."""
     code = (
-        "import sys, kvwatch.loadtests.gate, kvwatch.engine.faults as f\n"
+        "import sys, kvwatch.gate.pipeline, kvwatch.engine.faults as f\n"
         "f.parse_faults(['interior-snapshot-leak'])\n"
         "print(','.join(sorted(m for m in sys.modules if m in ('torch', 'scipy.stats'))))\n"
     )

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from kvwatch.engine import Engine, EngineConfig, SamplingParams
 from kvwatch.engine.overrides import apply_overrides
-from kvwatch.instrumentation.coverage import MACHINES, coverage, merge, since
-from kvwatch.instrumentation.lifecycle import LifecycleCounter
+from kvwatch.telemetry.coverage import MACHINES, coverage, merge, since
+from kvwatch.telemetry.lifecycle import LifecycleCounter
 
 
 def _run(engine: Engine, rid: str) -> None:

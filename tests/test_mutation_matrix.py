@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections import Counter
 
 from kvwatch.engine.faults import Fault
-from kvwatch.loadtests import matrix
-from kvwatch.loadtests.profiles import CATCHES
+from kvwatch.gate.profiles import CATCHES
+from kvwatch.mutation import matrix
 
 CELLS = matrix.load(matrix.DOC.with_suffix(".json"))
 

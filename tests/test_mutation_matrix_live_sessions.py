@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from matrixlive import ROTATION, assert_caught, cells_on
 
-from kvwatch.loadtests.profiles import CATCHES
+from kvwatch.gate.profiles import CATCHES
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 PROFILES = ("streaming-session", "rl-rollout", "slot-cache")

@@ -91,7 +91,7 @@ def test_the_engine_program_sees_span_events_kept_for_holders_no_request_names(m
     """The span listener holds a cache event until its holder's request is
     scheduled; a failed admission's events, or a session slot's between turns,
     are never claimed. Kept past the queue's last request, they only grow."""
-    from kvwatch.instrumentation.spans import RequestSpans
+    from kvwatch.telemetry.spans import RequestSpans
 
     program = fuzz.Program("slots", 0)
     assert fuzz.run(program) == []
@@ -172,7 +172,7 @@ def test_a_run_makes_its_mutants_from_the_snapshot_it_started_with(tmp_path):
 
 def test_the_score_document_is_rendered_from_its_verdicts_and_names_its_commit(tmp_path):
     from kvwatch.mutation import score
-    from kvwatch.mutation.report import load, save
+    from kvwatch.mutation.score_report import load, save
 
     a, b, c = catalog()[:3]
     verdicts = [
@@ -217,7 +217,7 @@ def test_the_score_document_is_rendered_from_its_verdicts_and_names_its_commit(t
 def test_the_committed_score_is_rendered_from_its_data_and_meets_the_goal():
     """docs/mutation-score.md is what its JSON renders to; the default gate caught at
     least 90 % of the alive mutants; every survivor has a note; every operator ran."""
-    from kvwatch.mutation.report import DOC, load, render
+    from kvwatch.mutation.score_report import DOC, load, render
     from kvwatch.mutation.survivors import NOTES
 
     verdicts, meta = load(DOC)

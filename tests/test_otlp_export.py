@@ -7,7 +7,7 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 from typing import ClassVar
 
 from kvwatch.engine import Engine, SamplingParams
-from kvwatch.instrumentation import Telemetry, instrument
+from kvwatch.telemetry import Telemetry, instrument
 
 
 class Collector(BaseHTTPRequestHandler):

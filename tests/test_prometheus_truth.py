@@ -48,8 +48,8 @@ from serverproc import TOKEN, kvwatch_server, probe, wait_idle
 
 from kvwatch.dashboards import build
 from kvwatch.engine.model.tokenizer import TextStream
-from kvwatch.instrumentation import buckets
-from kvwatch.instrumentation import names as n
+from kvwatch.telemetry import buckets
+from kvwatch.telemetry import names as n
 
 pytestmark = pytest.mark.e2e
 

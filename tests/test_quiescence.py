@@ -17,8 +17,8 @@ from inprocserver import serving
 from probes import make_probe
 
 from kvwatch.engine.engine import Engine
-from kvwatch.instrumentation.detectors import quiescence
-from kvwatch.instrumentation.record import RunRecord, Turn
+from kvwatch.gate.detectors import quiescence
+from kvwatch.gate.run_record import RunRecord, Turn
 from kvwatch.registries import module_roots, registry_sizes
 from kvwatch.serve import ServeOptions, build
 from kvwatch.server import ServerSettings

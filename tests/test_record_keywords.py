@@ -14,7 +14,7 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-SOURCE = ("engine", "server", "instrumentation", "loadtests", "kvwatch", "mutation", "targets")
+SOURCE = ("engine", "server", "telemetry", "gate", "loadtests", "kvwatch", "mutation", "targets")
 SOURCE += ("dashboards",)
 MAX_POSITIONAL_FIELDS = 3
 

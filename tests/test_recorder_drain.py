@@ -11,8 +11,8 @@ from __future__ import annotations
 import pytest
 
 from kvwatch.engine import Engine, SamplingParams
-from kvwatch.instrumentation.detectors.allocator import drain_rule
-from kvwatch.instrumentation.recorder import RecorderOptions, TurnRecorder
+from kvwatch.gate.detectors.allocator import drain_rule
+from kvwatch.gate.recorder import RecorderOptions, TurnRecorder
 
 
 class EngineSource:

@@ -11,8 +11,8 @@ from __future__ import annotations
 import pytest
 
 from kvwatch.contracts import ProbeReport
-from kvwatch.instrumentation.detectors import DETECTORS
-from kvwatch.instrumentation.recorder import RecorderOptions, TurnRecorder
+from kvwatch.gate.detectors import DETECTORS
+from kvwatch.gate.recorder import RecorderOptions, TurnRecorder
 
 USAGE = "engine_kv_usage"
 CONVERSATIONS = 4

@@ -20,10 +20,9 @@ from kvwatch.contracts import (
     RootRefs,
     TreeReport,
 )
-from kvwatch.instrumentation.record import RunRecord, Turn
-from kvwatch.loadtests import report_pool
-from kvwatch.loadtests.report import write_report
-from kvwatch.loadtests.report_data import (
+from kvwatch.gate import report_pool
+from kvwatch.gate.report import write_report
+from kvwatch.gate.report_data import (
     StatsRow,
     busiest,
     latency_series,
@@ -32,6 +31,7 @@ from kvwatch.loadtests.report_data import (
     read_stats,
     step_series,
 )
+from kvwatch.gate.run_record import RunRecord, Turn
 
 GROUPS = ("full.kv", "swa.kv", "swa.window", "linear.state")
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from kvwatch.instrumentation.coverage import MACHINES
-from kvwatch.loadtests.report import write_report
+from kvwatch.gate.report import write_report
+from kvwatch.telemetry.coverage import MACHINES
 
 DATA = Path(__file__).parent / "data"
 

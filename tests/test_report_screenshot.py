@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from kvwatch.loadtests.report import write_report
-from kvwatch.loadtests.report_plots import LEAKED
+from kvwatch.gate.report import write_report
+from kvwatch.gate.report_plots import LEAKED
 
 CHROMIUM = "/usr/bin/chromium"
 pytestmark = [

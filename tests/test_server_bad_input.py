@@ -17,7 +17,7 @@ from fastapi.testclient import TestClient
 from kvwatch.engine import Engine
 from kvwatch.engine.errors import ErrorKind
 from kvwatch.server import EngineWorker, ServerSettings, create_app
-from kvwatch.server.errors import STATUS
+from kvwatch.server.http_errors import STATUS
 
 OK_CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
 OK_TEXT = {"model": "tiny", "prompt": "hi", "max_tokens": 2}

@@ -7,7 +7,7 @@ import openai
 import pytest
 from serverproc import TOKEN, kvwatch_server, probe, wait_idle
 
-from kvwatch.instrumentation import names
+from kvwatch.telemetry import names
 
 pytestmark = pytest.mark.e2e
 

@@ -20,8 +20,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from serverproc import kvwatch_server
 
 from kvwatch.engine import Engine
-from kvwatch.instrumentation import Telemetry, instrument
 from kvwatch.server import EngineWorker, ServerSettings, create_app
+from kvwatch.telemetry import Telemetry, instrument
 
 SECRET = "Zebra-quartz-7741 pelican"
 

@@ -19,7 +19,7 @@ from typing import NamedTuple
 import numpy as np
 import pytest
 
-from kvwatch.instrumentation.detectors import usage as judge
+from kvwatch.gate.detectors import usage_trend as judge
 
 STORED = Path(__file__).parent / "data" / "soak-clean-120s"
 WARMUP_FRACTION = 0.2  # SoakOptions' default

@@ -22,7 +22,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from kvwatch.loadtests.gate import VLLM_DETECTORS
+from kvwatch.gate.pipeline import VLLM_DETECTORS
 from kvwatch.targets.vllm_server import SERVED_NAME, VllmServer, build_tiny_model
 
 PYTHON = os.environ.get("KVWATCH_VLLM_PYTHON")

@@ -5,8 +5,8 @@ them (``GET /audit``), no vLLM needed."""
 from __future__ import annotations
 
 from kvwatch.contracts import FindingKind
-from kvwatch.instrumentation.detectors import DETECTORS, RunRecord, Turn
-from kvwatch.loadtests.gate import VLLM_DETECTORS
+from kvwatch.gate.detectors import DETECTORS, RunRecord, Turn
+from kvwatch.gate.pipeline import VLLM_DETECTORS
 from kvwatch.targets.vllm_source import GROUP, probe_report
 
 

@@ -1,0 +1,139 @@
+"""What ``kvwatch gate`` prints while it runs: one line per event.
+
+Progress goes to stderr (``emit``), results to stdout (``tell``), so
+``kvwatch gate > log`` keeps every run's result and the verdict::
+
+    stderr  [3/28] agentic-trie c=4 (2m10s elapsed, about 12m left)
+    stderr      turn 0: 4 conversations, 0 of 32 probes with findings (1 of 6 turns, 9.5 s)
+    stderr      ...
+    stderr      sessions closed, drained and flushed (88.2 s)
+    stdout  agentic-trie c=4: 159 requests, 0 failed
+    stdout      FAIL allocator at turn 3: full.kv: 12 pinned pages, live holders (4) justify 9
+    stdout      FAIL heap after the drain: engine/records.py:125: ...
+
+Turns are numbered from 0 here as in ``summary.json``, the JUnit file and the
+report; the check made once the run has drained is "after the drain". The
+estimate weighs each run by its concurrency (a run at c = 8 takes about four
+times one at c = 1 on the default profiles), scaled by how long the finished
+runs took: an estimate, printed as one.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+
+from kvwatch.gate import summary as verdicts
+
+# between two lines of a run, the longest the gate stays silent
+HEARTBEAT_S = 30.0
+
+
+def duration(seconds: float) -> str:
+    """``42s``, ``2m10s``, ``1h05m``."""
+    s = max(0, round(seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{s % 3600 // 60:02d}m"
+
+
+def weight(concurrency: int) -> float:
+    """A run's share of the gate's time (c = 1, 2, 4, 8 took 34, 54, 88 and 129 s
+    on agentic-trie: about 1 + c / 2)."""
+    return 1.0 + concurrency / 2
+
+
+class Progress:
+    """Numbers the runs, times them and estimates what is left.
+
+    ``emit`` takes progress lines, ``tell`` result lines (``emit`` too when
+    not given). ``clock`` is injectable so the estimate is testable without
+    waiting.
+    """
+
+    def __init__(
+        self,
+        plan: Sequence[tuple[str, int]],
+        emit: Callable[[str], None],
+        clock: Callable[[], float] = time.monotonic,
+        tell: Callable[[str], None] | None = None,
+    ) -> None:
+        self.plan, self.emit, self.clock = list(plan), emit, clock
+        self.tell = tell or emit
+        self.started = clock()
+        self.done_weight = 0.0
+        self.index = 0
+        self.last_line = self.started
+
+    def say(self, line: str) -> None:
+        self.emit(line)
+        self.last_line = self.clock()
+
+    def heartbeat(self, doing: str) -> None:
+        """A line saying what is going on, once nothing was printed for a while."""
+        if self.clock() - self.last_line >= HEARTBEAT_S:
+            self.say(f"    ... {doing} ({duration(self.clock() - self.started)} elapsed)")
+
+    def left(self) -> float | None:
+        """Seconds the runs not yet finished should take, from the finished ones' pace."""
+        if self.done_weight == 0:
+            return None
+        pace = (self.clock() - self.started) / self.done_weight
+        return pace * sum(weight(c) for _, c in self.plan[self.index - 1 :])
+
+    def run_started(self, profile: str, concurrency: int) -> None:
+        self.index += 1
+        elapsed = duration(self.clock() - self.started)
+        left = self.left()
+        eta = f", about {duration(left)} left" if left is not None else ""
+        self.say(
+            f"[{self.index}/{len(self.plan)}] {profile} c={concurrency} ({elapsed} elapsed{eta})"
+        )
+
+    def run_finished(self, result: verdicts.RunResult) -> None:
+        """The run's result, on the result stream: its name, then a line per failure."""
+        self.done_weight += weight(result.concurrency)
+        head, *failures = result_lines(result)
+        self.tell(f"{result.profile} c={result.concurrency}: {head}")
+        for line in failures:
+            self.tell(f"    {line}")
+        self.last_line = self.clock()
+
+    def runs_skipped(self, concurrencies: Sequence[int]) -> None:
+        """Runs that never started (their server did not come up) still count as done."""
+        self.index += len(concurrencies)
+        self.done_weight += sum(weight(c) for c in concurrencies)
+
+
+def turn_line(progress: dict, turns: int) -> str:
+    """A barrier the recorder reported (``recorder.py``'s progress file)."""
+    if progress["turn"] == "end":
+        return f"sessions closed, drained and flushed ({progress['elapsed']} s)"
+    probes = ""
+    if progress["probes"]:
+        probes = f", {progress['flagged']} of {progress['probes']} probes with findings"
+    return (
+        f"turn {progress['turn']}: {progress['conversations']} conversations{probes} "
+        f"({progress['turn'] + 1} of {turns} turns, {progress['elapsed']} s)"
+    )
+
+
+def result_lines(result: verdicts.RunResult) -> list[str]:
+    """A judged run: its requests, then each failed detector with its evidence."""
+    if result.error:
+        return [f"ERROR: {result.error}"]
+    head = f"{result.requests} requests, {result.errors} failed"
+    failed = [(name, v) for name, v in result.verdicts.items() if v.failed]
+    if not failed:
+        return [f"{head}; every detector passed"]
+    return [head] + [f"FAIL {name} {_at(v)}: {_evidence(v)}" for name, v in failed]
+
+
+def _at(verdict) -> str:
+    return "after the drain" if verdict.after_drain else f"at turn {verdict.first_turn}"
+
+
+def _evidence(verdict) -> str:
+    return verdict.headline() if verdict.evidence else verdict.note

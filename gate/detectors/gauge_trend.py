@@ -1,0 +1,58 @@
+"""gauge-trend: black-box usage gauges, read at turn barriers, trend upward.
+
+It needs nothing from the engine but its ``/metrics``: each series is a
+gauge's rise since the run started, per live conversation, read at every
+turn barrier (for kvwatch, state-group pages that eviction cannot
+take back, used minus evictable; for other engines,
+whatever usage gauge the preset names). Where the run recorded drain
+gauges before the first turn and after it ended (black-box runs), each must
+be back at its starting value.
+"""
+
+from __future__ import annotations
+
+from kvwatch.gate.detectors.stats import first_rise
+from kvwatch.gate.detectors.verdict import (
+    Evidence,
+    Verdict,
+    fail,
+    fail_after_drain,
+    not_back,
+    passed,
+    skipped,
+)
+from kvwatch.gate.run_record import RunRecord
+
+ID = "gauge-trend"
+
+
+def detect(run: RunRecord) -> Verdict:
+    turns = [t for t in run.turns if t.gauges]
+    if not turns:
+        return skipped(ID, "no gauge readings")
+    names = sorted({name for t in turns for name in t.gauges})
+    for name in names:
+        points = [(t.turn, t.gauges[name]) for t in turns if name in t.gauges]
+        series = [v for _, v in points]
+        rise = first_rise([turn for turn, _ in points], series, run.warmup)
+        if rise is not None:
+            at, trend = rise
+            detail = f"{name} rises {series[0]:.3g} -> {series[-1]:.3g}: {trend.describe}"
+            return fail(ID, at, [Evidence(group=None, pages=(), detail=detail)])
+    if (left := _not_drained(run)) is not None:
+        return left
+    return passed(ID, f"{len(names)} gauge series flat over {len(turns)} turns")
+
+
+def _not_drained(run: RunRecord) -> Verdict | None:
+    if not run.gauges_baseline or not run.gauges_drained:
+        return None
+    left = [
+        Evidence(
+            group=None, pages=(), detail=f"{name} is {after:.4g} after the run, {before:.4g} before"
+        )
+        for name, before, after in not_back(run.gauges_baseline, run.gauges_drained)
+    ]
+    if not left:
+        return None
+    return fail_after_drain(ID, run, left)

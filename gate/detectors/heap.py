@@ -1,0 +1,174 @@
+"""heap: retained memory per live context token must not rise with turns, and a
+finished request must leave nothing behind.
+
+* Per context token. Retained memory that grows with the context
+  (O(prefix)) keeps the ratio flat; memory that grows with turns times
+  prefix makes it climb. The ratio is judged for all of kvwatch's
+  allocations and for each allocation site on its own, so a leak at one site
+  is not drowned by memory that grows with the context. The tokens are the
+  live conversations' context, or the prefix cache's when it holds more
+  (evictable cache is bounded by the pool, not a leak); a site must also
+  have grown by ``MIN_SITE_GROWTH`` bytes, and is judged together with the
+  sites it took memory over from (``moved_from``). The evidence is that site and the
+  top growth by traceback (``Snapshot.compare_to``) at the failing turn.
+* Per request. The heap is marked at the barrier that ends the warm-up and
+  sampled again once the run has drained, closed its sessions and flushed:
+  everything the judged turns built is gone by then. A site that kept about
+  one allocation and a few bytes per request served since the mark is a
+  leak (a per-request map never pruned, say); one-off growth (a table that
+  stays grown, a cache filled once) is neither.
+"""
+
+from __future__ import annotations
+
+from kvwatch.gate.detectors.stats import first_rise
+from kvwatch.gate.detectors.verdict import (
+    Evidence,
+    Verdict,
+    fail,
+    fail_after_drain,
+    passed,
+    skipped,
+)
+from kvwatch.gate.run_record import RunRecord
+
+ID = "heap"
+
+
+# Memory that merely fills up towards O(prefix) in the first judged turns
+# creeps a little, and a list's over-allocation grows it in steps; a leak adds
+# a whole prefix per turn. Ask for 10% a turn, and at least 1.5 bytes per
+# context token a turn (a token list is 8 bytes per token all told).
+MIN_RELATIVE_SLOPE = 0.10
+MIN_BYTES_PER_TOKEN_TURN = 1.5
+# A site is one of some forty judged in every run, so a short monotone series
+# comes up by chance now and then; a leak worth a finding has also grown by
+# this much over the judged turns (a 4 KB token list is a 500-token prefix).
+MIN_SITE_GROWTH = 8192
+# A site that lost at least this share of a rising site's growth is judged
+# with it (``moved_from``).
+MOVED_SHARE = 0.25
+TOTAL = "all kvwatch allocations"
+# Per request: a map entry costs a few dozen bytes (key, value, slot), and at
+# least one allocation of its own.
+MIN_BYTES_PER_REQUEST = 16
+MIN_ALLOCATIONS_PER_REQUEST = 0.5
+MIN_LEFT_BYTES = 4096
+
+
+def detect(run: RunRecord) -> Verdict:
+    turns = [t for t in run.turns if t.heap is not None and t.context_tokens > 0]
+    if not turns and run.heap_end is None:
+        return skipped(ID, "no heap samples (heap tracking off)")
+    per_token = token_rule(run, turns) if turns else None
+    if per_token is not None and per_token.failed:
+        return per_token
+    per_request = request_rule(run)
+    if per_request is not None and per_request.failed:
+        return per_request
+    notes = [v.note for v in (per_token, per_request) if v is not None]
+    return passed(ID, "; ".join(notes))
+
+
+def request_rule(run: RunRecord) -> Verdict | None:
+    """Sites that kept about an allocation and a few bytes for every request the
+    judged turns served, once the run is over (``heap_end.since_mark``)."""
+    end, mark = run.heap_end, run.warmup - 1
+    if end is None or run.requests is None or not 0 <= mark < len(run.turns):
+        return None
+    before = run.turns[mark].requests
+    served = run.requests.requests - (before.requests if before is not None else 0)
+    if served <= 0:
+        return None
+    left = [
+        g
+        for g in end.since_mark
+        if g.size_diff >= max(MIN_LEFT_BYTES, MIN_BYTES_PER_REQUEST * served)
+        and g.count_diff >= MIN_ALLOCATIONS_PER_REQUEST * served
+    ]
+    if not left:
+        kept = sum(g.size_diff for g in end.since_mark)
+        return passed(ID, f"{kept / served:.0f} bytes left per request after the run")
+    ev = [
+        Evidence(
+            group=None,
+            pages=(),
+            detail=f"{g.site}: {g.size_diff} bytes in {g.count_diff} allocations left after the run, "
+            f"{g.size_diff / served:.0f} bytes per request ({served} requests since turn {mark})",
+            traceback=(g.site,),
+        )
+        for g in left
+    ]
+    return fail_after_drain(ID, run, ev)
+
+
+def held_tokens(turn) -> int:
+    """The tokens memory may scale with at this barrier: the live conversations'
+    context, or what the prefix cache holds when that is more (cold prompts
+    stay cached after their conversations end; the pool bounds them)."""
+    probe = turn.barrier
+    cached = probe.stats.tree.tokens if probe is not None else 0
+    return max(turn.context_tokens, cached)
+
+
+def moved_from(site: str, grown: int, first, last) -> tuple[str, ...]:
+    """The sites that lost a good share of what ``site`` gained from ``first``
+    to ``last``: it is judged together with them. tracemalloc files a block
+    under the line that last (re)allocated it, so a list one line builds and
+    another extends (a session's tokens: decoded by the scheduler, extended by
+    the next turn) moves from one site to the other as it grows; one site
+    rises while the other falls, and nothing new was kept."""
+    before, after = first.heap.by_site or {}, last.heap.by_site or {}
+    return tuple(
+        name
+        for name in sorted(set(before) - {site})
+        if before[name] - after.get(name, 0) >= MOVED_SHARE * grown
+    )
+
+
+def token_rule(run: RunRecord, turns: list) -> Verdict:
+    numbers = [t.turn for t in turns]
+    judged = turns[min(run.warmup, max(0, len(turns) - 4)) :]
+    tokens = [held_tokens(t) for t in turns]
+    series = {TOTAL: [t.heap.traced_bytes / n for t, n in zip(turns, tokens, strict=True)]}
+    # a site is followed only if every judged sample saw it (the samples keep the top sites)
+    common = set.intersection(*(set(t.heap.by_site or {}) for t in judged))
+    for site in common:
+        grown = judged[-1].heap.by_site[site] - judged[0].heap.by_site[site]
+        if grown >= MIN_SITE_GROWTH:
+            together = (site, *moved_from(site, grown, judged[0], judged[-1]))
+            series[site] = [
+                sum((t.heap.by_site or {}).get(s, 0) for s in together) / n
+                for t, n in zip(turns, tokens, strict=True)
+            ]
+    worst = None
+    for site, ratio in series.items():
+        rise = first_rise(numbers, ratio, run.warmup, MIN_RELATIVE_SLOPE, MIN_BYTES_PER_TOKEN_TURN)
+        # the earliest rise wins; on a tie, a named site says more than the total
+        if rise is not None and (
+            worst is None or (rise[0], site == TOTAL) < (worst[1], worst[0] == TOTAL)
+        ):
+            worst = (site, rise[0], rise[1], ratio)
+    if worst is None:
+        total = series[TOTAL]
+        return passed(
+            ID, f"{total[-1]:.0f} bytes per context token, no site rising over {len(turns)} turns"
+        )
+    site, at, trend, ratio = worst
+    sample = next(t.heap for t in turns if t.turn == at)
+    ev = [
+        Evidence(
+            group=None,
+            pages=(),
+            detail=f"{site}: retained bytes per context token rise {ratio[0]:.1f} -> {ratio[-1]:.1f} "
+            f"(O(turns x prefix)): {trend.describe}",
+            traceback=(site,),
+        )
+    ]
+    ev += [
+        Evidence(
+            group=None, pages=(), detail=f"+{size} bytes since the previous turn", traceback=tb
+        )
+        for size, tb in sample.top[:5]
+    ]
+    return fail(ID, at, ev)

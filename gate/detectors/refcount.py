@@ -1,0 +1,28 @@
+"""refcount: the root's and every node's ref counts against what live holders imply."""
+
+from __future__ import annotations
+
+from kvwatch.contracts import FindingKind
+from kvwatch.gate.detectors.verdict import Evidence, Verdict, fail, fail_after_drain, passed
+from kvwatch.gate.run_record import RunRecord
+
+ID = "refcount"
+
+
+def detect(run: RunRecord) -> Verdict:
+    probes = [(t.turn, p) for t in run.turns for p in t.probes]
+    if run.drained is not None:
+        probes.append((None, run.drained))  # the probe after the drain
+    for turn, probe in probes:
+        ev = [
+            Evidence(group=f.group, pages=f.pages, detail=f.detail)
+            for f in probe.findings
+            if f.kind is FindingKind.REF_MISMATCH
+        ]
+        root = probe.root_refs
+        if root.actual != root.expected:
+            detail = f"root refs {root.actual}, live holders imply {root.expected}"
+            ev.insert(0, Evidence(group=None, pages=(), detail=detail))
+        if ev:
+            return fail(ID, turn, ev) if turn is not None else fail_after_drain(ID, run, ev)
+    return passed(ID, f"root and node refs exact in {len(probes)} probes")

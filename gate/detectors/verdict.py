@@ -1,0 +1,139 @@
+"""What detectors answer: a verdict with evidence, and helpers to build one.
+
+They read a ``RunRecord`` (``kvwatch.gate.run_record``) whose probes
+are the typed probe contract, read back from the JSON of ``GET /debug/probe``
+or taken in process, so both look the same to a detector.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping
+from typing import NamedTuple
+
+from kvwatch.contracts import FindingKind
+from kvwatch.gate.run_record import RunRecord
+
+PASS, FAIL, SKIPPED = "pass", "fail", "skipped"
+
+
+class Evidence(NamedTuple):
+    group: str | None
+    pages: tuple[int, ...]
+    detail: str  # what was seen, with the owner chain where there is one
+    traceback: tuple[str, ...] = ()
+
+    def as_dict(self) -> dict:
+        return {
+            "group": self.group,
+            "pages": list(self.pages),
+            "detail": self.detail,
+            "traceback": list(self.traceback),
+        }
+
+
+class Verdict(NamedTuple):
+    """A detector's answer over one run.
+
+    Turns are numbered from 0, as the barriers count them. A failure found by
+    the check after the run drained (sessions closed, cache flushed) has
+    ``after_drain`` set and ``first_turn`` one past the last turn, so it still
+    sorts after every turn's finding.
+    """
+
+    detector: str
+    verdict: str  # pass, fail or skipped
+    first_turn: int | None  # the turn where it first failed
+    evidence: tuple[Evidence, ...] = ()
+    note: str = ""  # why it passed or was skipped
+    after_drain: bool = False
+
+    @property
+    def failed(self) -> bool:
+        return self.verdict == FAIL
+
+    @property
+    def where(self) -> str:
+        """When it first failed, as people read it: ``turn 3`` or ``after the drain``."""
+        return "after the drain" if self.after_drain else f"turn {self.first_turn}"
+
+    def headline(self) -> str:
+        """The first piece of evidence as one line, its group named once."""
+        head = self.evidence[0]
+        # Audit details name their group (and tier) already: "full.kv (host): ..."
+        named = head.group and head.detail.startswith(head.group)
+        group = f"{head.group}: " if head.group and not named else ""
+        more = f" (+{len(self.evidence) - 1} more)" if len(self.evidence) > 1 else ""
+        return f"{group}{head.detail}{more}"
+
+    def summary(self) -> str:
+        return f"{self.where}: {self.headline()}" if self.evidence else self.note
+
+    def as_dict(self) -> dict:
+        return {
+            "verdict": self.verdict,
+            "first_turn": self.first_turn,
+            "after_drain": self.after_drain,
+            "evidence": self.summary(),
+            "details": [e.as_dict() for e in self.evidence],
+        }
+
+
+def not_back(
+    before: Mapping[str, float], after: Mapping[str, float]
+) -> list[tuple[str, float, float]]:
+    """The drain rule, for pools, live work and gauges alike: what is above its
+    value before the run once the run has drained, as (name, before, after).
+    Coming back lower is fine (a flush may free cache the baseline held)."""
+    return [
+        (name, before[name], value)
+        for name, value in sorted(after.items())
+        if name in before and value > before[name] + 1e-9
+    ]
+
+
+def fail(detector: str, turn: int, evidence: list[Evidence]) -> Verdict:
+    return Verdict(detector=detector, verdict=FAIL, first_turn=turn, evidence=tuple(evidence[:16]))
+
+
+def drain_turn(run: RunRecord) -> int:
+    """``first_turn`` of a finding made after the run drained: one past the last turn."""
+    return run.turns[-1].turn + 1 if run.turns else 0
+
+
+def fail_after_drain(detector: str, run: RunRecord, evidence: list[Evidence]) -> Verdict:
+    """A failure of the check after the drain (see ``Verdict``)."""
+    return Verdict(
+        detector=detector,
+        verdict=FAIL,
+        first_turn=drain_turn(run),
+        evidence=tuple(evidence[:16]),
+        after_drain=True,
+    )
+
+
+def passed(detector: str, note: str = "") -> Verdict:
+    return Verdict(detector=detector, verdict=PASS, first_turn=None, evidence=(), note=note)
+
+
+def skipped(detector: str, note: str) -> Verdict:
+    return Verdict(detector=detector, verdict=SKIPPED, first_turn=None, evidence=(), note=note)
+
+
+def findings_detector(detector: str, kinds: Collection[FindingKind], run: RunRecord) -> Verdict:
+    """Fail at the first turn whose probes carry a finding of one of ``kinds``."""
+    for turn in run.turns:
+        for probe in turn.probes:
+            hits = [f for f in probe.findings if f.kind in kinds]
+            if hits:
+                ev = [Evidence(group=f.group, pages=f.pages, detail=f.detail) for f in hits]
+                return fail(detector, turn.turn, ev)
+    if run.drained is not None:
+        hits = [f for f in run.drained.findings if f.kind in kinds]
+        if hits:
+            return fail_after_drain(
+                detector,
+                run,
+                [Evidence(group=f.group, pages=f.pages, detail=f.detail) for f in hits],
+            )
+    names = ", ".join(sorted(str(k) for k in kinds))
+    return passed(detector, f"no {names} findings in {len(run.turns)} turns")

@@ -1,0 +1,113 @@
+"""What one load run does, as a frozen value the gate writes and Locust reads.
+
+The gate writes a ``RunPlan`` as JSON and starts Locust with
+``--kvwatch-plan FILE``; the master (or the local runner) and every worker
+read the same file, so a distributed run needs nothing else passed around.
+
+With ``soak`` set (``kvwatch gate --soak``) there is no barrier and no
+recorder: users run episodes of ``turns`` turns back to back until Locust's
+run time is up, and ``record`` receives the HTTP status counts instead.
+
+``GaugePreset`` names the Prometheus series a black-box run reads:
+
+* ``usage``: trended at turn barriers, per live conversation (gauge-trend);
+* ``busy``: their sum is 0 when the engine is idle (the drain at a barrier);
+* ``drain``: back at their starting value once the run has ended.
+
+A series is ``name`` or ``name{label="value",...}``; samples matching it are
+kept apart by their remaining labels.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import NamedTuple
+
+from kvwatch import MODEL_NAME
+from kvwatch.telemetry import names as n
+
+
+class GaugePreset(NamedTuple):
+    name: str
+    usage: tuple[str, ...]
+    busy: tuple[str, ...] = ()
+    drain: tuple[str, ...] = ()
+
+
+_PAGES = n.prom(n.POOL_PAGES)
+
+PRESETS = {
+    "kvwatch": GaugePreset(
+        name="kvwatch",
+        usage=(
+            n.prom(n.TREE_INTERIOR_SNAPSHOTS),
+            _PAGES + '{family="state",state="pinned_session"}',
+            _PAGES + '{state="host"}',
+        ),
+        busy=(n.prom(n.REQUESTS_LIVE),),
+        drain=(
+            _PAGES + '{state="pinned_request"}',
+            _PAGES + '{state="pinned_session"}',
+            _PAGES + '{state="host"}',
+        ),
+    ),
+    "vllm": GaugePreset(
+        name="vllm",
+        usage=("vllm:kv_cache_usage_perc",),
+        busy=("vllm:num_requests_running", "vllm:num_requests_waiting"),
+        drain=("vllm:kv_cache_usage_perc",),
+    ),
+    "sglang": GaugePreset(
+        name="sglang",
+        usage=("sglang:token_usage", "sglang:swa_token_usage", "sglang:mamba_usage"),
+        busy=("sglang:num_running_reqs", "sglang:num_queue_reqs"),
+        drain=("sglang:token_usage", "sglang:swa_token_usage", "sglang:mamba_usage"),
+    ),
+}
+
+
+def preset(name: str, extra_usage: tuple[str, ...] = ()) -> GaugePreset:
+    if name not in PRESETS:
+        raise ValueError(f"unknown gauge preset {name!r}; presets are {', '.join(PRESETS)}")
+    base = PRESETS[name]
+    return base._replace(usage=base.usage + tuple(extra_usage))
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunPlan:
+    profile: str
+    concurrency: int
+    target: str  # the server's base URL
+    record: str  # where the recorder writes the run (JSON)
+    turns: int = 6
+    warmup: int = 2
+    seed: int = 0
+    metrics_url: str | None = None
+    probe: bool = True  # the embedded engine: /debug/* is there
+    probe_token: str | None = None
+    vllm_probe: str | None = None  # white-box vLLM: its engine core's probe (probe is False)
+    heap: bool = False  # tracemalloc samples at barriers (probe only)
+    watch: bool = True  # the server probes after every step and keeps findings (probe only)
+    flush_every_turn: bool = False  # flush the cache at every barrier (probe only)
+    sample_every: float = 0.1  # seconds between probes while a turn runs (0: barriers only)
+    drain_timeout: float = 120.0
+    turn_timeout: float = 180.0  # no barrier completes for this long: the run broke
+    metrics_settle: float = 0.1  # seconds to wait before a scrape, past the gauges' caching
+    model: str = MODEL_NAME
+    soak: bool = False  # free-running episodes, no barrier (see above)
+    gauges: GaugePreset = field(default_factory=lambda: PRESETS["kvwatch"])
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2)
+
+    @classmethod
+    def load(cls, path: str | Path) -> RunPlan:
+        data = json.loads(Path(path).read_text())
+        # to_json writes the preset as a list, in field order (a NamedTuple is a tuple)
+        named = zip(GaugePreset._fields, data["gauges"], strict=False)
+        data["gauges"] = GaugePreset(
+            **{field: tuple(v) if isinstance(v, list) else v for field, v in named}
+        )
+        return cls(**data)

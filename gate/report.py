@@ -1,0 +1,170 @@
+"""``OUT/report.html``: one self-contained page (plots inlined as PNG data URIs).
+
+summary.json ─────────► the verdict, each failure's evidence, the runs
+                        (requests, failures, coverage, Locust report links),
+                        every verdict with its evidence     (report_text.py)
+runs/*/record.json ───► per profile: pages per group at each barrier (by owner,
+                        pinned and evictable, leaked, over the bound, capacity,
+                        the failing turn), usage at every probe  (report_data.py,
+runs/*/locust_stats.csv   latency percentiles per c; heap per token   report_plots.py)
+
+The page reads the same printed as on screen: what a figure shows by colour
+is in its labels or in the text, and no text hides in a tooltip.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from html import escape
+from pathlib import Path
+
+from kvwatch.gate import report_plots as plots
+from kvwatch.gate import report_pool
+from kvwatch.gate import report_text as text
+from kvwatch.gate.report_data import latency_series, pool_series, read_stats, step_series
+from kvwatch.gate.run_record import RunRecord
+
+STYLE = """
+body{font-family:sans-serif;margin:2em;max-width:1500px}
+table{border-collapse:collapse;margin:0.5em 0}
+td,th{border:1px solid #bbb;padding:3px 8px;font-size:13px;text-align:left;vertical-align:top}
+table.small td{font-size:12px}
+td.fail{background:#f6c9c9;font-weight:bold} td.pass{background:#d8f0d8} td.skipped{background:#eee}
+h1.verdict{padding:6px 12px;border:3px solid #333} h1.fail,h1.error{background:#f6c9c9} h1.pass{background:#d8f0d8}
+p.said{font-size:18px;font-weight:bold}
+div.failure{border-left:6px solid #a00;padding:2px 12px;margin:12px 0}
+p.evidence{font-family:monospace;font-size:14px;white-space:pre-wrap}
+li .detail{font-family:monospace}
+pre{font-size:12px;background:#f4f4f4;padding:4px}
+img{max-width:100%}
+figure{margin:1em 0;break-inside:avoid} figcaption{font-size:13px;color:#333}
+@media print{body{margin:0.5cm;print-color-adjust:exact;-webkit-print-color-adjust:exact}
+h2{break-after:avoid}}
+"""
+
+
+def write_report(summary: dict, out: Path) -> Path:
+    """Write ``out/report.html`` from summary.json's content and the run folders."""
+    runs = summary["runs"]
+    loaded = {
+        (r["profile"], r["concurrency"]): _load(out, r["profile"], r["concurrency"]) for r in runs
+    }
+    parts = [text.head(summary), text.evidence(summary), text.runs_table(summary, out)]
+    for profile in dict.fromkeys(r["profile"] for r in runs):
+        records = {c: rec for (p, c), rec in loaded.items() if p == profile and rec is not None}
+        fails = {r["concurrency"]: _fails(r) for r in runs if r["profile"] == profile}
+        parts.append(f"<h2>{escape(profile)}</h2>")
+        parts += _profile_figures(out, profile, records, fails)
+    heap = _heap_series(loaded)
+    if heap:
+        parts.append(
+            "<h2>heap</h2>" + _img(plots.heap_figure(heap), "heap bytes per context token", "")
+        )
+    parts += [text.coverage_section(summary), text.all_verdicts(summary)]
+    page = "\n".join(
+        [
+            "<!doctype html><html><head><meta charset='utf-8'><title>kvwatch gate: "
+            f"{escape(summary['verdict'])}</title><style>{STYLE}</style></head><body>",
+            *[p for p in parts if p],
+            "</body></html>",
+        ]
+    )
+    path = out / "report.html"
+    path.write_text(page)
+    return path
+
+
+def _load(out: Path, profile: str, c: int) -> RunRecord | None:
+    path = out / "runs" / f"{profile}-c{c}" / "record.json"
+    return RunRecord.from_json(json.loads(path.read_text())) if path.exists() else None
+
+
+def _fails(run: Mapping) -> list[tuple[int, str]]:
+    """Where each failed detector of a run goes on the turn axis, with its label."""
+    out = []
+    for name, d in run["detectors"].items():
+        if d["verdict"] == "fail" and d.get("first_turn") is not None:
+            out.append((d["first_turn"], f"{name} fails {text.where(d)}"))
+    return out
+
+
+def _profile_figures(out: Path, profile: str, records: dict[int, RunRecord], fails) -> list[str]:
+    parts = []
+    pools = {c: pool_series(rec) for c, rec in records.items()}
+    pools = {c: s for c, s in pools.items() if s}
+    if pools:
+        held = report_pool.held_groups(pools)
+        empty = [g.group for g in next(iter(pools.values())) if g.group not in held]
+        if held:
+            parts.append(
+                _img(
+                    report_pool.pool_figure(profile, pools, fails),
+                    "pages per group at each barrier",
+                    "Bars: pages by owner at each barrier probe (the tree's pages split into pinned "
+                    "and evictable); beside them, leaked pages (held by no live holder, as the "
+                    "probe's orphan findings count them; they are also under their last owner's "
+                    "tag) and pinned pages over the bound live holders justify, each the most any "
+                    "probe of that turn saw. The dash-dot line is the pool's capacity; a dashed "
+                    "line marks where a detector first failed.",
+                )
+            )
+        if empty:
+            parts.append(
+                f"<p>nothing held in groups {escape(', '.join(empty))} (at any barrier, at any concurrency)</p>"
+            )
+        steps = {
+            c: s for c, rec in records.items() if (s := step_series(rec)) is not None and s.used
+        }
+        if steps:
+            parts.append(
+                _img(
+                    plots.steps_figure(profile, steps, fails),
+                    "pool usage at every probe",
+                    "Used pages, as a share of each group's capacity, at every probe the recorder "
+                    "kept (its samples while the turns ran and the engine's latched probes), "
+                    "in engine steps; dotted lines are the barriers.",
+                )
+            )
+    elif any(rec.turns for rec in records.values()):
+        parts.append(
+            _img(
+                plots.gauge_figure(profile, {c: r.turns for c, r in records.items()}),
+                "gauges per turn",
+                "",
+            )
+        )
+    stats = {c: read_stats(out / "runs" / f"{profile}-c{c}" / "locust_stats.csv") for c in fails}
+    latency = latency_series({c: rows for c, rows in stats.items()})
+    if latency:
+        parts.append(
+            _img(
+                plots.latency_figure(profile, latency),
+                "latency percentiles",
+                "Each panel is one Locust row, chosen once for the profile: the request name "
+                "with the most requests over all concurrencies, and likewise for TTFT and ITL. "
+                "A concurrency without that row is a gap, not 0.",
+            )
+        )
+    return parts
+
+
+def _heap_series(
+    loaded: Mapping[tuple[str, int], RunRecord | None],
+) -> dict[str, list[tuple[int, float]]]:
+    series = {}
+    for (profile, c), rec in loaded.items():
+        points = [
+            (t.turn, t.heap.traced_bytes / t.context_tokens)
+            for t in (rec.turns if rec else ())
+            if t.heap is not None and t.context_tokens
+        ]
+        if points:
+            series[f"{profile} c={c}"] = points
+    return series
+
+
+def _img(fig, alt: str, caption: str) -> str:
+    data = plots.png(fig)
+    cap = f"<figcaption>{escape(caption)}</figcaption>" if caption else ""
+    return f"<figure><img alt='{escape(alt)}' src='data:image/png;base64,{data}'>{cap}</figure>"
