@@ -10,12 +10,15 @@ annotation query asks for that tag, shows them over its own panels.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
-from typing import NamedTuple
-
-from grafana_client import GrafanaApi
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, NamedTuple
 
 from kvwatch.dashboards.panels import GATE_ANNOTATION_TAG
+
+if TYPE_CHECKING:
+    from grafana_client import GrafanaApi
+
+    from kvwatch.gate.summary import GateSummary
 
 
 class Annotation(NamedTuple):
@@ -29,17 +32,16 @@ def _ms(seconds: float) -> int:
     return round(seconds * 1000)
 
 
-def annotations(summary: Mapping) -> Iterator[Annotation]:
+def annotations(summary: GateSummary) -> Iterator[Annotation]:
     """A region per run with its verdicts, and a point per failing detector at its turn."""
-    for run in summary["runs"]:
-        at = {point["turn"]: point["at"] for point in run.get("timeline", ())}
+    for run in summary.runs:
+        at = dict(run.timeline)
         if not at:
             continue
-        name = f"{run['profile']} c={run['concurrency']}"
-        tags = (GATE_ANNOTATION_TAG, run["profile"], f"c={run['concurrency']}")
-        failed = {d: v for d, v in run["detectors"].items() if v["verdict"] == "fail"}
-        verdict = "error" if run.get("error") else ("fail" if failed else "pass")
-        text = f"{name}: {verdict}" + (f" ({', '.join(failed)})" if failed else "")
+        tags = (GATE_ANNOTATION_TAG, run.profile, f"c={run.concurrency}")
+        failed = run.failed()
+        verdict = "error" if run.error or run.errored() else ("fail" if failed else "pass")
+        text = f"{run.name}: {verdict}" + (f" ({', '.join(failed)})" if failed else "")
         yield Annotation(
             time_ms=_ms(min(at.values())),
             time_end_ms=_ms(max(at.values())),
@@ -47,17 +49,16 @@ def annotations(summary: Mapping) -> Iterator[Annotation]:
             text=text,
         )
         for detector, v in failed.items():
-            turn = v.get("first_turn")
-            when = at.get(turn, max(at.values()))
+            when = at.get(v.first_turn, max(at.values()))
             yield Annotation(
                 time_ms=_ms(when),
                 time_end_ms=None,
                 tags=(*tags, detector, "leak"),
-                text=f"{detector} failed at turn {turn} ({name}): {v.get('evidence', '')}",
+                text=f"{detector} failed at turn {v.first_turn} ({run.name}): {v.summary()}",
             )
 
 
-def post(api: GrafanaApi, summary: Mapping) -> int:
+def post(api: GrafanaApi, summary: GateSummary) -> int:
     """Add the annotations; returns how many were added."""
     count = 0
     for a in annotations(summary):

@@ -23,7 +23,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 
-from kvwatch.gate import summary as verdicts
+from kvwatch.gate.judge import RunResult
 
 # between two lines of a run, the longest the gate stays silent
 HEARTBEAT_S = 30.0
@@ -92,7 +92,7 @@ class Progress:
             f"[{self.index}/{len(self.plan)}] {profile} c={concurrency} ({elapsed} elapsed{eta})"
         )
 
-    def run_finished(self, result: verdicts.RunResult) -> None:
+    def run_finished(self, result: RunResult) -> None:
         """The run's result, on the result stream: its name, then a line per failure."""
         self.done_weight += weight(result.concurrency)
         head, *failures = result_lines(result)
@@ -120,15 +120,18 @@ def turn_line(progress: dict, turns: int) -> str:
     )
 
 
-def result_lines(result: verdicts.RunResult) -> list[str]:
-    """A judged run: its requests, then each failed detector with its evidence."""
-    if result.error:
+def result_lines(result: RunResult) -> list[str]:
+    """A judged run: its requests, then each failed detector with its evidence,
+    and each detector that raised."""
+    if result.error and not result.verdicts:
         return [f"ERROR: {result.error}"]
     head = f"{result.requests} requests, {result.errors} failed"
-    failed = [(name, v) for name, v in result.verdicts.items() if v.failed]
-    if not failed:
+    failed = [f"FAIL {name} {_at(v)}: {_evidence(v)}" for name, v in result.failed().items()]
+    crashed = [f"ERROR {name} raised: {_evidence(v)}" for name, v in result.errored().items()]
+    broke = [f"ERROR: {result.error}"] if result.error else []
+    if not (failed or crashed or broke):
         return [f"{head}; every detector passed"]
-    return [head] + [f"FAIL {name} {_at(v)}: {_evidence(v)}" for name, v in failed]
+    return [head, *failed, *crashed, *broke]
 
 
 def _at(verdict) -> str:

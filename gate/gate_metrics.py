@@ -1,7 +1,7 @@
 """The gate's verdict as metrics, so a dashboard can show it next to the pools.
 
 A gate is a batch job: it ends before anything could scrape it. Its numbers
-are built from ``summary.json`` once, as OTel gauges on a private registry,
+are built from the ``GateSummary`` once, as OTel gauges on a private registry,
 and then leave in Prometheus' text format (rendered by the exporter, not by
 hand) two ways:
 
@@ -12,7 +12,8 @@ hand) two ways:
 Series (labels in braces)::
 
     kvwatch_gate_verdict{verdict}                          1 on the verdict, 0 on the others
-    kvwatch_gate_detector_failed{profile,concurrency,detector}   1 fail, 0 pass (skipped: absent)
+    kvwatch_gate_detector_failed{profile,concurrency,detector}   1 fail or error, 0 pass
+                                                           (skipped: absent)
     kvwatch_gate_detector_first_fail_turn{profile,concurrency,detector}
     kvwatch_gate_run_requests / _errors / _broken{profile,concurrency}
     kvwatch_gate_heap_bytes_per_context_token{profile,concurrency,turn}
@@ -20,61 +21,64 @@ Series (labels in braces)::
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from opentelemetry.metrics import CallbackOptions, Observation
 from prometheus_client import generate_latest, push_to_gateway, write_to_textfile
 
+from kvwatch.gate.detectors import ERROR, FAIL, PASS
+from kvwatch.gate.judge import RunResult
+from kvwatch.gate.summary import GateSummary
 from kvwatch.telemetry import names as n
 from kvwatch.telemetry.providers import Telemetry
 
 TEXTFILE = "gate.prom"
 
-Reader = Callable[[Mapping], Iterable[Observation]]
+Reader = Callable[[GateSummary], Iterable[Observation]]
 
 
-def _run_labels(run: Mapping) -> dict[str, str]:
-    return {n.PROFILE: run["profile"], n.CONCURRENCY: str(run["concurrency"])}
+def _run_labels(run: RunResult) -> dict[str, str]:
+    return {n.PROFILE: run.profile, n.CONCURRENCY: str(run.concurrency)}
 
 
-def _verdict(summary: Mapping) -> Iterable[Observation]:
+def _verdict(summary: GateSummary) -> Iterable[Observation]:
     for verdict in n.GATE_VERDICTS:
-        yield Observation(int(summary["verdict"] == verdict), {n.VERDICT: verdict})
+        yield Observation(int(summary.verdict == verdict), {n.VERDICT: verdict})
 
 
-def _detector_failed(summary: Mapping) -> Iterable[Observation]:
-    for run in summary["runs"]:
-        for detector, d in run["detectors"].items():
-            if d["verdict"] in ("pass", "fail"):
+def _detector_failed(summary: GateSummary) -> Iterable[Observation]:
+    for run in summary.runs:
+        for detector, v in run.verdicts.items():
+            if v.verdict in (PASS, FAIL, ERROR):
                 labels = {**_run_labels(run), n.DETECTOR: detector}
-                yield Observation(int(d["verdict"] == "fail"), labels)
+                yield Observation(int(v.verdict != PASS), labels)
 
 
-def _first_fail_turn(summary: Mapping) -> Iterable[Observation]:
-    for run in summary["runs"]:
-        for detector, d in run["detectors"].items():
-            if d["verdict"] == "fail" and d.get("first_turn") is not None:
-                yield Observation(d["first_turn"], {**_run_labels(run), n.DETECTOR: detector})
+def _first_fail_turn(summary: GateSummary) -> Iterable[Observation]:
+    for run in summary.runs:
+        for detector, v in run.failed().items():
+            if v.first_turn is not None:
+                yield Observation(v.first_turn, {**_run_labels(run), n.DETECTOR: detector})
 
 
-def _per_run(key: Callable[[Mapping], float]) -> Reader:
-    return lambda summary: (Observation(key(r), _run_labels(r)) for r in summary["runs"])
+def _per_run(key: Callable[[RunResult], float]) -> Reader:
+    return lambda summary: (Observation(key(r), _run_labels(r)) for r in summary.runs)
 
 
-def _heap_per_token(summary: Mapping) -> Iterable[Observation]:
-    for run in summary["runs"]:
-        for point in run.get("heap_bytes_per_context_token", ()):
-            yield Observation(point["value"], {**_run_labels(run), n.TURN: str(point["turn"])})
+def _heap_per_token(summary: GateSummary) -> Iterable[Observation]:
+    for run in summary.runs:
+        for turn, value in run.heap_per_token:
+            yield Observation(round(value, 3), {**_run_labels(run), n.TURN: str(turn)})
 
 
 GAUGES: dict[str, tuple[Reader, str]] = {
     n.GATE_VERDICT: (_verdict, "1"),
     n.GATE_DETECTOR_FAILED: (_detector_failed, "1"),
     n.GATE_FIRST_FAIL_TURN: (_first_fail_turn, "{turn}"),
-    n.GATE_RUN_REQUESTS: (_per_run(lambda r: r["requests"]), "{request}"),
-    n.GATE_RUN_ERRORS: (_per_run(lambda r: r["errors"]), "{request}"),
-    n.GATE_RUN_BROKEN: (_per_run(lambda r: int(bool(r.get("error")))), "1"),
+    n.GATE_RUN_REQUESTS: (_per_run(lambda r: r.requests), "{request}"),
+    n.GATE_RUN_ERRORS: (_per_run(lambda r: r.errors), "{request}"),
+    n.GATE_RUN_BROKEN: (_per_run(lambda r: int(bool(r.error))), "1"),
     n.GATE_HEAP_PER_TOKEN: (_heap_per_token, ""),  # bytes per token; a unit would rename it
 }
 
@@ -82,7 +86,7 @@ GAUGES: dict[str, tuple[Reader, str]] = {
 class GateMetrics:
     """One summary's gauges on a private registry; read it, then ``close()``."""
 
-    def __init__(self, summary: Mapping) -> None:
+    def __init__(self, summary: GateSummary) -> None:
         self.telemetry = Telemetry(service_name=n.GATE_JOB, otlp=False)
         for name, (read, unit) in GAUGES.items():
             self.telemetry.meter.create_observable_gauge(
@@ -103,14 +107,14 @@ class GateMetrics:
         self.telemetry.shutdown()
 
 
-def _callback(read: Reader, summary: Mapping):
+def _callback(read: Reader, summary: GateSummary):
     def callback(options: CallbackOptions) -> Iterable[Observation]:
         return list(read(summary))
 
     return callback
 
 
-def export(summary: Mapping, out: Path, pushgateway: str | None = None) -> dict[str, str]:
+def export(summary: GateSummary, out: Path, pushgateway: str | None = None) -> dict[str, str]:
     """Write ``OUT/gate.prom``, and push to ``pushgateway`` when given.
 
     Returns what happened to each (``textfile``: the path; ``pushgateway``:

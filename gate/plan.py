@@ -4,6 +4,13 @@ The gate writes a ``RunPlan`` as JSON and starts Locust with
 ``--kvwatch-plan FILE``; the master (or the local runner) and every worker
 read the same file, so a distributed run needs nothing else passed around.
 
+The target under test fills ``source`` (a ``ProbeSpec``): which probe source
+the barrier action builds (a factory named ``module:attribute``, so the
+recorder never branches on what it records), where its probes are, and what
+the recorder may ask of it (per-step watching, heap samples, replays, a flush
+at every barrier). ``test_controls`` says whether users may send kvwatch's
+test controls (scripted retractions), which only kvwatch's own server takes.
+
 With ``soak`` set (``kvwatch gate --soak``) there is no barrier and no
 recorder: users run episodes of ``turns`` turns back to back until Locust's
 run time is up, and ``record`` receives the HTTP status counts instead.
@@ -20,13 +27,18 @@ kept apart by their remaining labels.
 
 from __future__ import annotations
 
+import importlib
 import json
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from kvwatch import MODEL_NAME
 from kvwatch.telemetry import names as n
+
+if TYPE_CHECKING:
+    from kvwatch.gate.recorder import ProbeSource
 
 
 class GaugePreset(NamedTuple):
@@ -75,22 +87,35 @@ def preset(name: str, extra_usage: tuple[str, ...] = ()) -> GaugePreset:
     return base._replace(usage=base.usage + tuple(extra_usage))
 
 
+BLACK_BOX = "kvwatch.gate.sources:HttpSource.for_plan"
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProbeSpec:
+    """Where a run's probes come from and what the recorder may ask of them."""
+
+    factory: str = BLACK_BOX  # "module:attribute", called as factory(plan, sleep=...)
+    white_box: bool = False  # probes and a flush exist (else only gauges are read)
+    url: str | None = None  # the probe endpoint, where it is not the target itself
+    token: str | None = None  # bearer token for the probe endpoints
+    watch: bool = False  # the engine probes after every step and keeps findings
+    heap: bool = False  # heap samples at barriers
+    replays: bool = False  # collect finished comparable requests for the replay
+    flush_every_turn: bool = False  # flush the cache at every barrier
+
+
 @dataclass(frozen=True, kw_only=True)
 class RunPlan:
     profile: str
     concurrency: int
     target: str  # the server's base URL
-    record: str  # where the recorder writes the run (JSON)
+    record: str  # where the recorder hands the run over (JSON)
     turns: int = 6
     warmup: int = 2
     seed: int = 0
     metrics_url: str | None = None
-    probe: bool = True  # the embedded engine: /debug/* is there
-    probe_token: str | None = None
-    vllm_probe: str | None = None  # white-box vLLM: its engine core's probe (probe is False)
-    heap: bool = False  # tracemalloc samples at barriers (probe only)
-    watch: bool = True  # the server probes after every step and keeps findings (probe only)
-    flush_every_turn: bool = False  # flush the cache at every barrier (probe only)
+    source: ProbeSpec = field(default_factory=ProbeSpec)
+    test_controls: bool = False  # the server takes kvwatch's test controls
     sample_every: float = 0.1  # seconds between probes while a turn runs (0: barriers only)
     drain_timeout: float = 120.0
     turn_timeout: float = 180.0  # no barrier completes for this long: the run broke
@@ -110,4 +135,14 @@ class RunPlan:
         data["gauges"] = GaugePreset(
             **{field: tuple(v) if isinstance(v, list) else v for field, v in named}
         )
+        data["source"] = ProbeSpec(**data.get("source", {}))
         return cls(**data)
+
+
+def probe_source(plan: RunPlan, sleep: Callable[[float], None]) -> ProbeSource:
+    """The probe source ``plan.source`` names, built for ``plan``."""
+    module, _, attribute = plan.source.factory.partition(":")
+    factory = importlib.import_module(module)
+    for part in attribute.split("."):
+        factory = getattr(factory, part)
+    return factory(plan, sleep=sleep)

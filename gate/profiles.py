@@ -165,6 +165,11 @@ CATCHES: dict[str, Catch] = {
 }
 
 
+def openai_only() -> dict[str, Profile]:
+    """The profiles that speak only the OpenAI API: what any server can run."""
+    return {name: p for name, p in PROFILES.items() if not p.kvwatch_api}
+
+
 def get(name: str) -> Profile:
     if name not in PROFILES:
         raise ValueError(f"unknown profile {name!r}; profiles are {', '.join(PROFILES)}")

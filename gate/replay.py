@@ -77,3 +77,13 @@ def _params(c: Candidate) -> SamplingParams:
         stop_token_ids=c.stop_token_ids,
         ignore_eos=c.ignore_eos,
     )
+
+
+def spread(items: list, most: int | None) -> list:
+    """All of ``items``, or ``most`` of them evenly spread (first and last kept)."""
+    if most is None or len(items) <= most:
+        return list(items)
+    if most == 1:
+        return [items[-1]]
+    step = (len(items) - 1) / (most - 1)
+    return [items[round(i * step)] for i in range(most)]

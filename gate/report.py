@@ -1,9 +1,9 @@
 """``OUT/report.html``: one self-contained page (plots inlined as PNG data URIs).
 
-summary.json ─────────► the verdict, each failure's evidence, the runs
+GateSummary ──────────► the verdict, each failure's evidence, the runs
                         (requests, failures, coverage, Locust report links),
                         every verdict with its evidence     (report_text.py)
-runs/*/record.json ───► per profile: pages per group at each barrier (by owner,
+each run's RunRecord ─► per profile: pages per group at each barrier (by owner,
                         pinned and evictable, leaked, over the bound, capacity,
                         the failing turn), usage at every probe  (report_data.py,
 runs/*/locust_stats.csv   latency percentiles per c; heap per token   report_plots.py)
@@ -14,7 +14,6 @@ is in its labels or in the text, and no text hides in a tooltip.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from html import escape
 from pathlib import Path
@@ -22,8 +21,10 @@ from pathlib import Path
 from kvwatch.gate import report_plots as plots
 from kvwatch.gate import report_pool
 from kvwatch.gate import report_text as text
+from kvwatch.gate.judge import RunResult
 from kvwatch.gate.report_data import latency_series, pool_series, read_stats, step_series
 from kvwatch.gate.run_record import RunRecord
+from kvwatch.gate.summary import GateSummary
 
 STYLE = """
 body{font-family:sans-serif;margin:2em;max-width:1500px}
@@ -44,16 +45,14 @@ h2{break-after:avoid}}
 """
 
 
-def write_report(summary: dict, out: Path) -> Path:
-    """Write ``out/report.html`` from summary.json's content and the run folders."""
-    runs = summary["runs"]
-    loaded = {
-        (r["profile"], r["concurrency"]): _load(out, r["profile"], r["concurrency"]) for r in runs
-    }
+def write_report(summary: GateSummary, out: Path) -> Path:
+    """Write ``out/report.html`` from the summary, its runs' records and the run folders."""
+    runs = summary.runs
+    loaded = {(r.profile, r.concurrency): r.record for r in runs}
     parts = [text.head(summary), text.evidence(summary), text.runs_table(summary, out)]
-    for profile in dict.fromkeys(r["profile"] for r in runs):
+    for profile in dict.fromkeys(r.profile for r in runs):
         records = {c: rec for (p, c), rec in loaded.items() if p == profile and rec is not None}
-        fails = {r["concurrency"]: _fails(r) for r in runs if r["profile"] == profile}
+        fails = {r.concurrency: _fails(r) for r in runs if r.profile == profile}
         parts.append(f"<h2>{escape(profile)}</h2>")
         parts += _profile_figures(out, profile, records, fails)
     heap = _heap_series(loaded)
@@ -65,7 +64,7 @@ def write_report(summary: dict, out: Path) -> Path:
     page = "\n".join(
         [
             "<!doctype html><html><head><meta charset='utf-8'><title>kvwatch gate: "
-            f"{escape(summary['verdict'])}</title><style>{STYLE}</style></head><body>",
+            f"{escape(summary.verdict)}</title><style>{STYLE}</style></head><body>",
             *[p for p in parts if p],
             "</body></html>",
         ]
@@ -75,18 +74,13 @@ def write_report(summary: dict, out: Path) -> Path:
     return path
 
 
-def _load(out: Path, profile: str, c: int) -> RunRecord | None:
-    path = out / "runs" / f"{profile}-c{c}" / "record.json"
-    return RunRecord.from_json(json.loads(path.read_text())) if path.exists() else None
-
-
-def _fails(run: Mapping) -> list[tuple[int, str]]:
+def _fails(run: RunResult) -> list[tuple[int, str]]:
     """Where each failed detector of a run goes on the turn axis, with its label."""
-    out = []
-    for name, d in run["detectors"].items():
-        if d["verdict"] == "fail" and d.get("first_turn") is not None:
-            out.append((d["first_turn"], f"{name} fails {text.where(d)}"))
-    return out
+    return [
+        (v.first_turn, f"{name} fails {text.where(v)}")
+        for name, v in run.failed().items()
+        if v.first_turn is not None
+    ]
 
 
 def _profile_figures(out: Path, profile: str, records: dict[int, RunRecord], fails) -> list[str]:

@@ -1,56 +1,42 @@
 """The report's text: the verdict, each failure's evidence, the runs, coverage.
 
-Everything summary.json says about a verdict is written out on the page,
+Everything the summary says about a verdict is written out on the page,
 never kept for a tooltip: a CI artifact's preview and a printout show the
 whole evidence. Turn numbers are summary.json's, as they are there.
 """
 
 from __future__ import annotations
 
-import json
-from collections.abc import Mapping
 from html import escape
 from pathlib import Path
 
+from kvwatch.gate.detectors import ERROR, FAIL, SKIPPED, Evidence, Verdict
+from kvwatch.gate.judge import RunResult
+from kvwatch.gate.summary import GateSummary
 from kvwatch.telemetry.coverage import coverage
 
-KNOWN = ("verdict", "first_turn", "after_drain", "evidence", "details")
-KNOWN_DETAIL = ("group", "pages", "detail", "traceback")
 SHOWN_PAGES = 12
 
 
-def run_name(run: Mapping) -> str:
-    return f"{run['profile']} c={run['concurrency']}"
-
-
-def where(d: Mapping) -> str:
+def where(v: Verdict) -> str:
     """When a detector first failed, as summary.json has it."""
-    return "after the drain" if d.get("after_drain") else f"at turn {d.get('first_turn')}"
+    if v.errored:
+        return "while judging"
+    return "after the drain" if v.after_drain else f"at turn {v.first_turn}"
 
 
-def failures(summary: Mapping) -> list[tuple[Mapping, str, Mapping]]:
-    """(run, detector, entry) for every failed detector of every run, in run order."""
-    return [
-        (run, name, d)
-        for run in summary["runs"]
-        for name, d in run["detectors"].items()
-        if d["verdict"] == "fail"
-    ]
-
-
-def head(summary: Mapping) -> str:
+def head(summary: GateSummary) -> str:
     """The verdict first, in words a printout keeps."""
-    verdict, runs = summary["verdict"], summary["runs"]
-    faults = ", ".join(summary["faults"]) or "none"
-    failed = [n for n, v in summary["detectors"].items() if v == "fail"]
-    skipped = sorted(
-        {n for r in runs for n, d in r["detectors"].items() if d["verdict"] == "skipped"}
-    )
-    broke = [r for r in runs if r.get("error")]
+    verdict, runs = summary.verdict, summary.runs
+    faults = ", ".join(summary.faults) or "none"
+    failed = [n for n, v in summary.detectors.items() if v == FAIL]
+    crashed = [n for n, v in summary.detectors.items() if v == ERROR]
+    skipped = sorted({n for r in runs for n, v in r.verdicts.items() if v.verdict == SKIPPED})
+    broke = [r for r in runs if r.error]
     if failed:
-        said = (
-            f"{len(failed)} of {len(summary['detectors'])} detectors failed: {', '.join(failed)}."
-        )
+        said = f"{len(failed)} of {len(summary.detectors)} detectors failed: {', '.join(failed)}."
+    elif crashed:
+        said = f"No detector failed, but {', '.join(crashed)} raised while judging."
     elif broke:
         said = f"No detector failed, but {len(broke)} of {len(runs)} runs broke."
     else:
@@ -58,100 +44,94 @@ def head(summary: Mapping) -> str:
             f"all {len(runs)} runs" if len(runs) > 1 else "the run"
         )
         said += f" (skipped where it had no data: {', '.join(skipped)})." if skipped else "."
+    elapsed = summary.elapsed_s if summary.elapsed_s is not None else "?"
     return (
         f"<h1 class='verdict {escape(verdict)}'>kvwatch gate: {escape(verdict.upper())}</h1>"
         f"<p class='said'>{escape(said)}</p>"
-        f"<p>faults injected: {escape(faults)}; elapsed {summary.get('elapsed_s', '?')} s; "
-        "turns are numbered as in summary.json.</p>"
+        f"<p>target: {escape(summary.target or '?')}; faults injected: {escape(faults)}; "
+        f"elapsed {elapsed} s; turns are numbered as in summary.json.</p>"
     )
 
 
-def evidence(summary: Mapping) -> str:
-    """Each failed detector of each run with all it carries, and each broken run."""
+def evidence(summary: GateSummary) -> str:
+    """Each failed (or crashed) detector of each run with all it carries, and each broken run."""
     parts = []
-    for run, name, d in failures(summary):
+    for run, name in summary.failures():
+        v = run.verdicts[name]
+        how = "failed" if v.failed else "raised"
         parts.append(
-            f"<div class='failure'><h3>{escape(run_name(run))}: {escape(name)} failed {escape(where(d))}</h3>"
-            f"<p class='evidence'>{escape(d['evidence'])}</p>"
+            f"<div class='failure'><h3>{escape(run.name)}: {escape(name)} {how} {escape(where(v))}</h3>"
+            f"<p class='evidence'>{escape(v.summary())}</p>"
         )
-        details = d.get("details") or []
-        if details:
-            parts.append("<ol class='details'>" + "".join(_detail(e) for e in details) + "</ol>")
-        extra = {k: v for k, v in d.items() if k not in KNOWN}
-        parts += [f"<p>{escape(k)}: {escape(_plain(v))}</p>" for k, v in extra.items()]
+        if v.evidence:
+            parts.append("<ol class='details'>" + "".join(_detail(e) for e in v.evidence) + "</ol>")
         parts.append("</div>")
-    for run in summary["runs"]:
-        if run.get("error"):
+    for run in summary.runs:
+        if run.error:
             parts.append(
-                f"<div class='failure'><h3>{escape(run_name(run))}: the run broke</h3><p class='evidence'>{escape(run['error'])}</p></div>"
+                f"<div class='failure'><h3>{escape(run.name)}: the run broke</h3><p class='evidence'>{escape(run.error)}</p></div>"
             )
     if not parts:
         return ""
     return "<h2>What failed</h2>" + "".join(parts)
 
 
-def _detail(e: Mapping) -> str:
+def _detail(e: Evidence) -> str:
     bits = []
-    if e.get("group"):
-        bits.append(f"group {e['group']}")
-    pages = list(e.get("pages") or [])
-    if pages:
-        shown = ", ".join(map(str, pages[:SHOWN_PAGES]))
-        more = f" and {len(pages) - SHOWN_PAGES} more ids" if len(pages) > SHOWN_PAGES else ""
+    if e.group:
+        bits.append(f"group {e.group}")
+    if e.pages:
+        shown = ", ".join(map(str, e.pages[:SHOWN_PAGES]))
+        more = f" and {len(e.pages) - SHOWN_PAGES} more ids" if len(e.pages) > SHOWN_PAGES else ""
         bits.append(f"pages {shown}{more}")
-    extra = [f"{k}: {_plain(v)}" for k, v in e.items() if k not in KNOWN_DETAIL]
-    line = " · ".join([*bits, *extra])
-    text = f"<li>{escape(line + ' · ' if line else '')}<span class='detail'>{escape(str(e.get('detail', '')))}</span>"
-    if e.get("traceback"):
-        text += "<pre>" + escape("\n".join(e["traceback"])) + "</pre>"
+    line = " · ".join(bits)
+    text = (
+        f"<li>{escape(line + ' · ' if line else '')}<span class='detail'>{escape(e.detail)}</span>"
+    )
+    if e.traceback:
+        text += "<pre>" + escape("\n".join(e.traceback)) + "</pre>"
     return text + "</li>"
 
 
-def _plain(value) -> str:
-    return value if isinstance(value, str) else json.dumps(value, sort_keys=True)
-
-
-def runs_table(summary: Mapping, out: Path) -> str:
+def runs_table(summary: GateSummary, out: Path) -> str:
     """Per run: requests, failed ones, lifecycle coverage, its Locust report, its verdict."""
     rows = [
         "<h2>Runs</h2><table><tr><th>run</th><th>turns</th><th>requests</th><th>failed</th>"
         "<th>lifecycle transitions taken</th><th>Locust report</th><th>detectors</th></tr>"
     ]
-    for run in summary["runs"]:
-        folder = f"runs/{run['profile']}-c{run['concurrency']}"
+    for run in summary.runs:
+        folder = f"runs/{run.profile}-c{run.concurrency}"
         link = (
             f"<a href='{escape(folder)}/locust.html'>{escape(folder)}/locust.html</a>"
             if (out / folder / "locust.html").exists()
             else "none written"
         )
-        failed = [
-            f"{n} ({where(d)})" for n, d in run["detectors"].items() if d["verdict"] == "fail"
-        ]
-        skipped = [n for n, d in run["detectors"].items() if d["verdict"] == "skipped"]
+        failed = [f"{n} ({where(v)})" for n, v in {**run.failed(), **run.errored()}.items()]
+        skipped = [n for n, v in run.verdicts.items() if v.verdict == SKIPPED]
         said = "FAIL: " + ", ".join(failed) if failed else "all passed"
-        if run.get("error"):
-            said = f"broke: {run['error']}" + (f"; {said}" if failed else "")
+        if run.error:
+            said = f"broke: {run.error}" + (f"; {said}" if failed else "")
         if skipped:
             said += f" (skipped: {', '.join(skipped)})"
-        cells = [run_name(run), run["turns"], run["requests"], run["errors"], _run_coverage(run)]
+        cells = [run.name, run.turns, run.requests, run.errors, _run_coverage(run)]
         rows.append(
             "<tr>"
             + "".join(f"<td>{escape(str(v))}</td>" for v in cells)
-            + f"<td>{link}</td><td class='{'fail' if failed or run.get('error') else 'pass'}'>{escape(said)}</td></tr>"
+            + f"<td>{link}</td><td class='{'fail' if failed or run.error else 'pass'}'>{escape(said)}</td></tr>"
         )
     return "".join(rows) + "</table>"
 
 
-def _run_coverage(run: Mapping) -> str:
-    taken = run.get("coverage")
-    if not taken:
+def _run_coverage(run: RunResult) -> str:
+    if not run.coverage:
         return "not recorded"
-    return ", ".join(f"{m} {len(c['taken'])} of {c['total']}" for m, c in coverage(taken).items())
+    taken = coverage(run.coverage)
+    return ", ".join(f"{m} {len(c['taken'])} of {c['total']}" for m, c in taken.items())
 
 
-def coverage_section(summary: Mapping) -> str:
+def coverage_section(summary: GateSummary) -> str:
     """Lifecycle transitions taken, per profile and machine, and the ones never taken."""
-    cov = summary.get("coverage")
+    cov = summary.coverage
     if not cov:
         return ""
     machines = list(cov["total"])
@@ -173,16 +153,16 @@ def coverage_section(summary: Mapping) -> str:
     return "".join(rows)
 
 
-def all_verdicts(summary: Mapping) -> str:
+def all_verdicts(summary: GateSummary) -> str:
     """Every detector of every run with its evidence: passes and skips say why too."""
     rows = [
         "<h2>Every verdict</h2><table class='small'><tr><th>run</th><th>detector</th><th>verdict</th><th>evidence</th></tr>"
     ]
-    for run in summary["runs"]:
-        for name, d in run["detectors"].items():
-            verdict = d["verdict"] + (f" {where(d)}" if d["verdict"] == "fail" else "")
-            cells = "".join(f"<td>{escape(str(v))}</td>" for v in (run_name(run), name))
+    for run in summary.runs:
+        for name, v in run.verdicts.items():
+            verdict = v.verdict + (f" {where(v)}" if v.verdict in (FAIL, ERROR) else "")
+            cells = "".join(f"<td>{escape(str(x))}</td>" for x in (run.name, name))
             rows.append(
-                f"<tr>{cells}<td class='{escape(d['verdict'])}'>{escape(verdict)}</td><td>{escape(d['evidence'])}</td></tr>"
+                f"<tr>{cells}<td class='{escape(v.verdict)}'>{escape(verdict)}</td><td>{escape(v.summary())}</td></tr>"
             )
     return "".join(rows) + "</table>"

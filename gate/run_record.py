@@ -20,11 +20,25 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Mapping
+from enum import StrEnum
 from typing import NamedTuple
 
 from kvwatch.contracts import ProbeReport
 
 KEEP_FAILURES = 5  # failed requests and 5xx answers kept as evidence, per run
+
+
+class Signal(StrEnum):
+    """What a target's run records can carry. A detector needs some of these
+    (``detectors.NEEDS``) and judges every target whose records carry them all."""
+
+    PROBES = "probes"  # audited probe reports: pools by owner, findings, bounds
+    SLOTS = "slots"  # probes carry a snapshot-slot table
+    REGISTRIES = "registries"  # probes carry the size of every container the server holds
+    HEAP = "heap"  # heap samples by allocation site
+    REPLAYS = "replays"  # greedy and seeded requests replayed on a cache-off engine
+    GAUGES = "gauges"  # usage and drain gauges from a Prometheus page
+    REQUESTS = "requests"  # the clients' request counts and failures
 
 
 class SiteGrowth(NamedTuple):

@@ -26,26 +26,38 @@ import re
 import subprocess
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import requests
 
-from kvwatch import MODEL_NAME, streams
-from kvwatch.engine.faults import parse_faults
+from kvwatch import streams
 from kvwatch.gate import outputs
 from kvwatch.gate import profiles as catalog
-from kvwatch.gate import summary as verdicts
-from kvwatch.gate.pipeline import no_service
-from kvwatch.gate.plan import RunPlan
+from kvwatch.gate.console import Progress
+from kvwatch.gate.detectors import for_signals
+from kvwatch.gate.judge import judge, no_service
+from kvwatch.gate.junit import write_junit
+from kvwatch.gate.locust_run import locust_commands
+from kvwatch.gate.plan import ProbeSpec, RunPlan
+from kvwatch.gate.profiles import Profile, engine_for
 from kvwatch.gate.recorder import RecorderOptions, TurnRecorder
-from kvwatch.gate.run_record import Counts, RunRecord, Soak
-from kvwatch.gate.servers import EngineServer, ServerError, locust_commands, stop
+from kvwatch.gate.run_record import Counts, RunRecord, Signal, Soak
 from kvwatch.gate.soak_report import soak_section, table, write_episodes, write_series
 from kvwatch.gate.sources import HttpSource
+from kvwatch.gate.summary import GateSummary, summarize, write_summary
+from kvwatch.processes import ServerError, stop
+
+if TYPE_CHECKING:
+    from kvwatch.targets.kvwatch_serve import EngineServer
+    from kvwatch.targets.kvwatch_target import KvwatchTarget
 
 SOAK_PROFILES = ("agentic-trie", "streaming-session")
-DETECTORS = ("allocator", "refcount", "tree", "slot-table", "requests")
+# What a soak's record carries: probes (with the slot table and every registry's
+# size) and the users' request counts; no heap samples, replays or gauges.
+SIGNALS = frozenset({Signal.PROBES, Signal.SLOTS, Signal.REGISTRIES, Signal.REQUESTS})
+DETECTORS = for_signals(SIGNALS)
 MIN_SOAK_S, MAX_SOAK_S = 5.0, 7 * 24 * 3600.0
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*([smh]?)")
 _UNITS = {"": 1, "s": 1, "m": 60, "h": 3600}
@@ -67,11 +79,9 @@ class SoakOptions:
     duration: float  # seconds of load
     profiles: tuple[str, ...] = SOAK_PROFILES
     concurrency: int = 4
-    faults: tuple[str, ...] = ()
     out: Path = Path("kvwatch-out")
     junit: Path | None = None
     seed: int = 0
-    model: str = MODEL_NAME
     episode_turns: int = 6  # turns before a user closes its conversations and starts anew
     probe_every: float = 0.0  # seconds; 0: duration / 60, within 0.5 .. 2
     warmup_fraction: float = 0.2  # of the duration, left out of the usage trend
@@ -90,7 +100,6 @@ class SoakOptions:
             raise ValueError(f"--soak must last {MIN_SOAK_S:.0f} s to 7 days")
         if not 1 <= self.concurrency <= 64:
             raise ValueError("-c takes one concurrency in 1..64 with --soak, e.g. -c 4")
-        parse_faults(self.faults)
         outputs.out_dir(self.out)
         if self.junit is not None:
             outputs.report_file("--junit", self.junit, self.out)
@@ -100,25 +109,22 @@ class SoakOptions:
         return self.probe_every or min(2.0, max(0.5, self.duration / 60))
 
 
-def run_soak(opts: SoakOptions) -> tuple[dict, int]:
+def run_soak(opts: SoakOptions, target: KvwatchTarget) -> tuple[GateSummary, int]:
     """Serve, load, probe, drain, judge; the summary and the exit code (0, 1 or 3)."""
     opts.validate()
     outputs.mark(opts.out)
     started = time.monotonic()
     where = outputs.child(opts.out, "soak")
     where.mkdir(parents=True, exist_ok=True)
+    progress = Progress([("soak", opts.concurrency)], opts.progress, tell=opts.result)
     try:
-        server = _start_server(opts)
+        with target.serving(soak_profile(opts.profiles), progress) as served:
+            record = SoakLoad(opts, served.server, where, target.model).record()
     except ServerError as exc:
         record = RunRecord(turns=(), error=str(exc))
-    else:
-        try:
-            record = SoakLoad(opts, server, where).record()
-        finally:
-            server.stop()
     (where / "record.json").write_text(json.dumps(record.to_json()))
     sent = record.requests or Counts(status={}, failed=0, broken_turns=0)
-    result = verdicts.judge(
+    result = judge(
         "soak",
         opts.concurrency,
         record,
@@ -126,31 +132,33 @@ def run_soak(opts: SoakOptions) -> tuple[dict, int]:
         errors=sent.errors,
         detectors=DETECTORS if record.error is None else (),
     )
-    summary = verdicts.summarize([result], opts.faults)
-    summary["elapsed_s"] = round(time.monotonic() - started, 1)
-    summary["soak"] = soak_section(opts, record, result, summary["elapsed_s"])
+    summary = summarize([result], target.faults, target=target.name)
+    elapsed = round(time.monotonic() - started, 1)
+    section = soak_section(opts, record, result, elapsed)
+    summary = replace(summary, elapsed_s=elapsed, soak=section)
     write_series(where / "usage.csv", record)
     write_episodes(where / "episodes.csv", record)
-    verdicts.write(summary, opts.out, opts.junit)
-    opts.result(table(summary["soak"]))
-    opts.result(f"verdict: {summary['verdict']} ({summary['elapsed_s']} s) -> {opts.out}")
-    return summary, verdicts.exit_code(summary)
+    write_summary(summary, opts.out)
+    if opts.junit is not None:
+        write_junit(summary, opts.junit)
+    opts.result(table(section))
+    opts.result(f"verdict: {summary.verdict} ({summary.elapsed_s} s) -> {opts.out}")
+    return summary, summary.exit_code
 
 
-def _start_server(opts: SoakOptions) -> EngineServer:
-    where = outputs.child(opts.out, "servers", "soak")
-    where.mkdir(parents=True, exist_ok=True)
-    config = where / "engine.json"
-    config.write_text(json.dumps(catalog.engine_for(opts.profiles), indent=2))
-    spans = outputs.child(opts.out, "spans", "soak")
-    return EngineServer(config, opts.faults, where / "server.log", spans)
+def soak_profile(names: tuple[str, ...]) -> Profile:
+    """One server for the soak's profiles side by side: their engine overrides merged."""
+    users = " and ".join(catalog.get(n).user for n in names)
+    return Profile(
+        name="soak", user=users, summary=f"{users}, free-running", engine=engine_for(names)
+    )
 
 
 class SoakLoad:
     """One soak against a running server: Locust runs free while a recorder probes."""
 
-    def __init__(self, opts: SoakOptions, server: EngineServer, where: Path) -> None:
-        self.opts, self.server, self.where = opts, server, where
+    def __init__(self, opts: SoakOptions, server: EngineServer, where: Path, model: str) -> None:
+        self.opts, self.server, self.where, self.model = opts, server, where, model
         self.begun = time.monotonic()
         source = HttpSource(server.url, white_box=True, token=server.token)
         self.recorder = TurnRecorder(
@@ -207,8 +215,9 @@ class SoakLoad:
             record=str(status_file),
             turns=opts.episode_turns,
             seed=opts.seed,
-            probe_token=self.server.token,
-            model=opts.model,
+            source=ProbeSpec(white_box=True, token=self.server.token),
+            test_controls=True,
+            model=self.model,
             soak=True,
         )
         (where / "plan.json").write_text(plan.to_json())

@@ -20,8 +20,8 @@ from pathlib import Path
 
 from kvwatch.gate.detectors import allocator
 from kvwatch.gate.detectors.verdict import PASS, Verdict
+from kvwatch.gate.judge import RunResult
 from kvwatch.gate.run_record import Counts, RunRecord
-from kvwatch.gate.summary import RunResult
 
 FINDING_DETECTORS = ("refcount", "tree", "slot-table")
 

@@ -13,13 +13,16 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import requests
 
 from kvwatch.contracts import ProbeReport
 from kvwatch.gate.run_record import HeapSample
 from kvwatch.gate.scrape import read_series
+
+if TYPE_CHECKING:
+    from kvwatch.gate.plan import RunPlan
 from kvwatch.heap_tracker import HeapTracker
 
 TIMEOUT = 60.0
@@ -106,6 +109,18 @@ class HttpSource:
         self.http = requests.Session()
         if token:
             self.http.headers["Authorization"] = f"Bearer {token}"
+
+    @classmethod
+    def for_plan(cls, plan: RunPlan, *, sleep: Callable[[float], None] = time.sleep) -> HttpSource:
+        """The run's server: its probe endpoints when the plan says it is white-box."""
+        return cls(
+            plan.target,
+            white_box=plan.source.white_box,
+            token=plan.source.token,
+            metrics_url=plan.metrics_url,
+            metrics_settle=plan.metrics_settle,
+            sleep=sleep,
+        )
 
     def probe(self) -> ProbeReport:
         return ProbeReport.from_json(self._call("GET", "/debug/probe"))

@@ -1,116 +1,127 @@
-"""Gate verdicts: detector results per run -> summary.json, JUnit XML and an exit code.
+"""The gate's verdict over every run, as one typed value every output reads.
 
-The shapes follow docs/contracts.md, which CI scripts read::
+``summarize`` turns the judged runs into a ``GateSummary``; ``summary.json``
+(``to_json``), the JUnit file, ``gate.prom``, the Grafana annotations, the
+report and the console all read that object, and each is written once. The
+JSON shape follows docs/contracts.md, which CI scripts read::
 
-    {"verdict": "pass|fail|error", "faults": [...],
-     "detectors": {"allocator": "pass|fail|skipped", ...},
+    {"verdict": "pass|fail|error", "faults": [...], "target": "kvwatch",
+     "detectors": {"allocator": "pass|fail|error|skipped", ...},
      "runs": [{"profile", "concurrency", "turns", "requests", "errors",
                "detectors": {"allocator": {"verdict", "first_turn", "evidence"}, ...},
                "timeline": [{"turn", "at"}], "heap_bytes_per_context_token": [{"turn", "value"}]}]}
 
-``timeline`` (when each barrier was reached, epoch seconds) places findings on
-a dashboard; the heap series is there for runs that tracked the heap. A soak
-(``kvwatch gate --soak``) is one run (profile ``soak``, its probes as turns)
-and adds ``"soak"``: its figures and ``checks`` (see ``loadtests/soak_report.py``).
+A soak (``kvwatch gate --soak``) is one run (profile ``soak``, its probes as
+turns) and adds ``"soak"``: its figures and ``checks`` (``soak_report.py``).
 
-Exit codes: 0 every detector passed, 1 a detector failed, 3 the run broke
-and no detector failed (2, a usage error, is the CLI's to give).
+Verdict and exit code: ``fail`` (exit 1) when a detector failed; else
+``error`` (exit 3) when a run broke, a detector raised, or nothing ran;
+else ``pass`` (exit 0). Exit 2, a usage error, is the CLI's to give.
 """
 
 from __future__ import annotations
 
 import json
-import xml.etree.ElementTree as ET
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import NamedTuple
 
-from kvwatch.gate.detectors import (
-    FAIL,
-    IDS,
-    PASS,
-    SKIPPED,
-    RunRecord,
-    Verdict,
-    run_detectors,
-)
+from kvwatch.gate.detectors import ERROR, FAIL, IDS, PASS, SKIPPED
+from kvwatch.gate.judge import RunResult
+from kvwatch.gate.run_record import RunRecord
 from kvwatch.telemetry.coverage import coverage, merge
 
 EXIT_PASS, EXIT_FAIL, EXIT_USAGE, EXIT_ERROR = 0, 1, 2, 3
 
 
-class RunResult(NamedTuple):
-    profile: str
-    concurrency: int
-    turns: int
-    requests: int
-    errors: int  # requests that ended in an error
-    verdicts: Mapping[str, Verdict]
-    error: str | None = None  # the run itself broke
-    timeline: tuple[tuple[int, float], ...] = ()  # (turn, epoch seconds at its barrier)
-    heap_per_token: tuple[tuple[int, float], ...] = ()  # (turn, traced bytes / context token)
-    coverage: Mapping[str, Mapping[str, int]] = {}  # lifecycle transitions taken, per machine
+@dataclass(frozen=True, kw_only=True)
+class GateSummary:
+    verdict: str  # pass, fail or error
+    faults: tuple[str, ...]
+    detectors: Mapping[str, str]  # each detector's verdict over every run
+    runs: tuple[RunResult, ...]
+    target: str | None = None  # what was under test: kvwatch, http, vllm, ...
+    coverage: Mapping | None = None  # lifecycle coverage, in total and per profile
+    elapsed_s: float | None = None
+    interrupted: bool = False
+    published: Mapping[str, str] | None = None  # where the verdict went: textfile, pushgateway
+    soak: Mapping | None = field(default=None, compare=False)  # a soak's figures and checks
 
-    def as_dict(self) -> dict:
-        out = {
-            "profile": self.profile,
-            "concurrency": self.concurrency,
-            "turns": self.turns,
-            "requests": self.requests,
-            "errors": self.errors,
-            "detectors": {name: v.as_dict() for name, v in self.verdicts.items()},
-            "timeline": [{"turn": t, "at": at} for t, at in self.timeline],
+    @property
+    def exit_code(self) -> int:
+        return {PASS: EXIT_PASS, FAIL: EXIT_FAIL}.get(self.verdict, EXIT_ERROR)
+
+    def failures(self) -> list[tuple[RunResult, str]]:
+        """Every (run, detector) that failed or raised, in run order."""
+        return [
+            (run, name)
+            for run in self.runs
+            for name, v in run.verdicts.items()
+            if v.verdict in (FAIL, ERROR)
+        ]
+
+    def to_json(self) -> dict:
+        out: dict = {
+            "verdict": self.verdict,
+            "faults": list(self.faults),
+            "detectors": dict(self.detectors),
+            "runs": [r.as_dict() for r in self.runs],
         }
-        if self.heap_per_token:
-            out["heap_bytes_per_context_token"] = [
-                {"turn": t, "value": round(v, 3)} for t, v in self.heap_per_token
-            ]
+        if self.target is not None:
+            out["target"] = self.target
         if self.coverage:
-            out["coverage"] = {m: dict(edges) for m, edges in self.coverage.items()}
-        if self.error:
-            out["error"] = self.error
+            out["coverage"] = self.coverage
+        if self.elapsed_s is not None:
+            out["elapsed_s"] = self.elapsed_s
+        if self.published is not None:
+            out["published"] = dict(self.published)
+        if self.interrupted:
+            out["interrupted"] = True
+        if self.soak is not None:
+            out["soak"] = self.soak
         return out
 
-
-def judge(
-    profile: str,
-    concurrency: int,
-    record: RunRecord,
-    *,
-    requests: int = 0,
-    errors: int = 0,
-    detectors: Sequence[str] = IDS,
-) -> RunResult:
-    """Run the detectors over one recorded run."""
-    verdicts = run_detectors(record, tuple(detectors))
-    timeline = tuple((t.turn, t.at) for t in record.turns if t.at is not None)
-    heap = tuple(
-        (t.turn, t.heap.traced_bytes / t.context_tokens)
-        for t in record.turns
-        if t.heap is not None and t.context_tokens > 0
-    )
-    return RunResult(
-        profile=profile,
-        concurrency=concurrency,
-        turns=len(record.turns),
-        requests=requests,
-        errors=errors,
-        verdicts=verdicts,
-        error=record.error,
-        timeline=timeline,
-        heap_per_token=heap,
-        coverage=record.coverage,
-    )
+    @classmethod
+    def from_json(
+        cls, data: dict, records: Mapping[tuple[str, int], RunRecord] | None = None
+    ) -> GateSummary:
+        """Back from summary.json; ``records`` by (profile, concurrency), where kept."""
+        records = records or {}
+        return cls(
+            verdict=data["verdict"],
+            faults=tuple(data.get("faults", ())),
+            detectors=dict(data.get("detectors", {})),
+            runs=tuple(
+                RunResult.from_json(r, records.get((r["profile"], r["concurrency"])))
+                for r in data.get("runs", ())
+            ),
+            target=data.get("target"),
+            coverage=data.get("coverage"),
+            elapsed_s=data.get("elapsed_s"),
+            interrupted=data.get("interrupted", False),
+            published=data.get("published"),
+            soak=data.get("soak"),
+        )
 
 
 def overall(verdicts: Iterable[str]) -> str:
+    """One detector over every run: a failure stands, then a crash, then a pass."""
     seen = set(verdicts)
-    if FAIL in seen:
-        return FAIL
-    return PASS if PASS in seen else SKIPPED
+    for verdict in (FAIL, ERROR, PASS):
+        if verdict in seen:
+            return verdict
+    return SKIPPED
 
 
-def summarize(runs: Sequence[RunResult], faults: Iterable[str] = ()) -> dict:
+def summarize(
+    runs: Sequence[RunResult],
+    faults: Iterable[str] = (),
+    *,
+    target: str | None = None,
+    interrupted: bool = False,
+) -> GateSummary:
+    """The summary of ``runs``. Interrupted, an unfinished gate is no pass: its
+    verdict is ``fail`` when a finished run failed, else ``error``."""
     detectors = {
         name: overall(r.verdicts[name].verdict for r in runs if name in r.verdicts)
         for name in IDS
@@ -119,19 +130,19 @@ def summarize(runs: Sequence[RunResult], faults: Iterable[str] = ()) -> dict:
     # A detector that failed is the finding, even where a fault then broke the run.
     if FAIL in detectors.values():
         verdict = FAIL
-    elif any(r.error for r in runs) or not runs:
-        verdict = "error"
+    elif ERROR in detectors.values() or any(r.error for r in runs) or not runs or interrupted:
+        verdict = ERROR
     else:
         verdict = PASS
-    summary = {
-        "verdict": verdict,
-        "faults": sorted(faults),
-        "detectors": detectors,
-        "runs": [r.as_dict() for r in runs],
-    }
-    if any(r.coverage for r in runs):
-        summary["coverage"] = coverage_summary(runs)
-    return summary
+    return GateSummary(
+        verdict=verdict,
+        faults=tuple(sorted(faults)),
+        detectors=detectors,
+        runs=tuple(runs),
+        target=target,
+        coverage=coverage_summary(runs) if any(r.coverage for r in runs) else None,
+        interrupted=interrupted,
+    )
 
 
 def coverage_summary(runs: Sequence[RunResult]) -> dict:
@@ -146,9 +157,9 @@ def coverage_summary(runs: Sequence[RunResult]) -> dict:
     }
 
 
-def coverage_line(summary: Mapping) -> str | None:
+def coverage_line(summary: GateSummary) -> str | None:
     """One line for the console: taken of total per machine, and what was never taken."""
-    total = summary.get("coverage", {}).get("total")
+    total = (summary.coverage or {}).get("total")
     if not total:
         return None
     parts = [f"{m} {len(c['taken'])}/{c['total']}" for m, c in total.items()]
@@ -157,43 +168,21 @@ def coverage_line(summary: Mapping) -> str | None:
     return f"lifecycle transitions taken: {', '.join(parts)}{tail}"
 
 
-def exit_code(summary: Mapping) -> int:
-    return {PASS: EXIT_PASS, FAIL: EXIT_FAIL}.get(summary["verdict"], EXIT_ERROR)
-
-
-def junit_xml(summary: Mapping) -> str:
-    """One test case per run and detector; a failure carries the evidence."""
-    suite = ET.Element("testsuite", name="kvwatch-gate")
-    counts = {"tests": 0, "failures": 0, "skipped": 0, "errors": 0}
-    for run in summary["runs"]:
-        classname = f"kvwatch.{run['profile']}.c{run['concurrency']}"
-        if run.get("error"):
-            case = ET.SubElement(suite, "testcase", classname=classname, name="run")
-            ET.SubElement(case, "error", message=run["error"])
-            counts["tests"] += 1
-            counts["errors"] += 1
-        for name, d in run["detectors"].items():
-            case = ET.SubElement(suite, "testcase", classname=classname, name=name)
-            counts["tests"] += 1
-            if d["verdict"] == FAIL:
-                counts["failures"] += 1
-                node = ET.SubElement(
-                    case, "failure", message=f"first failing turn {d['first_turn']}"
-                )
-                node.text = "\n".join(
-                    [d["evidence"], *(e["detail"] for e in d.get("details", [])[1:])]
-                )
-            elif d["verdict"] == SKIPPED:
-                counts["skipped"] += 1
-                ET.SubElement(case, "skipped", message=d["evidence"])
-    for key, value in counts.items():
-        suite.set(key, str(value))
-    return ET.tostring(suite, encoding="unicode", xml_declaration=True)
-
-
-def write(summary: Mapping, out: Path, junit: Path | None = None) -> None:
+def write_summary(summary: GateSummary, out: Path) -> Path:
     out.mkdir(parents=True, exist_ok=True)
-    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    if junit is not None:
-        junit.parent.mkdir(parents=True, exist_ok=True)
-        junit.write_text(junit_xml(summary))
+    path = out / "summary.json"
+    path.write_text(json.dumps(summary.to_json(), indent=2) + "\n")
+    return path
+
+
+def read_summary(out: Path) -> GateSummary:
+    """A gate's summary back from ``out``: summary.json and each run's record.json."""
+    data = json.loads((out / "summary.json").read_text())
+    records = {}
+    for run in data.get("runs", ()):
+        path = out / "runs" / f"{run['profile']}-c{run['concurrency']}" / "record.json"
+        if path.exists():
+            records[(run["profile"], run["concurrency"])] = RunRecord.from_json(
+                json.loads(path.read_text())
+            )
+    return GateSummary.from_json(data, records)

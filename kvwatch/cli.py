@@ -129,6 +129,7 @@ def _given(value: object) -> bool:
 
 def _soak(args: argparse.Namespace) -> int:
     from kvwatch.gate.soak import SOAK_PROFILES, SoakOptions, run_soak
+    from kvwatch.targets.kvwatch_target import KvwatchTarget
 
     given = [flag for dest, flag in NOT_FOR_SOAK.items() if _given(getattr(args, dest))]
     if given:
@@ -141,17 +142,22 @@ def _soak(args: argparse.Namespace) -> int:
         duration=args.soak,
         profiles=tuple(args.profile) or SOAK_PROFILES,
         concurrency=args.c[0] if args.c else 4,
-        faults=tuple(args.inject),
         out=args.out,
         junit=args.junit,
         seed=args.seed,
-        model=args.model,
     )
-    return _validated_run(options, run_soak)
+    try:
+        target = KvwatchTarget(args.out, faults=tuple(args.inject), model=args.model)
+    except ValueError as exc:
+        streams.err(f"kvwatch gate: {exc}")
+        return 2
+    return _validated_run(options, lambda opts: run_soak(opts, target))
 
 
 def _gate(args: argparse.Namespace) -> int:
-    from kvwatch.gate.pipeline import GateOptions, run_gate
+    from kvwatch.gate.options import GateOptions
+    from kvwatch.gate.pipeline import run_gate
+    from kvwatch.targets.select import TargetFlags, choose
 
     if args.soak is not None:
         return _soak(args)
@@ -159,30 +165,38 @@ def _gate(args: argparse.Namespace) -> int:
         profiles=tuple(args.profile),
         concurrency=args.c or (1, 2, 4, 8),
         turns=6 if args.turns is None else args.turns,
-        faults=tuple(args.inject),
         out=args.out,
         junit=args.junit,
-        target=args.target,
-        metrics_url=args.metrics_url,
-        gauges=args.gauges or ("vllm" if args.engine == "vllm" else "kvwatch"),
-        extra_gauges=tuple(args.gauge),
         locust_workers=args.locust_workers or 0,
         seed=args.seed,
-        model=args.model,
-        max_replays=args.max_replays,
         report=not args.no_report,
         pushgateway=args.pushgateway,
         grafana_url=args.grafana_url,
         grafana_token=args.grafana_token or os.environ.get(GRAFANA_TOKEN_ENV),
-        engine=args.engine or "kvwatch",
+    )
+    flags = TargetFlags(
+        engine=args.engine,
+        target=args.target,
+        metrics_url=args.metrics_url,
+        gauges=args.gauges,
+        extra_gauges=tuple(args.gauge),
+        faults=tuple(args.inject),
+        model=args.model,
+        max_replays=args.max_replays,
         vllm_python=args.vllm_python or os.environ.get(VLLM_PYTHON_ENV) or sys.executable,
         vllm_args=tuple(args.vllm_arg),
     )
+    try:
+        target = choose(flags, args.out)
+        target.selected(options.profiles)
+    except ValueError as exc:
+        streams.err(f"kvwatch gate: {exc}")
+        return 2
     called = []
     if args.target and args.metrics_url:  # any answer to GET TARGET/health shows it is up
         called = [("--target", args.target, f"{args.target.rstrip('/')}/health")]
         called.append(("--metrics-url", args.metrics_url, args.metrics_url))
-    return _validated_run(options, run_gate, called)
+    return _validated_run(options, lambda opts: run_gate(opts, target), called)
 
 
 def _validated_run(options, run, called: Sequence[tuple[str, str, str]] = ()) -> int:

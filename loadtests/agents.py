@@ -42,7 +42,7 @@ class AgentTrieUser(TurnUser):
         chats = [lambda c=c: step(c) for c in self.chats]
         # The hedge needs the server's test controls to mean anything (a black-box
         # target has none: there it would only be a duplicate request).
-        hedged = [self.hedged_result] if self.plan.probe else []
+        hedged = [self.hedged_result] if self.plan.test_controls else []
         parallel(*chats, tool_call, tool_call, tool_result, *hedged)
 
     def hedged_result(self) -> None:

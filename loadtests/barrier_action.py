@@ -1,15 +1,18 @@
-"""The barrier action: a ``TurnRecorder`` over the server's HTTP probe endpoints.
+"""The barrier action: a ``TurnRecorder`` over the probe source the run's plan names.
 
 It runs where the turn barrier's coordinator runs (the Locust master, or the
-local runner); the recording itself is ``kvwatch.gate.recorder``::
+local runner); the recording itself is ``kvwatch.gate.recorder``, and the
+source (kvwatch's probe endpoints, vLLM's engine-core probe, or a black-box
+server's gauges) is whatever ``plan.source`` names::
 
     START   recorder.start(); sample probes every ``sample_every`` s while turns run
     turn t  recorder.barrier(t, reports); a progress line for the gate
-    END     recorder.finish(reports) -> record.json
+    END     recorder.finish(reports) -> the plan's record file
 
-The record is ``RunRecord`` JSON; the gate loads it, replays its candidates
-on a cache-off engine and runs the detectors. An engine that stops answering
-ends the record with an error, never with a clean run.
+The record is ``RunRecord`` JSON, handed to the gate, which adds what only it
+can (coverage, replays on a cache-off engine), judges it and writes
+``record.json``. An engine that stops answering ends the record with an
+error, never with a clean run.
 """
 
 from __future__ import annotations
@@ -22,56 +25,30 @@ from pathlib import Path
 import gevent
 import requests
 
-from kvwatch.gate.plan import RunPlan
+from kvwatch.gate.plan import RunPlan, probe_source
 from kvwatch.gate.recorder import RecorderOptions, TurnRecorder
-from kvwatch.gate.sources import HttpSource
 from kvwatch.loadtests.barrier import END, START
 
 
-def white_box(plan: RunPlan) -> bool:
-    """Probes are taken: kvwatch's server, or vLLM with kvwatch's probe."""
-    return plan.probe or plan.vllm_probe is not None
-
-
 def recorder_options(plan: RunPlan) -> RecorderOptions:
+    source = plan.source
     return RecorderOptions(
         warmup=plan.warmup,
-        watch=plan.watch and plan.probe,
-        heap=plan.heap and plan.probe,
-        flush_every_turn=plan.flush_every_turn and white_box(plan),
+        watch=source.watch,
+        heap=source.heap,
+        flush_every_turn=source.flush_every_turn and source.white_box,
         drain_timeout=plan.drain_timeout,
-        replays=plan.probe,
+        replays=source.replays,
         usage_gauges=plan.gauges.usage,
         busy_gauges=plan.gauges.busy,
         drain_gauges=plan.gauges.drain,
     )
 
 
-def _source(plan: RunPlan) -> HttpSource:
-    if plan.vllm_probe is not None:
-        from kvwatch.targets.vllm_source import VllmProbeSource
-
-        return VllmProbeSource(
-            plan.target,
-            plan.vllm_probe,
-            metrics_url=plan.metrics_url,
-            metrics_settle=plan.metrics_settle,
-            sleep=gevent.sleep,
-        )
-    return HttpSource(
-        plan.target,
-        white_box=plan.probe,
-        token=plan.probe_token,
-        metrics_url=plan.metrics_url,
-        metrics_settle=plan.metrics_settle,
-        sleep=gevent.sleep,
-    )
-
-
 class Recorder:
     def __init__(self, plan: RunPlan) -> None:
         self.plan = plan
-        self.recorder = TurnRecorder(_source(plan), recorder_options(plan))
+        self.recorder = TurnRecorder(probe_source(plan, gevent.sleep), recorder_options(plan))
         self.sampler: gevent.Greenlet | None = None
         self.started = time.monotonic()
         self.path = Path(plan.record)
@@ -123,7 +100,7 @@ class Recorder:
 
     # -- probes while a turn runs ---------------------------------------------------------
     def _start_sampling(self) -> None:
-        if white_box(self.plan) and self.plan.sample_every > 0:
+        if self.plan.source.white_box and self.plan.sample_every > 0:
             self.sampler = gevent.spawn(self._sample)
 
     def _stop_sampling(self) -> None:

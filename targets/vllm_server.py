@@ -24,7 +24,7 @@ import os
 import subprocess
 from pathlib import Path
 
-from kvwatch.gate.servers import ServerError, free_port, stop, wait_healthy
+from kvwatch.processes import ServerError, free_port, stop, wait_healthy
 from kvwatch.targets.vllm_plugin import FAULT_ENV, PROBE_ENV
 
 SERVED_NAME = "tiny"

@@ -23,6 +23,7 @@ detector owns that invariant. Nothing here imports vLLM.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from kvwatch.contracts import (
     EngineStats,
@@ -36,6 +37,9 @@ from kvwatch.contracts import (
 )
 from kvwatch.gate.run_record import HeapSample
 from kvwatch.gate.sources import TIMEOUT, HttpSource
+
+if TYPE_CHECKING:
+    from kvwatch.gate.plan import RunPlan
 
 GROUP = "vllm.kv"
 # the audit's rules (vllm_audit.py), by the detector that owns the invariant
@@ -117,6 +121,17 @@ class VllmProbeSource(HttpSource):
             target, white_box=True, metrics_url=metrics_url, metrics_settle=metrics_settle, **kwargs
         )
         self.probe_url = probe_url.rstrip("/")
+
+    @classmethod
+    def for_plan(cls, plan: RunPlan, *, sleep: Callable[[float], None] | None = None):
+        """vLLM's server at ``plan.target``, its engine core's probe at ``plan.source.url``."""
+        return cls(
+            plan.target,
+            plan.source.url,
+            metrics_url=plan.metrics_url,
+            metrics_settle=plan.metrics_settle,
+            sleep=sleep,
+        )
 
     def probe(self) -> ProbeReport:
         resp = self.http.get(f"{self.probe_url}/audit", timeout=TIMEOUT)

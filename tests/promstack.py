@@ -31,7 +31,7 @@ from typing import NamedTuple
 import httpx
 import pytest
 
-from kvwatch.gate.servers import free_port
+from kvwatch.processes import free_port
 
 REQUIRE_ENV = "KVWATCH_REQUIRE_PROMETHEUS"
 SCRAPE_INTERVAL_S = 1

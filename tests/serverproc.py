@@ -15,7 +15,8 @@ from pathlib import Path
 
 import httpx
 
-from kvwatch.gate.servers import ServerError, start_serve, stop
+from kvwatch.processes import ServerError, stop
+from kvwatch.targets.kvwatch_serve import start_serve
 
 TOKEN = "test-probe-token"
 

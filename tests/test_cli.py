@@ -184,7 +184,7 @@ def test_serve_says_where_it_listens_then_that_it_is_ready():
     a server that said ready too early)."""
     import httpx
 
-    from kvwatch.gate.servers import stop
+    from kvwatch.processes import stop
 
     proc = subprocess.Popen(
         [sys.executable, "-m", "kvwatch", "serve", "--port", "0", "--inject", "root-in-evict-set"],

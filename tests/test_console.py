@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kvwatch.gate import summary as verdicts
+from kvwatch.gate import judge as verdicts
 from kvwatch.gate.console import HEARTBEAT_S, Progress, duration, result_lines, turn_line
 from kvwatch.gate.detectors.verdict import Evidence, Verdict, fail, passed
 
@@ -77,4 +77,24 @@ def test_every_failed_detector_prints_its_evidence_with_when_it_failed():
     ]
     clean = result._replace(verdicts={"tree": passed("tree")}, errors=0)
     assert result_lines(clean) == ["40 requests, 0 failed; every detector passed"]
-    assert result_lines(result._replace(error="the engine exited")) == ["ERROR: the engine exited"]
+    # a run that broke and was never judged says only why; one that broke part way
+    # keeps its findings, then says why it broke
+    never = result._replace(error="the engine exited", verdicts={})
+    assert result_lines(never) == ["ERROR: the engine exited"]
+    assert result_lines(result._replace(error="drain timed out"))[-1] == "ERROR: drain timed out"
+    crashed = result._replace(
+        verdicts={
+            "tree": Verdict(
+                detector="tree",
+                verdict="error",
+                first_turn=None,
+                evidence=(
+                    Evidence(group=None, pages=(), detail="the detector raised KeyError: 3"),
+                ),
+            )
+        }
+    )
+    assert result_lines(crashed) == [
+        "40 requests, 1 failed",
+        "ERROR tree raised: the detector raised KeyError: 3",
+    ]

@@ -16,6 +16,7 @@ from kvwatch.dashboards import build
 from kvwatch.dashboards.annotate import annotations
 from kvwatch.engine import Engine, EngineConfig, SamplingParams, SchedulerConfig
 from kvwatch.gate.gate_metrics import GateMetrics
+from kvwatch.gate.summary import GateSummary
 from kvwatch.telemetry import Telemetry, instrument
 from kvwatch.telemetry import names as n
 
@@ -127,12 +128,15 @@ def test_prom_names_match_what_the_exporter_writes():
         assert expected in seen, (name, expected)
 
 
-SUMMARY = {
+SUMMARY_JSON = {
     "verdict": "fail",
+    "faults": [],
+    "detectors": {"heap": "fail", "allocator": "pass", "slot-table": "skipped"},
     "runs": [
         {
             "profile": "rl-rollout",
             "concurrency": 2,
+            "turns": 5,
             "requests": 31,
             "errors": 1,
             "detectors": {
@@ -146,6 +150,7 @@ SUMMARY = {
         {
             "profile": "abort-storm",
             "concurrency": 1,
+            "turns": 6,
             "requests": 0,
             "errors": 0,
             "detectors": {},
@@ -154,6 +159,7 @@ SUMMARY = {
         },
     ],
 }
+SUMMARY = GateSummary.from_json(SUMMARY_JSON)
 
 
 def test_gate_metrics_carry_the_verdicts_from_the_summary():

@@ -1,4 +1,5 @@
-"""Gate verdicts: summary.json shape, JUnit XML, exit codes."""
+"""Gate verdicts: the typed summary, summary.json's shape, JUnit XML, exit codes, and a
+detector that raises failing alone."""
 
 from __future__ import annotations
 
@@ -9,18 +10,9 @@ from probes import make_probe
 
 from kvwatch.contracts import Finding, FindingKind
 from kvwatch.gate.detectors import IDS, Evidence, HeapSample, RunRecord, Turn, Verdict
-from kvwatch.gate.pipeline import no_service
-from kvwatch.gate.summary import (
-    EXIT_ERROR,
-    EXIT_FAIL,
-    EXIT_PASS,
-    RunResult,
-    exit_code,
-    judge,
-    junit_xml,
-    summarize,
-    write,
-)
+from kvwatch.gate.judge import RunResult, judge, no_service
+from kvwatch.gate.junit import junit_xml, write_junit
+from kvwatch.gate.summary import EXIT_ERROR, EXIT_FAIL, EXIT_PASS, summarize, write_summary
 
 
 def verdicts(failing: str | None = None) -> dict[str, Verdict]:
@@ -40,7 +32,7 @@ def verdicts(failing: str | None = None) -> dict[str, Verdict]:
 
 
 def test_a_clean_run_passes_with_exit_0():
-    summary = summarize(
+    typed = summarize(
         [
             RunResult(
                 profile="agentic-trie",
@@ -53,7 +45,8 @@ def test_a_clean_run_passes_with_exit_0():
             for c in (1, 2)
         ]
     )
-    assert summary["verdict"] == "pass" and exit_code(summary) == EXIT_PASS
+    summary = typed.to_json()
+    assert summary["verdict"] == "pass" and typed.exit_code == EXIT_PASS
     assert summary["detectors"]["allocator"] == "pass" and summary["detectors"]["heap"] == "skipped"
     run = summary["runs"][0]
     assert set(run) == {
@@ -93,14 +86,16 @@ def test_one_failing_detector_fails_the_gate_with_exit_1(tmp_path):
             verdicts=verdicts("allocator"),
         ),
     ]
-    summary = summarize(runs, faults=["abort-state-buffer-leak"])
-    assert summary["verdict"] == "fail" and exit_code(summary) == EXIT_FAIL
+    typed = summarize(runs, faults=["abort-state-buffer-leak"])
+    summary = typed.to_json()
+    assert summary["verdict"] == "fail" and typed.exit_code == EXIT_FAIL
     assert summary["detectors"]["allocator"] == "fail" and summary["faults"] == [
         "abort-state-buffer-leak"
     ]
     failing = summary["runs"][1]["detectors"]["allocator"]
     assert failing["first_turn"] == 5 and "held by no live holder" in failing["evidence"]
-    write(summary, tmp_path / "out", tmp_path / "junit.xml")
+    write_summary(typed, tmp_path / "out")
+    write_junit(typed, tmp_path / "junit.xml")
     assert json.loads((tmp_path / "out" / "summary.json").read_text()) == summary
     suite = ET.parse(tmp_path / "junit.xml").getroot()
     assert suite.get("failures") == "1" and suite.get("skipped") == "2"
@@ -124,9 +119,9 @@ def test_a_broken_run_is_an_error_with_exit_3():
         )
     ]
     summary = summarize(runs)
-    assert summary["verdict"] == "error" and exit_code(summary) == EXIT_ERROR
+    assert summary.verdict == "error" and summary.exit_code == EXIT_ERROR
     assert '<error message="the engine process died"' in junit_xml(summary)
-    assert exit_code(summarize([])) == EXIT_ERROR
+    assert summarize([]).exit_code == EXIT_ERROR
 
 
 def test_a_failed_detector_outranks_a_broken_run():
@@ -149,8 +144,8 @@ def test_a_failed_detector_outranks_a_broken_run():
         verdicts=verdicts("allocator"),
     )
     summary = summarize([broken, failed])
-    assert summary["verdict"] == "fail" and exit_code(summary) == EXIT_FAIL
-    assert summary["runs"][0]["error"] == "drain timed out"
+    assert summary.verdict == "fail" and summary.exit_code == EXIT_FAIL
+    assert summary.to_json()["runs"][0]["error"] == "drain timed out"
 
 
 def test_judge_runs_the_detectors_over_a_recorded_run():
@@ -164,7 +159,8 @@ def test_judge_runs_the_detectors_over_a_recorded_run():
     assert (
         result.verdicts["allocator"].failed and result.verdicts["equivalence"].verdict == "skipped"
     )
-    assert summarize([result])["verdict"] == "fail"
+    assert summarize([result]).verdict == "fail"
+    assert result.record is not None and result.record.turns[0].probes == (probe,)  # in memory
 
 
 def test_judge_keeps_when_each_barrier_was_reached_and_the_heap_per_token():
@@ -214,3 +210,38 @@ def test_evidence_names_the_group_once():
     assert Verdict(
         detector="allocator", verdict="fail", first_turn=0, evidence=(named, bare)
     ).summary() == ("turn 0: full.kv (host): 1 pages held twice (+1 more)")
+
+
+def test_a_detector_that_raises_fails_alone_and_the_gate_exits_3(monkeypatch, tmp_path):
+    """One detector crashes on a clean record: its verdict is ``error`` with the
+    exception as evidence, every other detector still judges the run, the summary
+    and JUnit are written, and the gate exits 3. With a real finding beside it the
+    finding stands (exit 1)."""
+    from kvwatch.gate import detectors
+
+    def crash(run):
+        raise ZeroDivisionError("no turns to divide by")
+
+    monkeypatch.setitem(
+        detectors.REGISTRY, "tree", detectors.REGISTRY["tree"]._replace(detect=crash)
+    )
+    clean = RunRecord(turns=tuple(Turn(turn=t, probes=(make_probe(),)) for t in range(6)))
+    result = judge("agentic-trie", 1, clean, requests=10)
+    assert result.verdicts["tree"].verdict == "error"
+    assert "ZeroDivisionError: no turns to divide by" in result.verdicts["tree"].evidence[0].detail
+    assert any("crash" in line for line in result.verdicts["tree"].evidence[0].traceback)
+    others = {n: v.verdict for n, v in result.verdicts.items() if n != "tree"}
+    assert others and set(others.values()) <= {"pass", "skipped"}, others
+    summary = summarize([result])
+    assert summary.verdict == "error" and summary.exit_code == EXIT_ERROR
+    assert summary.detectors["tree"] == "error"
+    write_summary(summary, tmp_path)
+    written = json.loads((tmp_path / "summary.json").read_text())
+    assert written["runs"][0]["detectors"]["tree"]["verdict"] == "error"
+    assert written["runs"][0]["detectors"]["allocator"]["verdict"] == "pass"
+    suite = ET.fromstring(junit_xml(summary))
+    assert suite.get("errors") == "1" and suite.get("failures") == "0"
+    leak = Finding(kind=FindingKind.ORPHAN, group="full.kv", pages=(1,), detail="held by no one")
+    leaking = RunRecord(turns=(Turn(turn=0, probes=(make_probe(findings=(leak,)),)),))
+    both = summarize([result, judge("agentic-trie", 2, leaking, requests=10)])
+    assert both.verdict == "fail" and both.exit_code == EXIT_FAIL

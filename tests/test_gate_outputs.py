@@ -10,7 +10,7 @@ import pytest
 
 from kvwatch.cli import main
 from kvwatch.gate import outputs
-from kvwatch.gate.pipeline import GateOptions
+from kvwatch.gate.options import GateOptions
 from kvwatch.gate.profiles import PROFILES
 
 BAD_NAMES = ["", ".", "..", "a/b", "../up", "a\\b", "/abs", "tab\there", "nul\x00", "del\x7f"]

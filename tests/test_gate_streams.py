@@ -87,7 +87,7 @@ def test_a_failing_gate_whose_reader_left_exits_1_with_its_outputs_written(tmp_p
 
 def test_results_and_progress_go_to_their_own_streams():
     """The console's split, without a gate: a run's result is told, its progress said."""
-    from kvwatch.gate import summary as verdicts
+    from kvwatch.gate import judge as verdicts
     from kvwatch.gate.console import Progress
     from kvwatch.gate.detectors.verdict import Evidence, fail
 

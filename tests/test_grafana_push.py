@@ -10,7 +10,8 @@ from test_dashboards import SUMMARY
 
 from kvwatch.cli import main
 from kvwatch.dashboards import DASHBOARDS, build, push
-from kvwatch.gate.pipeline import GateOptions, publish
+from kvwatch.gate.options import GateOptions
+from kvwatch.gate.pipeline import publish
 
 TOKEN = "glsa_test"
 PROMETHEUS = "http://127.0.0.1:9090"

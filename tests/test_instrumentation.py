@@ -16,6 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from kvwatch.engine import Engine, EngineConfig, SamplingParams, SchedulerConfig
 from kvwatch.engine.config import GROUP_NAMES, PrefixCacheMode
 from kvwatch.gate.gate_metrics import GateMetrics
+from kvwatch.gate.summary import GateSummary
 from kvwatch.serve import ServeOptions, build
 from kvwatch.telemetry import Telemetry, buckets, instrument
 from kvwatch.telemetry import names as n
@@ -163,7 +164,7 @@ def test_metrics_page_has_help_text_for_every_series_and_the_ladders_as_buckets(
 
 
 def test_gate_metrics_have_help_text():
-    summary = {"verdict": "pass", "runs": []}
+    summary = GateSummary(verdict="pass", faults=(), detectors={}, runs=())
     metrics = GateMetrics(summary)
     try:
         helps = help_lines(metrics.text().decode())

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from kvwatch.gate.servers import free_port
+from kvwatch.processes import free_port
 
 pytestmark = pytest.mark.e2e
 

@@ -5,7 +5,6 @@ groups left out, and one latency row per profile with gaps where a run has none.
 
 from __future__ import annotations
 
-import json
 import math
 
 from kvwatch.contracts import (
@@ -21,6 +20,7 @@ from kvwatch.contracts import (
     TreeReport,
 )
 from kvwatch.gate import report_pool
+from kvwatch.gate.judge import RunResult
 from kvwatch.gate.report import write_report
 from kvwatch.gate.report_data import (
     StatsRow,
@@ -32,6 +32,7 @@ from kvwatch.gate.report_data import (
     step_series,
 )
 from kvwatch.gate.run_record import RunRecord, Turn
+from kvwatch.gate.summary import GateSummary
 
 GROUPS = ("full.kv", "swa.kv", "swa.window", "linear.state")
 
@@ -164,15 +165,16 @@ def test_groups_that_held_nothing_get_one_line_not_a_panel(tmp_path):
     series = {1: pool_series(record()), 2: pool_series(empty)}
     assert report_pool.held_groups(series) == ["full.kv"]  # held at c = 1 only: still a row
 
-    run = {"profile": "abort-storm", "turns": 2, "requests": 4, "errors": 0, "detectors": {}}
-    summary = {
-        "verdict": "pass",
-        "faults": [],
-        "detectors": {},
-        "runs": [{**run, "concurrency": 1}],
-    }
-    (tmp_path / "runs" / "abort-storm-c1").mkdir(parents=True)
-    (tmp_path / "runs" / "abort-storm-c1" / "record.json").write_text(json.dumps(empty.to_json()))
+    run = RunResult(
+        profile="abort-storm",
+        concurrency=1,
+        turns=2,
+        requests=4,
+        errors=0,
+        verdicts={},
+        record=empty,
+    )
+    summary = GateSummary(verdict="pass", faults=(), detectors={}, runs=(run,))
     page = write_report(summary, tmp_path).read_text()
     assert "nothing held in groups full.kv, swa.kv, swa.window, linear.state" in page
     assert "alt='pages per group at each barrier'" not in page

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from kvwatch.gate.report import write_report
+from kvwatch.gate.summary import read_summary
 from kvwatch.telemetry.coverage import MACHINES
 
 DATA = Path(__file__).parent / "data"
@@ -49,7 +50,7 @@ def build(tmp_path: Path, fixture: str, *, locust_html: tuple[str, ...] = ()) ->
     for run in locust_html:
         (out / "runs" / run / "locust.html").write_text("<html></html>")
     summary = json.loads((out / "summary.json").read_text())
-    return summary, write_report(summary, out).read_text()
+    return summary, write_report(read_summary(out), out).read_text()
 
 
 @pytest.fixture(scope="module")

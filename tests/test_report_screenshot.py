@@ -18,6 +18,7 @@ from PIL import Image
 
 from kvwatch.gate.report import write_report
 from kvwatch.gate.report_plots import LEAKED
+from kvwatch.gate.summary import read_summary
 
 CHROMIUM = "/usr/bin/chromium"
 pytestmark = [
@@ -64,7 +65,7 @@ def rendered(tmp_path: Path, fixture: str) -> tuple[dict, np.ndarray, str]:
     out = tmp_path / fixture
     shutil.copytree(DATA / fixture, out)
     summary = json.loads((out / "summary.json").read_text())
-    url = write_report(summary, out).as_uri()
+    url = write_report(read_summary(out), out).as_uri()
     shot = tmp_path / f"{fixture}.png"
     chromium(f"--screenshot={shot}", f"--window-size={WINDOW}", url)
     pixels = np.asarray(Image.open(shot).convert("RGB"))

@@ -22,8 +22,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from kvwatch.gate.pipeline import VLLM_DETECTORS
+from kvwatch.gate.detectors import for_signals
 from kvwatch.targets.vllm_server import SERVED_NAME, VllmServer, build_tiny_model
+from kvwatch.targets.vllm_target import VllmTarget
+
+VLLM_DETECTORS = for_signals(VllmTarget.signals)
 
 PYTHON = os.environ.get("KVWATCH_VLLM_PYTHON")
 pytestmark = [

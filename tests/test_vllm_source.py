@@ -5,9 +5,11 @@ them (``GET /audit``), no vLLM needed."""
 from __future__ import annotations
 
 from kvwatch.contracts import FindingKind
-from kvwatch.gate.detectors import DETECTORS, RunRecord, Turn
-from kvwatch.gate.pipeline import VLLM_DETECTORS
+from kvwatch.gate.detectors import DETECTORS, RunRecord, Turn, for_signals
 from kvwatch.targets.vllm_source import GROUP, probe_report
+from kvwatch.targets.vllm_target import VllmTarget
+
+VLLM_DETECTORS = for_signals(VllmTarget.signals)
 
 
 def answer(*findings: dict, referenced: int = 0, live: int = 0, step: int = 7) -> dict:

@@ -27,9 +27,10 @@ from kvwatch.gate.detectors.verdict import (
     not_back,
     passed,
 )
-from kvwatch.gate.run_record import RunRecord
+from kvwatch.gate.run_record import RunRecord, Signal
 
 ID = "allocator"
+NEEDS = frozenset({Signal.PROBES})
 
 
 def detect(run: RunRecord) -> Verdict:

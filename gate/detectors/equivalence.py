@@ -4,9 +4,10 @@ with the cache off must give the tokens the cached run gave."""
 from __future__ import annotations
 
 from kvwatch.gate.detectors.verdict import Evidence, Verdict, fail, passed, skipped
-from kvwatch.gate.run_record import RunRecord
+from kvwatch.gate.run_record import RunRecord, Signal
 
 ID = "equivalence"
+NEEDS = frozenset({Signal.REPLAYS})
 
 
 def detect(run: RunRecord) -> Verdict:

@@ -21,9 +21,10 @@ from kvwatch.gate.detectors.verdict import (
     passed,
     skipped,
 )
-from kvwatch.gate.run_record import RunRecord
+from kvwatch.gate.run_record import RunRecord, Signal
 
 ID = "gauge-trend"
+NEEDS = frozenset({Signal.GAUGES})
 
 
 def detect(run: RunRecord) -> Verdict:

@@ -30,9 +30,10 @@ from kvwatch.gate.detectors.verdict import (
     passed,
     skipped,
 )
-from kvwatch.gate.run_record import RunRecord
+from kvwatch.gate.run_record import RunRecord, Signal
 
 ID = "heap"
+NEEDS = frozenset({Signal.HEAP})
 
 
 # Memory that merely fills up towards O(prefix) in the first judged turns

@@ -35,9 +35,10 @@ from kvwatch.gate.detectors.verdict import (
     passed,
     skipped,
 )
-from kvwatch.gate.run_record import RunRecord
+from kvwatch.gate.run_record import RunRecord, Signal
 
 ID = "quiescence"
+NEEDS = frozenset({Signal.PROBES, Signal.REGISTRIES})
 HOST = "host"
 
 

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from kvwatch.contracts import FindingKind
 from kvwatch.gate.detectors.verdict import Evidence, Verdict, fail, fail_after_drain, passed
-from kvwatch.gate.run_record import RunRecord
+from kvwatch.gate.run_record import RunRecord, Signal
 
 ID = "refcount"
+NEEDS = frozenset({Signal.PROBES})
 
 
 def detect(run: RunRecord) -> Verdict:

@@ -20,9 +20,10 @@ from kvwatch.gate.detectors.verdict import (
     passed,
     skipped,
 )
-from kvwatch.gate.run_record import RunRecord
+from kvwatch.gate.run_record import RunRecord, Signal
 
 ID = "requests"
+NEEDS = frozenset({Signal.REQUESTS})
 
 
 def detect(run: RunRecord) -> Verdict:

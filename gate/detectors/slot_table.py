@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from kvwatch.contracts import FindingKind
 from kvwatch.gate.detectors.verdict import Verdict, findings_detector
-from kvwatch.gate.run_record import RunRecord
+from kvwatch.gate.run_record import RunRecord, Signal
 
 ID = "slot-table"
+NEEDS = frozenset({Signal.PROBES, Signal.SLOTS})
 
 
 def detect(run: RunRecord) -> Verdict:

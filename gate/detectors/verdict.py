@@ -14,6 +14,7 @@ from kvwatch.contracts import FindingKind
 from kvwatch.gate.run_record import RunRecord
 
 PASS, FAIL, SKIPPED = "pass", "fail", "skipped"
+ERROR = "error"  # the detector itself raised: its evidence is the exception
 
 
 class Evidence(NamedTuple):
@@ -30,6 +31,15 @@ class Evidence(NamedTuple):
             "traceback": list(self.traceback),
         }
 
+    @classmethod
+    def from_json(cls, data: dict) -> Evidence:
+        return cls(
+            group=data.get("group"),
+            pages=tuple(data.get("pages", ())),
+            detail=data.get("detail", ""),
+            traceback=tuple(data.get("traceback", ())),
+        )
+
 
 class Verdict(NamedTuple):
     """A detector's answer over one run.
@@ -41,7 +51,7 @@ class Verdict(NamedTuple):
     """
 
     detector: str
-    verdict: str  # pass, fail or skipped
+    verdict: str  # pass, fail, skipped, or error (the detector raised)
     first_turn: int | None  # the turn where it first failed
     evidence: tuple[Evidence, ...] = ()
     note: str = ""  # why it passed or was skipped
@@ -52,8 +62,15 @@ class Verdict(NamedTuple):
         return self.verdict == FAIL
 
     @property
+    def errored(self) -> bool:
+        return self.verdict == ERROR
+
+    @property
     def where(self) -> str:
-        """When it first failed, as people read it: ``turn 3`` or ``after the drain``."""
+        """When it first failed, as people read it: ``turn 3`` or ``after the drain``
+        (a detector that raised failed nowhere in the run: ``while judging``)."""
+        if self.errored:
+            return "while judging"
         return "after the drain" if self.after_drain else f"turn {self.first_turn}"
 
     def headline(self) -> str:
@@ -76,6 +93,20 @@ class Verdict(NamedTuple):
             "evidence": self.summary(),
             "details": [e.as_dict() for e in self.evidence],
         }
+
+    @classmethod
+    def from_json(cls, detector: str, data: dict) -> Verdict:
+        """Back from ``as_dict``: the evidence from its details, the note from the
+        line when there are none."""
+        details = tuple(Evidence.from_json(d) for d in data.get("details", ()))
+        return cls(
+            detector=detector,
+            verdict=data["verdict"],
+            first_turn=data.get("first_turn"),
+            evidence=details,
+            note="" if details else data.get("evidence", ""),
+            after_drain=data.get("after_drain", False),
+        )
 
 
 def not_back(

@@ -1,10 +1,10 @@
-"""Child processes of a gate run: ``kvwatch serve`` and Locust (master, workers).
+"""``kvwatch serve`` as a child process of the gate: started on a free port, read back.
 
-Each runs as its own process (the engine never shares one with gevent),
-bound to loopback, with its output in a log file under OUT. ``kvwatch
-serve`` is started with ``--port 0`` and binds a free port itself; the URL
-is read from the line it prints once bound, so two servers started at once
-can never race for one port.
+It runs as its own process (the engine never shares one with gevent), bound
+to loopback, with its output in a log file under OUT. It is started with
+``--port 0`` and binds a free port itself; the URL is read from the line it
+prints once bound, so two servers started at once can never race for one
+port.
 """
 
 from __future__ import annotations
@@ -12,34 +12,17 @@ from __future__ import annotations
 import os
 import re
 import secrets
-import signal
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-import httpx
+from kvwatch.processes import ServerError, stop, wait_healthy
 
-import kvwatch.loadtests
-
-LOCUSTFILE = Path(kvwatch.loadtests.__file__).parent / "locustfile.py"
 # Building the engine takes seconds on a quiet machine; a loaded CI runner can
 # take ten times that. Only an engine that never comes up should hit this.
 START_TIMEOUT = 300.0
 LISTENING = re.compile(r"kvwatch serve: listening on (http://\S+)")
-
-
-class ServerError(RuntimeError):
-    pass
-
-
-def free_port() -> int:
-    """A port that was free a moment ago, for programs that cannot bind port 0
-    and say which port they got (Locust's master)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start_serve(
@@ -116,74 +99,3 @@ class EngineServer:
 
     def __exit__(self, *exc) -> None:
         self.stop()
-
-
-def wait_healthy(
-    url: str, proc: subprocess.Popen, timeout: float, name: str = "kvwatch serve"
-) -> None:
-    """Until ``url/health`` answers 200; ServerError if the process exits or time runs out."""
-    deadline = time.monotonic() + timeout
-    while True:
-        if proc.poll() is not None:
-            raise ServerError(f"{name} exited with {proc.returncode}")
-        try:
-            if httpx.get(f"{url}/health", timeout=10).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        if time.monotonic() > deadline:
-            raise ServerError(f"{name} did not come up in {timeout:.0f} s")
-        time.sleep(0.1)
-
-
-def stop(proc: subprocess.Popen, grace: float = 10.0) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(grace)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
-def locust_commands(
-    user: str | tuple[str, ...],
-    concurrency: int,
-    host: str,
-    plan: Path,
-    out: Path,
-    workers: int,
-    timeout: float,
-    *,
-    stop_timeout: float = 0.0,
-) -> list[list[str]]:
-    """The Locust command lines of one run: the runner (or master) first, then workers.
-
-    ``timeout`` is Locust's run time; ``stop_timeout`` lets each user finish the
-    task it is in (and its ``on_stop``) when that time is up.
-    """
-    users = (user,) if isinstance(user, str) else tuple(user)
-    base = [sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--kvwatch-plan", str(plan)]
-    main = [
-        *base,
-        *("--headless", "-u", str(concurrency), "-r", str(concurrency), "--host", host),
-        *("--csv", str(out / "locust"), "--html", str(out / "locust.html")),
-        *("--exit-code-on-error", "0", "--only-summary", "--loglevel", "WARNING"),
-        *("-t", f"{int(timeout)}s"),
-        *(("--stop-timeout", f"{int(stop_timeout)}s") if stop_timeout else ()),
-    ]
-    if not workers:
-        return [[*main, *users]]
-    port = free_port()
-    master = [
-        *main,
-        *("--master", "--expect-workers", str(workers)),
-        *("--master-bind-host", "127.0.0.1", "--master-bind-port", str(port)),
-        *users,
-    ]
-    worker = [
-        *base,
-        *("--worker", "--master-host", "127.0.0.1", "--master-port", str(port)),
-        *("--loglevel", "WARNING", *users),
-    ]
-    return [master, *[worker] * workers]

@@ -1,0 +1,136 @@
+"""One run judged: its record, the detectors that apply, their verdicts.
+
+``RunResult`` is what the rest of the gate reads about a run (the summary,
+JUnit, the console, the report, the published metrics); it keeps the
+``RunRecord`` it was judged on in memory, so nothing reads ``record.json``
+back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping
+from typing import NamedTuple
+
+from kvwatch.gate.detectors import IDS, RunRecord, Verdict, run_detectors
+
+
+class RunResult(NamedTuple):
+    profile: str
+    concurrency: int
+    turns: int
+    requests: int
+    errors: int  # requests that ended in an error
+    verdicts: Mapping[str, Verdict]
+    error: str | None = None  # the run itself broke
+    timeline: tuple[tuple[int, float], ...] = ()  # (turn, epoch seconds at its barrier)
+    heap_per_token: tuple[tuple[int, float], ...] = ()  # (turn, traced bytes / context token)
+    coverage: Mapping[str, Mapping[str, int]] = {}  # lifecycle transitions taken, per machine
+    record: RunRecord | None = None  # what the detectors judged (None: the run never recorded)
+
+    @property
+    def name(self) -> str:
+        return f"{self.profile} c={self.concurrency}"
+
+    def failed(self) -> dict[str, Verdict]:
+        return {name: v for name, v in self.verdicts.items() if v.failed}
+
+    def errored(self) -> dict[str, Verdict]:
+        """Detectors that raised on this run (their evidence is the exception)."""
+        return {name: v for name, v in self.verdicts.items() if v.errored}
+
+    def as_dict(self) -> dict:
+        out = {
+            "profile": self.profile,
+            "concurrency": self.concurrency,
+            "turns": self.turns,
+            "requests": self.requests,
+            "errors": self.errors,
+            "detectors": {name: v.as_dict() for name, v in self.verdicts.items()},
+            "timeline": [{"turn": t, "at": at} for t, at in self.timeline],
+        }
+        if self.heap_per_token:
+            out["heap_bytes_per_context_token"] = [
+                {"turn": t, "value": round(v, 3)} for t, v in self.heap_per_token
+            ]
+        if self.coverage:
+            out["coverage"] = {m: dict(edges) for m, edges in self.coverage.items()}
+        if self.error:
+            out["error"] = self.error
+        return out
+
+    @classmethod
+    def from_json(cls, data: dict, record: RunRecord | None = None) -> RunResult:
+        """Back from ``as_dict`` (a run of summary.json), with its record if it has one."""
+        heap = data.get("heap_bytes_per_context_token", ())
+        return cls(
+            profile=data["profile"],
+            concurrency=data["concurrency"],
+            turns=data["turns"],
+            requests=data["requests"],
+            errors=data["errors"],
+            verdicts={
+                name: Verdict.from_json(name, v) for name, v in data.get("detectors", {}).items()
+            },
+            error=data.get("error"),
+            timeline=tuple((p["turn"], p["at"]) for p in data.get("timeline", ())),
+            heap_per_token=tuple((p["turn"], p["value"]) for p in heap),
+            coverage=data.get("coverage", {}),
+            record=record,
+        )
+
+
+def judge(
+    profile: str,
+    concurrency: int,
+    record: RunRecord,
+    *,
+    requests: int = 0,
+    errors: int = 0,
+    detectors: Collection[str] = IDS,
+) -> RunResult:
+    """Run the detectors over one recorded run. A run that broke part way is
+    judged on what it recorded (a finding stands; a detector that needs the
+    whole run says it was skipped); a run with nothing recorded is ``broken``."""
+    verdicts = run_detectors(record, detectors)
+    timeline = tuple((t.turn, t.at) for t in record.turns if t.at is not None)
+    heap = tuple(
+        (t.turn, t.heap.traced_bytes / t.context_tokens)
+        for t in record.turns
+        if t.heap is not None and t.context_tokens > 0
+    )
+    return RunResult(
+        profile=profile,
+        concurrency=concurrency,
+        turns=len(record.turns),
+        requests=requests,
+        errors=errors,
+        verdicts=verdicts,
+        error=record.error,
+        timeline=timeline,
+        heap_per_token=heap,
+        coverage=record.coverage,
+        record=record,
+    )
+
+
+def broken(profile: str, concurrency: int, turns: int, error: str) -> RunResult:
+    """A run that never produced a record to judge."""
+    return RunResult(
+        profile=profile,
+        concurrency=concurrency,
+        turns=turns,
+        requests=0,
+        errors=0,
+        verdicts={},
+        error=error,
+    )
+
+
+def no_service(requests: int, errors: int) -> str | None:
+    """Why a run's load says the engine never served it, or None: such a run is
+    broken, whatever its probes say."""
+    if requests == 0:
+        return "no request reached the server"
+    if errors >= requests:
+        return f"every one of the {requests} requests failed (see locust.log)"
+    return None

@@ -1,0 +1,61 @@
+"""``GateOptions``: how ``kvwatch gate`` runs, whatever it runs against.
+
+What is under test (the engine, a URL, faults, the model) is the target's
+(``kvwatch.targets.select``); these are the gate's own flags: which profiles
+and concurrencies, how many turns, where the outputs go and where the verdict
+is published. ``validate`` raises ValueError for a usage error (exit 2)
+before anything is written.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import urlparse
+
+from kvwatch import streams
+from kvwatch.gate import outputs
+from kvwatch.gate.detectors import MIN_JUDGED_TURNS
+
+
+@dataclass(frozen=True, kw_only=True)
+class GateOptions:
+    profiles: tuple[str, ...] = ()  # () = every profile the target can run
+    concurrency: tuple[int, ...] = (1, 2, 4, 8)
+    turns: int = 6
+    warmup: int = 2
+    out: Path = Path("kvwatch-out")
+    junit: Path | None = None
+    locust_workers: int = 0
+    seed: int = 0
+    run_timeout: float = 600.0
+    report: bool = True
+    pushgateway: str | None = None  # push the verdict metrics here
+    grafana_url: str | None = None  # annotate the findings here
+    grafana_token: str | None = None
+    progress: Callable[[str], None] = field(default=streams.err)  # what it is doing
+    result: Callable[[str], None] = field(default=streams.out)  # run results, the verdict
+
+    def validate(self) -> None:
+        """Usage errors (the CLI's exit 2) as ValueError."""
+        if not self.concurrency or any(not 1 <= c <= 64 for c in self.concurrency):
+            raise ValueError("-c takes concurrencies in 1..64, e.g. 1,2,4,8")
+        if self.turns < self.warmup + MIN_JUDGED_TURNS:
+            raise ValueError(
+                f"--turns must be at least {self.warmup + MIN_JUDGED_TURNS} "
+                f"({self.warmup} warm-up turns and {MIN_JUDGED_TURNS} judged ones)"
+            )
+        if self.locust_workers < 0:
+            raise ValueError("--locust-workers must be >= 0")
+        for flag, url in (("--pushgateway", self.pushgateway), ("--grafana-url", self.grafana_url)):
+            if url is not None and not is_http_url(url):
+                raise ValueError(f"{flag} takes an http(s) URL, not {url!r}")
+        outputs.out_dir(self.out)
+        if self.junit is not None:
+            outputs.report_file("--junit", self.junit, self.out)
+
+
+def is_http_url(url: str) -> bool:
+    parts = urlparse(url)
+    return parts.scheme in ("http", "https") and bool(parts.netloc)

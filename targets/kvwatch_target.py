@@ -1,0 +1,164 @@
+"""kvwatch's own engine as a gate target: ``kvwatch serve --enable-probe`` per profile.
+
+Every profile runs on a server of its own, started with the profile's engine
+config (small pools, so pressure, pruning and retraction happen within a few
+turns) and the faults asked for, and shared by that profile's
+concurrencies. Its records carry every signal, so every detector judges it::
+
+    serving(profile)   kvwatch serve --config OUT/servers/P/engine.json --enable-probe
+                       --probe-token T --run-dir OUT/spans/P [--inject F]...
+                       and a cache-off reference engine of the same model
+    run(spec)          coverage before -> Locust turns (probes over /debug/*, heap
+                       samples up to c = HEAP_UP_TO or where the profile asks,
+                       per-step watching, replay candidates) -> coverage after ->
+                       the comparable requests replayed on the reference
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+
+from kvwatch import MODEL_NAME
+from kvwatch.engine.faults import parse_faults
+from kvwatch.gate import outputs
+from kvwatch.gate.console import Progress
+from kvwatch.gate.locust_run import HANDOVER, run_turns
+from kvwatch.gate.plan import GaugePreset, ProbeSpec, RunPlan, preset
+from kvwatch.gate.profiles import PROFILES, Profile
+from kvwatch.gate.replay import spread
+from kvwatch.gate.run_record import RunRecord, Signal
+from kvwatch.gate.sources import HttpSource
+from kvwatch.targets.kvwatch_serve import EngineServer
+from kvwatch.targets.target import RunSpec, Served, Target
+from kvwatch.telemetry.coverage import since
+
+# The server traces its heap (tracemalloc, one frame) in every profile's runs up
+# to this concurrency, and at every one for profiles that ask (``Profile.heap``):
+# tracing costs every allocation, and at c = 8 the agentic-trie profile's
+# per-step probes ran 3.4x slower with it (144 s against 42 s).
+HEAP_UP_TO = 2
+SOURCE = "kvwatch.gate.sources:HttpSource.for_plan"
+
+
+class KvwatchTarget(Target):
+    name = "kvwatch"
+    signals = frozenset(Signal)
+
+    def __init__(
+        self,
+        out: Path,
+        *,
+        faults: tuple[str, ...] = (),
+        model: str = MODEL_NAME,
+        max_replays: int | None = None,
+        gauges: GaugePreset | None = None,
+    ) -> None:
+        parse_faults(faults)  # ValueError: an unknown fault
+        if max_replays is not None and max_replays < 1:
+            raise ValueError("--max-replays must be >= 1")
+        self.out, self.faults, self.model, self.max_replays = out, tuple(faults), model, max_replays
+        self.gauges = gauges or preset("kvwatch")
+
+    def profiles(self) -> Mapping[str, Profile]:
+        return PROFILES
+
+    @contextlib.contextmanager
+    def serving(self, profile: Profile, progress: Progress) -> Iterator[KvwatchServed]:
+        progress.say(f"starting kvwatch serve for {profile.name}")
+        server = self._start(profile)
+        try:
+            yield KvwatchServed(self, profile, server)
+        finally:
+            server.stop()
+
+    def _start(self, profile: Profile) -> EngineServer:
+        where = outputs.child(self.out, "servers", profile.name)
+        where.mkdir(parents=True, exist_ok=True)
+        config = where / "engine.json"
+        config.write_text(json.dumps(profile.engine_config(), indent=2))
+        spans = outputs.child(self.out, "spans", profile.name)
+        return EngineServer(config, self.faults, where / "server.log", spans, profile.serve_flags)
+
+
+def profile_engine(profile: Profile):
+    """The engine config the gate serves ``profile`` with (its overrides on the defaults)."""
+    from kvwatch.engine import EngineConfig
+    from kvwatch.engine.overrides import apply_overrides
+
+    return apply_overrides(EngineConfig(), profile.engine_config())
+
+
+class KvwatchServed(Served):
+    def __init__(self, target: KvwatchTarget, profile: Profile, server: EngineServer) -> None:
+        self.target, self.profile, self.server = target, profile, server
+        self._reference = None
+
+    @property
+    def reference(self):
+        """The cache-off engine of the served model, built on the first replay."""
+        if self._reference is None:
+            from kvwatch.gate.replay import Reference  # torch: only once a run needs it
+
+            self._reference = Reference(profile_engine(self.profile))
+        return self._reference
+
+    def exited(self) -> str | None:
+        return self.server.exited()
+
+    def run(self, spec: RunSpec) -> RunRecord:
+        if gone := self.server.exited():
+            return RunRecord(turns=(), error=f"not run: {gone}")
+        counted = HttpSource(self.server.url, white_box=True, token=self.server.token)
+        before = counted.coverage()
+        run = run_turns(self.plan(spec), spec, self.profile.user)
+        if gone := self.server.exited():
+            return RunRecord(turns=(), error=gone)  # a partial record is not judged
+        if not run.turns and run.error:
+            return run
+        # everything the server did for this run, its users' setup too
+        run = run._replace(coverage=since(before, counted.coverage()))
+        if run.error is None:
+            run = self.replayed(run, spec.progress)
+        return run
+
+    def plan(self, spec: RunSpec) -> RunPlan:
+        profile, server, c = self.profile, self.server, spec.concurrency
+        return RunPlan(
+            profile=profile.name,
+            concurrency=c,
+            target=server.url,
+            record=str(spec.where / HANDOVER),
+            turns=spec.turns,
+            warmup=spec.warmup,
+            seed=spec.seed,
+            metrics_url=f"{server.url}/metrics",
+            source=ProbeSpec(
+                factory=SOURCE,
+                white_box=True,
+                token=server.token,
+                watch=True,
+                heap=profile.heap or c <= HEAP_UP_TO,
+                replays=True,
+                flush_every_turn=profile.flush_every_turn,
+            ),
+            test_controls=True,
+            model=self.target.model,
+            gauges=self.target.gauges,
+        )
+
+    def replayed(self, run: RunRecord, progress: Progress) -> RunRecord:
+        """``run`` with its comparable requests (at most ``--max-replays``, spread over
+        the run) replayed on the cache-off reference engine."""
+        started = time.monotonic()
+        chosen = spread(run.candidates, self.target.max_replays)
+        progress.say(f"    replaying {len(chosen)} requests on a cache-off engine")
+        run = run._replace(replays=self.reference.replay(chosen))
+        progress.say(
+            f"    {len(run.replays)} of {run.finished} finished requests (greedy or seeded) "
+            f"replayed on a cache-off engine ({time.monotonic() - started:.1f} s)"
+        )
+        return run
