@@ -31,7 +31,7 @@ from kvwatch.gate.run_record import RunRecord
 from kvwatch.processes import free_port, stop
 
 if TYPE_CHECKING:
-    from kvwatch.targets.target import RunSpec
+    from kvwatch.gate.target import RunSpec
 
 # found without importing it: importing Locust's user classes pulls gevent in
 LOCUSTFILE = Path(importlib.util.find_spec("kvwatch.loadtests").origin).parent / "locustfile.py"

@@ -9,7 +9,7 @@
                  annotations, --junit FILE, report.html, the console's result lines
 
 Nothing here knows which target it runs: what it may ask of one is
-``targets/target.py``. A run is judged only when it ran against a live
+``target.py``. A run is judged only when it ran against a live
 engine: a run whose engine died, or whose every request failed, is broken
 (exit 3), so an engine that dies can never pass. Every path is built under
 ``--out`` from checked names (``outputs.py``).
@@ -30,8 +30,8 @@ from kvwatch.gate.junit import write_junit
 from kvwatch.gate.options import GateOptions
 from kvwatch.gate.run_record import Counts
 from kvwatch.gate.summary import GateSummary, coverage_line, summarize, write_summary
+from kvwatch.gate.target import RunSpec, Served, Target
 from kvwatch.processes import ServerError
-from kvwatch.targets.target import RunSpec, Served, Target
 
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report it
 

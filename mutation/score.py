@@ -54,7 +54,7 @@ FAST_FLAGS = ("-c", "2", "--max-replays", "16")
 DEFAULT_FLAGS = ("-c", "1,8", "--max-replays", "24")
 
 
-class Verdict(NamedTuple):
+class MutantVerdict(NamedTuple):
     """What happened to one mutant."""
 
     mutant: Mutant
@@ -83,7 +83,7 @@ class Verdict(NamedTuple):
         }
 
     @classmethod
-    def from_json(cls, d: dict) -> Verdict:
+    def from_json(cls, d: dict) -> MutantVerdict:
         mutant = Mutant(
             file=d["file"],
             ordinal=d["ordinal"],
@@ -143,7 +143,7 @@ def _gate(tree: Path, out: Path, flags: Sequence[str]) -> tuple[int, tuple[str, 
     return proc.returncode, tuple(dict.fromkeys(failed))
 
 
-def judge(mutant: Mutant, work: Path, source: Path = REPO) -> Verdict:
+def judge(mutant: Mutant, work: Path, source: Path = REPO) -> MutantVerdict:
     """Steps 1-3 for one mutant (made from ``source``), in its own directory under ``work``."""
     started = time.monotonic()
     tree = work / mutant.id.replace("/", "_").replace(":", "-")
@@ -152,9 +152,9 @@ def judge(mutant: Mutant, work: Path, source: Path = REPO) -> Verdict:
     src = tree / "src"
     alive = _alive(src)
 
-    def verdict(caught_by: str | None, detectors: tuple[str, ...] = ()) -> Verdict:
+    def verdict(caught_by: str | None, detectors: tuple[str, ...] = ()) -> MutantVerdict:
         elapsed = round(time.monotonic() - started, 1)
-        return Verdict(
+        return MutantVerdict(
             mutant=mutant,
             alive=alive["alive"],
             oracle=alive["oracle"],
@@ -183,7 +183,7 @@ def run_all(
     workers: int = 2,
     progress: Callable[[str], None] | None = None,
     source: Path = REPO,
-) -> list[Verdict]:
+) -> list[MutantVerdict]:
     """Every mutant's verdict, in ``mutants`` order. Each verdict is appended to
     ``work/verdicts.jsonl`` as it comes; a mutant already there is not run again,
     so a run that was stopped resumes where it was."""
@@ -191,10 +191,10 @@ def run_all(
     work = work.resolve()  # the gates run from the mutant's tree
     work.mkdir(parents=True, exist_ok=True)
     journal = work / "verdicts.jsonl"
-    done: dict[Mutant, Verdict] = {}
+    done: dict[Mutant, MutantVerdict] = {}
     if journal.exists():
         for line in journal.read_text().splitlines():
-            v = Verdict.from_json(json.loads(line))
+            v = MutantVerdict.from_json(json.loads(line))
             done[v.mutant] = v
     lock = threading.Lock()
 

@@ -18,7 +18,7 @@ from kvwatch.mutation.operators import OPERATORS
 from kvwatch.mutation.survivors import NOTES
 
 if TYPE_CHECKING:
-    from kvwatch.mutation.score import Verdict
+    from kvwatch.mutation.score import MutantVerdict
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "mutation-score.md"
 
@@ -27,7 +27,7 @@ def _pct(part: int, whole: int) -> str:
     return f"{100 * part / whole:.0f}%" if whole else "-"
 
 
-def render(verdicts: Sequence[Verdict], meta: dict) -> str:
+def render(verdicts: Sequence[MutantVerdict], meta: dict) -> str:
     alive = [v for v in verdicts if v.alive]
     caught = [v for v in alive if v.caught_by]
     fast = sum(v.caught_by.startswith("fast") for v in caught)
@@ -76,7 +76,7 @@ def render(verdicts: Sequence[Verdict], meta: dict) -> str:
     return "\n".join(lines + _survivors(alive) + _every_mutant(verdicts)) + "\n"
 
 
-def _survivors(alive: Sequence[Verdict]) -> list[str]:
+def _survivors(alive: Sequence[MutantVerdict]) -> list[str]:
     """Each alive mutant the gate let through, with what would catch it."""
     lines = ["", "## Survivors", ""]
     survivors = [v for v in alive if not v.caught_by]
@@ -92,7 +92,7 @@ def _survivors(alive: Sequence[Verdict]) -> list[str]:
     return lines
 
 
-def _every_mutant(verdicts: Sequence[Verdict]) -> list[str]:
+def _every_mutant(verdicts: Sequence[MutantVerdict]) -> list[str]:
     lines = [
         "",
         "## Every mutant",
@@ -111,7 +111,7 @@ def _every_mutant(verdicts: Sequence[Verdict]) -> list[str]:
 
 
 def save(
-    verdicts: Sequence[Verdict],
+    verdicts: Sequence[MutantVerdict],
     doc: Path,
     *,
     sites: int,
@@ -125,8 +125,8 @@ def save(
     doc.write_text(render(verdicts, meta))
 
 
-def load(doc: Path) -> tuple[list[Verdict], dict]:
-    from kvwatch.mutation.score import Verdict
+def load(doc: Path) -> tuple[list[MutantVerdict], dict]:
+    from kvwatch.mutation.score import MutantVerdict
 
     data = json.loads(doc.with_suffix(".json").read_text())
-    return [Verdict.from_json(d) for d in data["mutants"]], data["meta"]
+    return [MutantVerdict.from_json(d) for d in data["mutants"]], data["meta"]

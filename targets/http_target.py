@@ -18,7 +18,7 @@ from kvwatch.gate.locust_run import HANDOVER, run_turns
 from kvwatch.gate.plan import GaugePreset, ProbeSpec, RunPlan
 from kvwatch.gate.profiles import PROFILES, Profile, openai_only
 from kvwatch.gate.run_record import RunRecord, Signal
-from kvwatch.targets.target import RunSpec, Served, Target
+from kvwatch.gate.target import RunSpec, Served, Target
 
 
 class HttpTarget(Target):

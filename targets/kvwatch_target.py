@@ -32,8 +32,8 @@ from kvwatch.gate.profiles import PROFILES, Profile
 from kvwatch.gate.replay import spread
 from kvwatch.gate.run_record import RunRecord, Signal
 from kvwatch.gate.sources import HttpSource
+from kvwatch.gate.target import RunSpec, Served, Target
 from kvwatch.targets.kvwatch_serve import EngineServer
-from kvwatch.targets.target import RunSpec, Served, Target
 from kvwatch.telemetry.coverage import since
 
 # The server traces its heap (tracemalloc, one frame) in every profile's runs up

@@ -18,7 +18,7 @@ from pathlib import Path
 from kvwatch import MODEL_NAME
 from kvwatch.gate.options import is_http_url
 from kvwatch.gate.plan import preset
-from kvwatch.targets.target import Target
+from kvwatch.gate.target import Target
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -2,7 +2,8 @@
 
 ``audit(kv_cache_manager, live_request_ids)`` reads a live ``KVCacheManager``
 (its block pool, free queue, prefix-hash map and every group's block tables)
-and returns the broken invariants as ``Finding``s. It only reads: it changes
+and returns the broken invariants as ``Violation``s (each rule maps to a
+kvwatch ``FindingKind`` in ``KINDS``, the one vocabulary detectors match on). It only reads: it changes
 nothing and imports nothing from vLLM, so it runs in vLLM's own process
 (the engine core) between two engine steps, when no allocation is half done.
 
@@ -26,7 +27,7 @@ is never in the free queue and never carries a hash. Blocks released with
 ``unpin_blocks`` are ordinary free blocks (ref 0, in the free queue).
 
 Groups share the coordinator's ``BlockPool`` unless one has its own, which is
-audited apart (``Finding.pool``). A block can carry several prefix keys: its
+audited apart (``Violation.pool``). A block can carry several prefix keys: its
 ``block_hash`` plus those in ``cached_block_hashes_by_block`` (partial-block
 entries of ``cache_partial_block`` when a group's blocks are larger than
 ``hash_block_size``, and keys moved by ``move_block_hashes``).
@@ -38,6 +39,8 @@ from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 
+from kvwatch.contracts import FindingKind
+
 REFCOUNT = "refcount"
 FREE_AND_REFERENCED = "free-and-referenced"
 UNACCOUNTED = "unaccounted-block"
@@ -47,10 +50,20 @@ UNINDEXED_HASH = "unindexed-hash"
 ORPHAN = "orphan-holder"
 PENDING_COPY = "(pending copy)"
 HELD = "(held)"
+# each rule as the finding kind whose detector owns that invariant
+KINDS = {
+    REFCOUNT: FindingKind.REF_MISMATCH,  # refcount
+    FREE_AND_REFERENCED: FindingKind.FREE_AND_OWNED,  # allocator
+    UNACCOUNTED: FindingKind.ORPHAN,  # allocator
+    ORPHAN: FindingKind.ORPHAN,  # allocator
+    FREE_COUNT: FindingKind.TREE,  # tree: the pool's own bookkeeping
+    STALE_HASH: FindingKind.TREE,  # tree: the prefix index
+    UNINDEXED_HASH: FindingKind.TREE,
+}
 
 
 @dataclass(frozen=True, kw_only=True)
-class Finding:
+class Violation:
     """One broken invariant: which rule, in words, and what it involves.
 
     ``blocks`` are block ids in pool number ``pool`` (0 unless groups use
@@ -73,7 +86,7 @@ class Audit:
     prefix-map entries; ``live_requests`` the ids given as live;
     ``holding_requests`` the requests (live or not) with blocks in a table."""
 
-    findings: tuple[Finding, ...]
+    findings: tuple[Violation, ...]
     blocks_total: int
     blocks_free: int
     blocks_referenced: int
@@ -135,7 +148,7 @@ class _PoolAudit:
             self.holders[block.block_id].append(HELD)
 
     def add(self, rule: str, detail: str, blocks, requests=(), key=None) -> None:
-        found = Finding(
+        found = Violation(
             rule=rule,
             detail=detail,
             blocks=tuple(blocks),
@@ -240,7 +253,7 @@ def audit(kv_cache_manager, live_request_ids: Iterable[str], held: Iterable = ()
     for block in held:
         owner = getattr(block, "pool", None) or kv_cache_manager.block_pool
         held_by_pool[id(owner)].append(block)
-    findings: list[Finding] = []
+    findings: list[Violation] = []
     counts = dict.fromkeys(("blocks_total", "blocks_free", "blocks_referenced"), 0)
     counts["cached_hashes"], holding = 0, set()
     for index, (key, (pool, group)) in enumerate(pools.items()):

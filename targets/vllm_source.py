@@ -27,7 +27,6 @@ from typing import TYPE_CHECKING
 
 from kvwatch.contracts import (
     EngineStats,
-    FindingKind,
     GroupReport,
     ProbeReport,
     QueueReport,
@@ -37,21 +36,12 @@ from kvwatch.contracts import (
 )
 from kvwatch.gate.run_record import HeapSample
 from kvwatch.gate.sources import TIMEOUT, HttpSource
+from kvwatch.targets.vllm_audit import KINDS
 
 if TYPE_CHECKING:
     from kvwatch.gate.plan import RunPlan
 
 GROUP = "vllm.kv"
-# the audit's rules (vllm_audit.py), by the detector that owns the invariant
-KINDS = {
-    "refcount": FindingKind.REF_MISMATCH,  # refcount
-    "free-and-referenced": FindingKind.FREE_AND_OWNED,  # allocator
-    "unaccounted-block": FindingKind.ORPHAN,  # allocator
-    "orphan-holder": FindingKind.ORPHAN,  # allocator
-    "free-count": FindingKind.TREE,  # tree: the pool's own bookkeeping
-    "stale-hash-entry": FindingKind.TREE,  # tree: the prefix index
-    "unindexed-hash": FindingKind.TREE,
-}
 
 
 def probe_report(answer: dict) -> ProbeReport:

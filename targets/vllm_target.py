@@ -22,8 +22,8 @@ from kvwatch.gate.locust_run import HANDOVER, run_turns
 from kvwatch.gate.plan import GaugePreset, ProbeSpec, RunPlan
 from kvwatch.gate.profiles import Profile, openai_only
 from kvwatch.gate.run_record import RunRecord, Signal
+from kvwatch.gate.target import RunSpec, Served, Target
 from kvwatch.processes import ServerError
-from kvwatch.targets.target import RunSpec, Served, Target
 
 SOURCE = "kvwatch.targets.vllm_source:VllmProbeSource.for_plan"
 

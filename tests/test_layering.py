@@ -183,3 +183,70 @@ def test_the_gate_checks_its_flags_without_loading_torch_or_scipy():
     from kvwatch.engine import Engine, SamplingParams  # the lazy names still resolve
 
     assert Engine.__name__ == "Engine" and SamplingParams.__name__ == "SamplingParams"
+
+
+def runtime_imports_of(folder: str) -> dict[str, set[str]]:
+    """Like ``imports_of``, leaving out imports under ``if TYPE_CHECKING:``."""
+    out = {}
+    for path in sorted((ROOT / folder).rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        typing_only = {
+            id(n)
+            for node in ast.walk(tree)
+            if isinstance(node, ast.If) and ast.unparse(node.test).endswith("TYPE_CHECKING")
+            for n in ast.walk(node)
+        }
+        names = set()
+        for node in ast.walk(tree):
+            if id(node) in typing_only:
+                continue
+            if isinstance(node, ast.Import):
+                names.update(a.name for a in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                names.add(node.module)
+        out[str(path.relative_to(ROOT))] = names
+    return out
+
+
+# package -> the kvwatch packages it may not import at run time: the gate defines what
+# it needs from a target (gate/target.py) and never loads one; what Locust loads
+# knows no target; targets drive loads through the gate, never Locust's modules
+FORBIDDEN_PACKAGES = {
+    "gate": ("kvwatch.targets", "kvwatch.loadtests"),
+    "loadtests": ("kvwatch.targets",),
+    "targets": ("kvwatch.loadtests",),
+    "telemetry": ("kvwatch.gate", "kvwatch.targets", "kvwatch.loadtests"),
+}
+
+
+def test_packages_import_in_one_direction():
+    for folder, banned in FORBIDDEN_PACKAGES.items():
+        for path, names in runtime_imports_of(folder).items():
+            bad = sorted(n for n in names if n.startswith(banned))
+            assert not bad, f"{path} imports {bad}"
+
+
+def test_a_planted_import_of_a_target_in_the_gate_is_seen(tmp_path, monkeypatch):
+    (tmp_path / "gate").mkdir()
+    (tmp_path / "gate" / "x.py").write_text(
+        "from typing import TYPE_CHECKING\n"
+        "from kvwatch.targets.select import choose\n"
+        "if TYPE_CHECKING:\n    from kvwatch.targets.vllm_target import VllmTarget\n"
+    )
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    assert runtime_imports_of("gate") == {"gate/x.py": {"typing", "kvwatch.targets.select"}}
+
+
+def test_no_two_source_modules_share_a_file_name():
+    """A reader must never confuse ``a/gate.py`` with ``b/gate.py``."""
+    seen: dict[str, str] = {}
+    clashes = []
+    for folder in (*OUTSIDE_THE_ENGINE, "engine"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            if path.name.startswith("__"):
+                continue
+            rel = str(path.relative_to(ROOT))
+            if path.name in seen:
+                clashes.append(f"{seen[path.name]} and {rel}")
+            seen.setdefault(path.name, rel)
+    assert not clashes, clashes

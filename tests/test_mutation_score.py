@@ -134,7 +134,7 @@ def test_a_stopped_run_resumes_from_its_journal(tmp_path, monkeypatch):
     def judge(mutant, work, source):
         assert work.is_absolute()  # the gates run from the mutant's tree, not from here
         judged.append(mutant.id)
-        return score.Verdict(
+        return score.MutantVerdict(
             mutant=mutant,
             alive=True,
             oracle="audit",
@@ -176,7 +176,7 @@ def test_the_score_document_is_rendered_from_its_verdicts_and_names_its_commit(t
 
     a, b, c = catalog()[:3]
     verdicts = [
-        score.Verdict(
+        score.MutantVerdict(
             mutant=a,
             alive=True,
             oracle="audit",
@@ -185,7 +185,7 @@ def test_the_score_document_is_rendered_from_its_verdicts_and_names_its_commit(t
             detectors=("tree",),
             elapsed_s=1.0,
         ),
-        score.Verdict(
+        score.MutantVerdict(
             mutant=b,
             alive=True,
             oracle="quiescence",
@@ -194,7 +194,7 @@ def test_the_score_document_is_rendered_from_its_verdicts_and_names_its_commit(t
             detectors=(),
             elapsed_s=2.0,
         ),
-        score.Verdict(
+        score.MutantVerdict(
             mutant=c,
             alive=False,
             oracle=None,

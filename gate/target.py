@@ -1,8 +1,10 @@
 """The seam between the gate and what it gates.
 
-A ``Target`` is everything the gate needs from the thing under test; the
-flags of ``kvwatch gate`` pick one, once (``select.py``), and the gate loop
-(``kvwatch.gate.pipeline``) knows nothing else about it::
+A ``Target`` is everything the gate needs from the thing under test. The
+gate defines it and never imports an implementation: those live in
+``kvwatch.targets`` (kvwatch's engine, a black-box server, vLLM, ...), the
+flags of ``kvwatch gate`` pick one, once (``targets/select.py``), and the
+gate loop (``pipeline.py``) knows nothing else about it::
 
     with target.started(progress):                   what every profile shares (vLLM)
         for profile in target.selected(names):
