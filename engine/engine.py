@@ -96,7 +96,12 @@ class Engine:
         )
         self._runner = ModelRunner(self.model, self._cache)
         self._scheduler = Scheduler(
-            config.scheduler, self._cache, self.events, config.faults, config.model.max_model_len
+            config.scheduler,
+            self._cache,
+            self.events,
+            config.faults,
+            config.model.max_model_len,
+            branches=self._cache,
         )
         self._sessions = SessionRegistry(
             keep_every_blob=Fault.SESSION_BLOB_RETENTION in config.faults

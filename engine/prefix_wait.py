@@ -26,7 +26,7 @@ past s, finishes, or leaves the running set (retracted, paused, aborted).
 from __future__ import annotations
 
 from kvwatch.engine.cache.owner import OwnerKind
-from kvwatch.engine.cache.protocol import PrefixCache
+from kvwatch.engine.cache.protocol import BranchPromises
 from kvwatch.engine.request import Request, Status
 
 
@@ -52,16 +52,16 @@ class PrefixWaits:
     """One step's waits, built while the scheduler walks its queue.
 
     ``promises`` (holder id -> depths) and ``wanted`` go to
-    ``PrefixCache.promise`` at the end of the step's scheduling: each
+    ``BranchPromises.promise`` at the end of the step's scheduling: each
     sharer captures and keeps the state its waiters need, and a kept snapshot
     stays until no queued request wants it (a waiter may still be queued, for
     want of batch room, after its sharer finished).
     """
 
-    def __init__(self, cache: PrefixCache, running: list[Request]) -> None:
-        self.cache = cache
-        self.page = cache.page_size
-        self.enabled = cache.branch_waits
+    def __init__(self, branches: BranchPromises, page_size: int, running: list[Request]) -> None:
+        self.branches = branches
+        self.page = page_size
+        self.enabled = branches.branch_waits
         self.sharers = [r for r in running if self._sharer(r)]
         self.promises: dict[int, frozenset[int]] = {}
         self.wanted: set[object] = set()  # kept snapshots a queued request still needs
@@ -87,14 +87,14 @@ class PrefixWaits:
 
     def _decide(self, req: Request) -> bool:
         limit = req.prompt_len - 1  # the last prompt token is always computed
-        self.wanted |= self.cache.kept_on_path(req.tokens, req.extra_key, limit)
+        self.wanted |= self.branches.kept_on_path(req.tokens, req.extra_key, limit)
         for q in self.sharers:
             if q.extra_key != req.extra_key:
                 continue
             h = q.holder
             s = shared_len(req.tokens, q.tokens, limit) // self.page * self.page
             ahead = s > h.computed_len and s > h.cached_len
-            if ahead or s in self.cache.promised_by(h):
+            if ahead or s in self.branches.promised_by(h):
                 self.promises[h.id] = self.promises.get(h.id, frozenset()) | {s}
                 return ahead
         return False
@@ -107,7 +107,7 @@ class PrefixWaits:
             req.status is Status.RUNNING
             and h is not None
             and h.kind is OwnerKind.REQUEST
-            and (h.computed_len < req.prompt_len or bool(self.cache.promised_by(h)))
+            and (h.computed_len < req.prompt_len or bool(self.branches.promised_by(h)))
         )
 
 

@@ -19,7 +19,7 @@ from kvwatch.contracts import (
     TreeReport,
     finding,
 )
-from kvwatch.engine.cache.protocol import PrefixCache
+from kvwatch.engine.cache.protocol import AuditableCache
 from kvwatch.engine.cache.usage import GroupUsage
 
 __all__ = ["EngineStats", "ProbeReport", "QueueReport", "take_probe", "take_stats"]
@@ -61,7 +61,7 @@ def _stats(
 
 
 def take_stats(
-    cache: PrefixCache,
+    cache: AuditableCache,
     step: int,
     queue: QueueReport,
     *,
@@ -80,7 +80,7 @@ def take_stats(
 
 
 def take_probe(
-    cache: PrefixCache,
+    cache: AuditableCache,
     step: int,
     queue: QueueReport,
     *,

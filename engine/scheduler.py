@@ -27,7 +27,7 @@ from collections import deque
 from kvwatch.engine.cache.holder import HolderStatus
 from kvwatch.engine.cache.owner import OwnerKind
 from kvwatch.engine.cache.pool import PoolExhausted
-from kvwatch.engine.cache.protocol import Capture, Match, PrefixCache
+from kvwatch.engine.cache.protocol import BranchPromises, Capture, Match, PrefixCache
 from kvwatch.engine.config import SchedulerConfig
 from kvwatch.engine.events import (
     EventBus,
@@ -61,8 +61,12 @@ class Scheduler:
         events: EventBus,
         faults: frozenset[Fault],
         max_model_len: int,
+        branches: BranchPromises,
     ) -> None:
+        """``cache`` takes a request's pages; ``branches`` (the same backend, seen
+        through its prefix-wait capability) the step's promised branch points."""
         self.cfg, self.cache, self.events, self.faults = cfg, cache, events, faults
+        self.branches = branches
         self.max_model_len = max_model_len
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []  # by arrival, oldest first
@@ -147,7 +151,11 @@ class Scheduler:
             if req.status is Status.RUNNING and (work := self._try_place(req, budget, works)):
                 works[req.id] = work
                 budget -= work.n + len(work.drafts)
-        waits = PrefixWaits(self.cache, self.running) if self.cfg.prefix_waits else None
+        waits = (
+            PrefixWaits(self.branches, self.cache.page_size, self.running)
+            if self.cfg.prefix_waits
+            else None
+        )
         for req in list(self.waiting):
             if len(self.running) >= self.cfg.max_running or budget <= 0:
                 break
@@ -179,7 +187,7 @@ class Scheduler:
         if waits is not None:
             for req in self.waiting:  # all of them: a wait stands while the batch is full too
                 waits.waits(req)
-            self.cache.promise(waits.promises, waits.wanted)
+            self.branches.promise(waits.promises, waits.wanted)
         every = self.cfg.retract_every
         if every and step % every == every - 1:
             self._forced_retract(works)
@@ -205,8 +213,8 @@ class Scheduler:
     def _drop_promises_without_waiters(self) -> None:
         """With the queue empty no one waits to branch off: what was kept for
         waiters goes now, not at the next step (an idle engine takes none)."""
-        if not self.waiting and self.cache.keeps_for_waiters():
-            self.cache.promise({}, set())
+        if not self.waiting and self.branches.keeps_for_waiters():
+            self.branches.promise({}, set())
 
     def _apply(self, work: Work, res: WorkResult) -> RequestOutput:
         req, h = work.request, work.request.holder

@@ -1,6 +1,7 @@
-"""The cache's one contract: the scheduler, runner and prefix waits call only
-``PrefixCache``; each mode is one backend, chosen once; events reach listeners
-only after the mutation that caused them is complete."""
+"""The cache's contracts: the scheduler and runner call only ``PrefixCache``, prefix
+waits only ``BranchPromises``, the probe only ``AuditableCache``; each mode is one
+backend, chosen once; events reach listeners only after the mutation that caused
+them is complete."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from cachesim import INT_LAYOUTS, SimRunner, cache_config, run_turn
 
 from kvwatch.engine.cache.audit import audit
 from kvwatch.engine.cache.backends import BACKENDS, NoPrefixCache, build_cache
-from kvwatch.engine.cache.protocol import PrefixCache
+from kvwatch.engine.cache.protocol import AuditableCache, BranchPromises, PrefixCache
 from kvwatch.engine.cache.radix_cache import RadixPrefixCache
 from kvwatch.engine.cache.slotcache import SlotPrefixCache
 from kvwatch.engine.config import PrefixCacheMode
@@ -21,35 +22,63 @@ from kvwatch.engine.events import NodeEvicted, SnapshotReleased, SnapshotTaken
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = cache_config(window=8, interval=8, page=4, full=24, swa=32, snapshots=12)
-CALLERS = ("engine/scheduler.py", "engine/runner.py", "engine/prefix_wait.py")
-PROTOCOL = {
-    name for klass in PrefixCache.__mro__ for name in vars(klass) if not name.startswith("_")
-} | {"page_size"}
 
 
-def cache_members_used(source: str) -> set[str]:
-    """Attributes read off ``self.cache`` or a name ``cache``, in ``source``."""
+def members(*protocols: type) -> set[str]:
+    return {
+        name
+        for protocol in protocols
+        for klass in protocol.__mro__
+        for name in vars(klass)
+        if not name.startswith("_")
+    }
+
+
+PROTOCOL = members(PrefixCache) | {"page_size"}
+# (file, the name it holds the backend by) -> the contract that name may use
+CALLERS = {
+    ("engine/scheduler.py", "cache"): PROTOCOL,
+    ("engine/scheduler.py", "branches"): members(BranchPromises),
+    ("engine/runner.py", "cache"): PROTOCOL,
+    ("engine/prefix_wait.py", "branches"): members(BranchPromises),
+    ("engine/probe.py", "cache"): members(AuditableCache),
+}
+
+
+def members_used(source: str, holder: str = "cache") -> set[str]:
+    """Attributes read off ``self.<holder>`` or a name ``<holder>``, in ``source``."""
     used = set()
     for node in ast.walk(ast.parse(source)):
         if not isinstance(node, ast.Attribute):
             continue
         base = node.value
         name = getattr(base, "id", None) or getattr(base, "attr", None)
-        if name == "cache" and isinstance(base, ast.Name | ast.Attribute):
+        if name == holder and isinstance(base, ast.Name | ast.Attribute):
             used.add(node.attr)
     return used
 
 
-def test_the_scheduler_runner_and_waits_call_only_the_protocol():
-    for path in CALLERS:
-        used = cache_members_used((ROOT / path).read_text())
-        assert used, f"{path}: no cache calls found; the check reads the wrong names"
-        assert used <= PROTOCOL, f"{path} reaches past PrefixCache: {sorted(used - PROTOCOL)}"
+def test_each_caller_uses_only_the_contract_it_is_handed():
+    for (path, holder), allowed in CALLERS.items():
+        used = members_used((ROOT / path).read_text(), holder)
+        assert used, f"{path}: no {holder} calls found; the check reads the wrong names"
+        assert used <= allowed, f"{path} reaches past its contract: {sorted(used - allowed)}"
+
+
+def test_the_contracts_share_no_member():
+    """The scheduler's calls hold neither the audit nor the branch promises."""
+    scheduler, branches, audit_view = PROTOCOL, members(BranchPromises), members(AuditableCache)
+    assert not scheduler & branches and not scheduler & audit_view and not branches & audit_view
+    assert {"probe", "usage", "structure"} <= audit_view
+    assert {"promise", "promised_by", "kept_on_path"} <= branches
 
 
 def test_the_protocol_check_catches_a_reach_through():
-    planted = "def f(self):\n    return self.cache.tree.walk(x) or self.cache.promises\n"
-    assert cache_members_used(planted) - PROTOCOL == {"tree", "promises"}
+    planted = (
+        "def f(self):\n"
+        "    return self.cache.tree.walk(x) or self.cache.promises or self.cache.probe(0)\n"
+    )
+    assert members_used(planted) - PROTOCOL == {"tree", "promises", "probe"}
 
 
 def test_no_mode_branch_outside_the_backends():

@@ -33,8 +33,8 @@ from kvwatch.engine.cache.protocol import (
     Capture,
     Handle,
     PageTable,
-    PrefixCache,
     ProbeReads,
+    ServedCache,
     holder_of,
 )
 from kvwatch.engine.cache.storage import CacheStorage
@@ -64,7 +64,7 @@ def mutation(fn: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
-class CacheBase(PrefixCache):
+class CacheBase(ServedCache):
     def __init__(
         self,
         config: CacheConfig,

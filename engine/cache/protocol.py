@@ -1,4 +1,14 @@
-"""PrefixCache: the one contract between the scheduler (and runner) and the cache.
+"""The cache's contracts: what the scheduler and runner call, and two capabilities beside it.
+
+* ``PrefixCache``: the calls a scheduler and a runner make (below);
+* ``BranchPromises``: prefix waits, a queued request waiting to branch off a
+  running one's path and the states kept for it (``prefix_wait.py`` and the
+  scheduler's end-of-step promise);
+* ``AuditableCache``: the pure reads a probe takes (the audit, usage, structure).
+
+Every backend implements all three (``ServedCache``); each caller is handed
+only the one it needs, so a scheduler change cannot quietly start reading the
+audit, nor the probe start mutating.
 
 A request's life through it, each call made at a step boundary::
 
@@ -118,7 +128,7 @@ class ProbeReads(NamedTuple):
 
 
 class PrefixCache(ABC):
-    """The calls the scheduler, the runner and the engine make; nothing else."""
+    """The calls the scheduler, the runner and the engine make on a request's pages."""
 
     page_size: int
 
@@ -186,15 +196,10 @@ class PrefixCache(ABC):
     def release(self, h: Handle, *, commit: bool) -> None:
         """Mutates: finish (``commit``) or abort a holder for good."""
 
-    # -- pressure and sharing (mutating) ----------------------------------------------
+    # -- pressure (mutating) ------------------------------------------------------------
     @abstractmethod
     def drop_parked(self) -> bool:
         """Mutates: empty the parked slot held longest; False if none is parked."""
-
-    @abstractmethod
-    def promise(self, points: Mapping[int, frozenset[int]], wanted: set[object]) -> None:
-        """Mutates: this step's promised branch points (holder id -> depths) and the
-        kept states queued requests still want (from ``kept_on_path``)."""
 
     @abstractmethod
     def flush(self) -> None:
@@ -214,10 +219,20 @@ class PrefixCache(ABC):
     def read_aux(self, h: Handle, name: str) -> torch.Tensor:
         """Pure: an auxiliary full.kv field (routed experts) for the computed tokens."""
 
+
+class BranchPromises(ABC):
+    """Prefix waits: queued requests that wait to branch off a running one's path,
+    and the states the cache keeps for them until no waiter wants them."""
+
     @property
     @abstractmethod
     def branch_waits(self) -> bool:
         """Whether queued requests can wait to branch off a running one."""
+
+    @abstractmethod
+    def promise(self, points: Mapping[int, frozenset[int]], wanted: set[object]) -> None:
+        """Mutates: this step's promised branch points (holder id -> depths) and the
+        kept states queued requests still want (from ``kept_on_path``)."""
 
     @abstractmethod
     def promised_by(self, h: Handle) -> frozenset[int]:
@@ -231,6 +246,10 @@ class PrefixCache(ABC):
     def kept_on_path(self, tokens: list[int], extra_key: str | None, limit: int) -> set[object]:
         """Pure: the kept-for-waiters states on the path of ``tokens[:limit]``."""
 
+
+class AuditableCache(ABC):
+    """What a probe reads at a step boundary; every call is pure."""
+
     @abstractmethod
     def probe(self, slack_tokens: int) -> ProbeReads:
         """Pure: the audit, usage, bounds and structure figures, at one moment."""
@@ -242,3 +261,7 @@ class PrefixCache(ABC):
     @abstractmethod
     def structure(self) -> tuple[TreeReport, SlotReport | None, RootRefs]:
         """Pure: tree and slot figures and the root's refs (as counted, not audited)."""
+
+
+class ServedCache(PrefixCache, BranchPromises, AuditableCache):
+    """A backend: all three contracts in one object (``build_cache`` returns one)."""
