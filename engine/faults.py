@@ -2,8 +2,8 @@
 
 A fault is off unless named in a config, by ``--inject NAME`` or in the
 ``KVWATCH_FAULTS`` environment variable (comma separated). Each one switches a
-branch in the real code path back to the buggy behaviour described by its seed
-report in ``shared/seeds``; there is no fake counter anywhere.
+branch in the real code path back to the buggy behaviour of its seed report
+(the README's table of seeds names each one); there is no fake counter anywhere.
 
 The code that a fault touches checks membership directly, so a reader can grep
 for the fault name and land on the line that carries the bug::
