@@ -23,11 +23,12 @@ from typing import Any
 import pytest
 
 from kvwatch.contracts import ProbeReport
-from kvwatch.gate.detectors import Verdict, run_detectors
+from kvwatch.gate.detectors import Signal, Verdict, for_signals, run_detectors
 from kvwatch.gate.recorder import RecorderOptions, TurnRecorder
 from kvwatch.gate.sources import CallableSource
 
-DEFAULT_DETECTORS = ("allocator", "refcount", "tree", "slot-table")
+# what an engine's own probe carries (no server registries, no replays, no gauges)
+DEFAULT_DETECTORS = for_signals({Signal.PROBES, Signal.SLOTS})
 HEAP_FRAMES = 8
 
 
