@@ -19,6 +19,7 @@ import logging
 import types
 from collections import Counter, defaultdict, deque
 from collections.abc import Callable, Iterator, Mapping
+from types import MappingProxyType
 from typing import Any, NamedTuple
 
 log = logging.getLogger(__name__)
@@ -105,8 +106,8 @@ class EventBus:
     """
 
     # one count per event type, one entry per (event type, handler) that ever
-    # raised: bounded by the code, not by the traffic (registry walks skip them)
-    __bounded__ = ("_failures", "_logged")
+    # raised: bounded by the code, not by the traffic (registry walks check it)
+    __bounded__ = MappingProxyType({"_failures": 64, "_logged": 256})
 
     def __init__(self) -> None:
         self._subscribers: dict[type, list[Callable[[Any], None]]] = defaultdict(list)

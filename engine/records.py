@@ -23,6 +23,7 @@ from __future__ import annotations
 import itertools
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
@@ -143,8 +144,8 @@ class Session:
 
 
 class SessionRegistry:
-    # ``closed`` keeps the last CLOSED_IDS_KEPT ids on purpose (registry walks skip it)
-    __bounded__ = ("closed",)
+    # ``closed`` keeps the last CLOSED_IDS_KEPT ids on purpose (registry walks check it)
+    __bounded__ = MappingProxyType({"closed": CLOSED_IDS_KEPT})
 
     def __init__(self, *, keep_every_blob: bool = False) -> None:
         self.open: dict[str, Session] = {}

@@ -32,6 +32,10 @@ class FindingKind(StrEnum):
     # an event listener raised: the engine isolated it and went on, so its
     # telemetry (metrics, spans, lifecycle counts) missed what it was told
     LISTENER = "listener"
+    # a container outgrew the bound its class declares (``__bounded__``, found by the
+    # server's registry walk): per-request or per-session state kept in a place
+    # declared to hold only a few entries
+    REGISTRY = "registry"
 
 
 # who is wrong about a page's owner: the allocator detector's findings

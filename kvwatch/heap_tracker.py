@@ -29,6 +29,7 @@ from __future__ import annotations
 import gc
 import tracemalloc
 from collections.abc import Mapping
+from types import MappingProxyType
 
 TRACE_FRAMES = 16
 PROCESS = "process"
@@ -39,8 +40,8 @@ class NotTracing(RuntimeError):
 
 
 class HeapTracker:
-    # one snapshot per scope (registry walks skip them)
-    __bounded__ = ("scopes", "last", "marks")
+    # one snapshot per scope (registry walks check the bound)
+    __bounded__ = MappingProxyType({"scopes": 8, "last": 8, "marks": 8})
 
     def __init__(self, scopes: Mapping[str, str | tuple[str, ...]]) -> None:
         """``scopes``: name -> file glob(s), besides ``process`` (everything); a

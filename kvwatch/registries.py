@@ -16,7 +16,11 @@ callbacks held in containers (a bound method leads to the listener that
 subscribed it), never the elements of a container otherwise: a tree's nodes,
 a session's tokens and a pool's arrays are contents, not registries. A class
 names the containers it bounds on purpose (the last N closed ids, one sum per
-label set) in ``__bounded__``; the walk skips those. A
+label set) in ``__bounded__``, a mapping from attribute to the most entries it
+may hold. Those are not compared before and after a run (they may fill up to
+their bound), but the bound is checked, not trusted: every walk reports a
+bounded container that holds more, or a deque whose ``maxlen`` does not keep
+it within its bound (``Walk.breaches``). A
 container is named by the first attribute path that reaches it
 (``worker.engine._scheduler.waiting``), the same on every call; for a dict whose
 values are containers, ``path[*]`` is the sum of their lengths (listeners
@@ -30,6 +34,7 @@ import sys
 import types
 from collections import Counter, deque
 from collections.abc import Mapping
+from typing import NamedTuple
 
 CONTAINERS = (dict, list, set, deque)
 MAX_OBJECTS = 4000  # objects visited per walk; a bound, not a figure any engine reaches
@@ -63,13 +68,63 @@ def _callbacks(container) -> list[object]:
     return out
 
 
+class Breach(NamedTuple):
+    """A container that outgrew the bound its class declares in ``__bounded__``."""
+
+    path: str
+    size: int
+    bound: int
+    detail: str
+
+
+class Walk(NamedTuple):
+    sizes: dict[str, int]  # every registry by path (bounded ones left out)
+    breaches: tuple[Breach, ...]  # bounded containers over their bound
+
+
+def _size(obj: object) -> int:
+    if isinstance(obj, Counter):  # keys stay at zero: what it counts is the size
+        return sum(v for v in obj.values() if v > 0)
+    return len(obj)
+
+
+def _breach(path: str, value: object, bound: int) -> Breach | None:
+    """Whether a declared-bounded container is over its bound, or could grow past it."""
+    if not isinstance(value, CONTAINERS):
+        return None
+    size = len(value)  # entries, for a Counter too: what it may hold, not what it counts
+    if size > bound:
+        return Breach(
+            path=path,
+            size=size,
+            bound=bound,
+            detail=f"{path} holds {size} entries, above the {bound} its class declares in __bounded__",
+        )
+    if isinstance(value, deque) and (value.maxlen is None or value.maxlen > bound):
+        keeps = "any number" if value.maxlen is None else f"up to {value.maxlen}"
+        return Breach(
+            path=path,
+            size=size,
+            bound=bound,
+            detail=f"{path} is declared to hold at most {bound} entries but its deque keeps {keeps}",
+        )
+    return None
+
+
 def registry_sizes(roots: Mapping[str, object]) -> dict[str, int]:
-    """The length of every container reachable from ``roots``, by attribute path.
+    """The length of every container reachable from ``roots``, by attribute path."""
+    return walk(roots).sizes
+
+
+def walk(roots: Mapping[str, object]) -> Walk:
+    """Every container reachable from ``roots``, by attribute path, and the bounded
+    ones over their bound.
 
     Breadth-first over kvwatch objects; each object and each container is
     reported once, under the first path that reaches it.
     """
     sizes: dict[str, int] = {}
+    breaches: list[Breach] = []
     seen: set[int] = set()
     queue: deque[tuple[str, object]] = deque(roots.items())
     while queue and len(seen) < MAX_OBJECTS:
@@ -77,23 +132,25 @@ def registry_sizes(roots: Mapping[str, object]) -> dict[str, int]:
         if id(obj) in seen:
             continue
         seen.add(id(obj))
-        if isinstance(obj, Counter):  # keys stay at zero: what it counts is the size
-            sizes[path] = sum(v for v in obj.values() if v > 0)
-        elif isinstance(obj, CONTAINERS):
-            sizes[path] = len(obj)
+        if isinstance(obj, CONTAINERS):
+            sizes[path] = _size(obj)
             if isinstance(obj, dict) and obj and isinstance(next(iter(obj.values())), CONTAINERS):
                 sizes[f"{path}[*]"] = sum(
                     len(v) for v in list(obj.values()) if isinstance(v, CONTAINERS)
                 )
             queue.extend((f"{path}~{type(o).__name__}", o) for o in _callbacks(obj))
         elif _ours(obj):
-            bounded = getattr(type(obj), "__bounded__", ())
+            bounded = getattr(type(obj), "__bounded__", {})
+            if not isinstance(bounded, Mapping):
+                raise TypeError(f"{type(obj).__qualname__}.__bounded__ maps names to bounds")
             for name, value in _fields(obj):
                 if name in bounded:
+                    if (breach := _breach(f"{path}.{name}", value, bounded[name])) is not None:
+                        breaches.append(breach)
                     continue
                 if isinstance(value, CONTAINERS) or _ours(value):
                     queue.append((f"{path}.{name}", value))
-    return sizes
+    return Walk(sizes=sizes, breaches=tuple(breaches))
 
 
 def module_roots() -> dict[str, object]:

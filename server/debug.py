@@ -23,9 +23,9 @@ from typing import Literal
 
 from fastapi import APIRouter, Depends, Request
 
-from kvwatch.contracts import ProbeReport
+from kvwatch.contracts import FindingKind, ProbeReport, finding
 from kvwatch.heap_tracker import TRACE_FRAMES, HeapTracker, NotTracing
-from kvwatch.registries import module_roots, registry_sizes
+from kvwatch.registries import module_roots, walk
 from kvwatch.server.http_errors import ApiError
 from kvwatch.server.worker import EngineWorker
 
@@ -73,12 +73,15 @@ def _worker(request: Request) -> EngineWorker:
 @router.get("/probe")
 async def probe(request: Request):
     """The engine's probe, with the size of every registry the server and the engine
-    hold (``kvwatch.registries``), read on the engine thread between steps."""
+    hold (``kvwatch.registries``), read on the engine thread between steps; a
+    container over the bound its class declares is a ``registry`` finding."""
     worker, state = _worker(request), request.app.state
 
     def take() -> ProbeReport:
-        roots = {**state._state, **module_roots()}
-        return worker.engine.probe()._replace(registries=registry_sizes(roots))
+        found = walk({**state._state, **module_roots()})
+        report = worker.engine.probe()
+        over = tuple(finding(FindingKind.REGISTRY, None, [], b.detail) for b in found.breaches)
+        return report._replace(registries=found.sizes, findings=(*report.findings, *over))
 
     return (await worker.run(take)).to_json()
 

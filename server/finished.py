@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import threading
 from collections import deque
+from types import MappingProxyType
 from typing import NamedTuple
 
 from kvwatch.engine.request import SamplingParams
@@ -47,8 +48,8 @@ def comparable(params: SamplingParams) -> bool:
 
 
 class FinishedLog:
-    # at most MAX_KEPT between two reads (registry walks skip it)
-    __bounded__ = ("_kept",)
+    # at most MAX_KEPT between two reads (registry walks check the bound)
+    __bounded__ = MappingProxyType({"_kept": MAX_KEPT})
 
     def __init__(self) -> None:
         self._kept: deque[FinishedRequest] = deque(maxlen=MAX_KEPT)

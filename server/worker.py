@@ -43,6 +43,7 @@ import traceback
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any, NamedTuple
 
 from kvwatch.contracts import ProbeReport
@@ -85,8 +86,8 @@ class Stream:
 
 
 class EngineWorker:
-    # the probes kept for /debug/latched: at most MAX_LATCHED (registry walks skip them)
-    __bounded__ = ("_latched",)
+    # the probes kept for /debug/latched: at most MAX_LATCHED (registry walks check it)
+    __bounded__ = MappingProxyType({"_latched": MAX_LATCHED})
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine

@@ -10,6 +10,7 @@ from __future__ import annotations
 import threading
 from collections import Counter
 from collections.abc import Callable
+from types import MappingProxyType
 
 from kvwatch.engine.events import (
     EventBus,
@@ -44,8 +45,11 @@ class LifecycleCounter:
     ``taken`` copies under a lock. Per-request and per-session state is dropped
     when they end, so the counter holds only what is live."""
 
-    # one count per transition name, one state per slot (registry walks skip them)
-    __bounded__ = ("counts", "slots")
+    # one count per transition the machines list (and a few unlisted ones), one state
+    # per snapshot slot (registry walks check both bounds)
+    __bounded__ = MappingProxyType(
+        {"counts": sum(len(m.transitions) for m in MACHINES.values()) + 32, "slots": 64}
+    )
 
     def __init__(self, events: EventBus) -> None:
         self.counts: Counter[tuple[str, str]] = Counter()

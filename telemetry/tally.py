@@ -15,10 +15,14 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterable
+from types import MappingProxyType
 
 from opentelemetry.metrics import CallbackOptions, Meter, Observation
 
 AttrKey = tuple[tuple[str, str], ...]  # sorted attribute items
+
+
+MAX_ATTRIBUTE_SETS = 64
 
 
 def attr_key(attrs: dict[str, str]) -> AttrKey:
@@ -26,8 +30,9 @@ def attr_key(attrs: dict[str, str]) -> AttrKey:
 
 
 class Tally:
-    # one sum per attribute set: bounded by the attributes' values (registry walks skip it)
-    __bounded__ = ("_sums",)
+    # one sum per attribute set: bounded by the attributes' values, which come from
+    # small vocabularies (operation, model, reason, stage); registry walks check it
+    __bounded__ = MappingProxyType({"_sums": MAX_ATTRIBUTE_SETS})
 
     def __init__(self, meter: Meter, name: str, unit: str, description: str) -> None:
         self._sums: dict[AttrKey, int] = {}

@@ -63,6 +63,7 @@ def test_the_json_has_the_documented_fields():
         "tree",
         "slot_table",
         "listener",
+        "registry",
     }
     assert {k.value for k in OWNERSHIP} == {"orphan", "double_owned", "free_and_owned"}
 

@@ -9,7 +9,8 @@ keeps them, and passes on the same traffic without the plant.
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, deque
+from types import MappingProxyType
 
 import httpx
 import pytest
@@ -19,7 +20,7 @@ from probes import make_probe
 from kvwatch.engine.engine import Engine
 from kvwatch.gate.detectors import quiescence
 from kvwatch.gate.run_record import RunRecord, Turn
-from kvwatch.registries import module_roots, registry_sizes
+from kvwatch.registries import module_roots, registry_sizes, walk
 from kvwatch.serve import ServeOptions, build
 from kvwatch.server import ServerSettings
 from kvwatch.server.idle import SessionClock
@@ -34,7 +35,7 @@ class _Listener:
 
 
 class _Holder:
-    __bounded__ = ("recent",)
+    __bounded__ = MappingProxyType({"recent": 4})
 
     def __init__(self, listener: _Listener) -> None:
         self.table: dict[str, int] = {"a": 1}
@@ -58,6 +59,43 @@ def test_walk_names_containers_by_path_and_follows_subscribers():
     assert sizes["app.counts"] == 2  # a Counter counts what it counts
     assert sizes["app.subscribers"] == 1 and sizes["app.subscribers[*]"] == 1
     assert sizes["app.subscribers~_Listener.open"] == 2  # reached through its bound method
+
+
+def test_a_declared_bound_is_checked_not_trusted():
+    """Bounded containers are not compared before and after a run, but one that
+    holds more than its class declares, or a deque that could, is a breach."""
+    holder = _Holder(_Listener())
+    assert walk({"app": holder}).breaches == ()
+    holder.recent.extend(range(10))  # a bug that keeps an entry per request here
+    (breach,) = walk({"app": holder}).breaches
+    assert (breach.path, breach.size, breach.bound) == ("app.recent", 12, 4)
+    assert "above the 4 its class declares" in breach.detail
+    holder.recent = deque([1], maxlen=None)  # bounded by name only: it would grow
+    (breach,) = walk({"app": holder}).breaches
+    assert "keeps any number" in breach.detail
+    holder.recent = deque([1], maxlen=4)
+    assert walk({"app": holder}).breaches == ()
+
+
+def test_a_breach_is_a_registry_finding_quiescence_fails_on(monkeypatch):
+    """Live: a server whose finished-request log lost its bound (a plain list,
+    unread) reports a registry finding, and quiescence fails on it."""
+    from kvwatch.server import finished
+
+    monkeypatch.setattr(finished, "MAX_KEPT", 2)
+    monkeypatch.setattr(finished.FinishedLog, "__bounded__", MappingProxyType({"_kept": 2}))
+    original = finished.FinishedLog.__init__
+
+    def unbounded(self) -> None:
+        original(self)
+        self._kept = deque()  # the plant: the deque keeps every entry
+
+    monkeypatch.setattr(finished.FinishedLog, "__init__", unbounded)
+    verdict = _verdict()
+    assert verdict.failed, verdict
+    assert any(
+        "keeps any number" in e.detail or "above the 2" in e.detail for e in verdict.evidence
+    )
 
 
 def test_module_globals_are_roots():

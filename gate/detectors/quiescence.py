@@ -20,7 +20,10 @@ It also fails on a ``listener`` finding in any probe of the run: an event
 handler (a metric, a span, a lifecycle count, the session clock) raised. The
 engine isolates such failures so they cannot change what it serves, which
 leaves the listener's own state behind its events; this is where that is
-seen, at the first turn whose probe reports it.
+seen, at the first turn whose probe reports it. Likewise on a ``registry``
+finding: a container whose class declares a bound (``__bounded__``, so the
+comparison above leaves it out) held more than that, or is a deque that
+would.
 """
 
 from __future__ import annotations
@@ -43,7 +46,7 @@ HOST = "host"
 
 
 def detect(run: RunRecord) -> Verdict:
-    listeners = findings_detector(ID, {FindingKind.LISTENER}, run)
+    listeners = findings_detector(ID, {FindingKind.LISTENER, FindingKind.REGISTRY}, run)
     if listeners.failed:
         return listeners
     if run.drained is None or run.baseline is None:
