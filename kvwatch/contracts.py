@@ -36,6 +36,8 @@ class FindingKind(StrEnum):
     # server's registry walk): per-request or per-session state kept in a place
     # declared to hold only a few entries
     REGISTRY = "registry"
+    # a request still running steps after its client hung up: nothing aborted it
+    ABANDONED = "abandoned"
 
 
 # who is wrong about a page's owner: the allocator detector's findings

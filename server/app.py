@@ -18,7 +18,9 @@ from fastapi.responses import JSONResponse, Response
 from kvwatch.server import completions, debug
 from kvwatch.server import http_errors as errors
 from kvwatch.server import session_routes as sessions
+from kvwatch.server.clients import ClientWatch
 from kvwatch.server.debug import heap_tracker
+from kvwatch.server.departures import Departures
 from kvwatch.server.finished import FinishedLog
 from kvwatch.server.idle import IdleReaper, SessionClock
 from kvwatch.server.limits import RequestLimits
@@ -70,13 +72,16 @@ def create_app(
     errors.install(app)
     app.include_router(completions.router)
     app.include_router(sessions.router)
+    served = app
     if settings.enable_probe:
         worker.finished = FinishedLog()
+        worker.departures = Departures()
         app.include_router(debug.router)
+        served = ClientWatch(app, worker.departures)
 
     _add_plain_routes(app, worker, settings, metrics)
     return RequestLimits(
-        app, max_body_bytes=settings.max_body_bytes, max_header_bytes=settings.max_header_bytes
+        served, max_body_bytes=settings.max_body_bytes, max_header_bytes=settings.max_header_bytes
     )
 
 

@@ -22,6 +22,7 @@ from kvwatch.engine.errors import EngineError
 from kvwatch.engine.model.tokenizer import ChatMessage, TextStream
 from kvwatch.engine.request import RequestOutput, SamplingParams
 from kvwatch.server.bodies import ChatCompletionRequest, CompletionRequest
+from kvwatch.server.clients import REQUESTS
 from kvwatch.server.http_errors import ApiError, error_body
 from kvwatch.server.worker import EngineWorker, Scripted, Stream
 
@@ -80,13 +81,16 @@ async def _start(
 
     try:
         tokens, fitted = await worker.run(add)
-        return await worker.submit(
+        stream = await worker.submit(
             tokens,
             fitted,
             session_id=body.session_id,
             labels=labels,
             script=script,
         )
+        if (started := request.scope.get(REQUESTS)) is not None:  # ClientWatch follows it
+            started.append(stream.request_id)
+        return stream
     except (ApiError, EngineError):  # answered by their handlers (errors.py)
         raise
     except ValueError as exc:  # the tokenizer's and the template's checks on the prompt

@@ -81,7 +81,9 @@ async def probe(request: Request):
         found = walk({**state._state, **module_roots()})
         report = worker.engine.probe()
         over = tuple(finding(FindingKind.REGISTRY, None, [], b.detail) for b in found.breaches)
-        return report._replace(registries=found.sizes, findings=(*report.findings, *over))
+        worker.check_departures()
+        left = worker.departures.findings() if worker.departures is not None else ()
+        return report._replace(registries=found.sizes, findings=(*report.findings, *over, *left))
 
     return (await worker.run(take)).to_json()
 

@@ -50,6 +50,7 @@ from kvwatch.contracts import ProbeReport
 from kvwatch.engine.engine import Completion, Engine
 from kvwatch.engine.request import RequestOutput, SamplingParams, Status
 from kvwatch.engine.views import RequestInfo
+from kvwatch.server.departures import Departures
 from kvwatch.server.finished import FinishedLog
 
 IDLE_WAIT_S = 0.05
@@ -105,6 +106,7 @@ class EngineWorker:
         self._dropped = 0
         self._last_seen: frozenset = frozenset()  # what the last step's probe showed
         self.finished: FinishedLog | None = None  # set with --enable-probe
+        self.departures: Departures | None = None  # set with --enable-probe
         self._thread = threading.Thread(target=self._run, name="kvwatch-engine", daemon=True)
         engine.on_batch_computed(lambda _batch: self._drain_aborts())
 
@@ -204,8 +206,14 @@ class EngineWorker:
                 self.abort_now(rid)  # the engine's abort, and the request's stream ends with it
                 del self._abort_in[rid]
         self._resume_held(everyone=False)
+        self.check_departures()
         if self._watching:
             self._watch_step()
+
+    def check_departures(self) -> None:
+        """On the worker thread: requests still running long after their client left."""
+        if self.departures is not None:
+            self.departures.check(self.engine.step_count, lambda rid: self._live(rid) is not None)
 
     def _live(self, rid: str) -> RequestInfo | None:
         req = self.engine.request_info(rid)

@@ -64,6 +64,7 @@ def test_the_json_has_the_documented_fields():
         "slot_table",
         "listener",
         "registry",
+        "abandoned",
     }
     assert {k.value for k in OWNERSHIP} == {"orphan", "double_owned", "free_and_owned"}
 

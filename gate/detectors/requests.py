@@ -8,15 +8,22 @@ stream that ended without ``[DONE]``. Runs that counted no requests (the
 pytest plugin) skip it, and so do runs that broke (the engine stopped
 answering): their failed requests are the breakage, which the gate reports
 as an error, not as a leak.
+
+Where the run has probes, a request still running many steps after its
+client hung up (an ``abandoned`` finding: nothing aborted it, and it spends
+the engine's time on tokens nobody reads) fails it too, at the first turn
+whose probe shows one.
 """
 
 from __future__ import annotations
 
+from kvwatch.contracts import FindingKind
 from kvwatch.gate.detectors.verdict import (
     Evidence,
     Verdict,
     fail,
     fail_after_drain,
+    findings_detector,
     passed,
     skipped,
 )
@@ -27,6 +34,9 @@ NEEDS = frozenset({Signal.REQUESTS})
 
 
 def detect(run: RunRecord) -> Verdict:
+    abandoned = findings_detector(ID, {FindingKind.ABANDONED}, run)
+    if abandoned.failed:
+        return abandoned
     sent = run.requests
     if sent is None:
         return skipped(ID, "no request counts")
