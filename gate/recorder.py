@@ -18,7 +18,9 @@ HTTP probe endpoints)::
                             warm-up barrier marks the heap
     finish(reports)         the users' request counts -> drain -> flush ->
                             drained probe, drain gauges and the heap's growth
-                            since the mark (what the judged turns left behind)
+                            since the mark (what the judged turns left behind),
+                            and which of the sessions the users opened the
+                            engine still holds open
     record()                the RunRecord so far
 
 A soak calls ``barrier(i, (), drain=False)`` for each probe it takes while the
@@ -84,6 +86,11 @@ class ProbeSource(Protocol):
 
     def gauges(self, series: Sequence[str]) -> dict[str, float]: ...
 
+    def session_open(self, session_id: str) -> bool:
+        """Whether the engine still holds the session open (False where it has no
+        sessions, or cannot say)."""
+        ...
+
     def answering(self) -> None:
         """Raise ``ConnectionError`` if the engine no longer takes requests."""
         ...
@@ -131,6 +138,8 @@ class TurnRecorder:
         self.requests: Counts | None = None
         self.soak: Soak | None = None
         self.heap_end: HeapSample | None = None
+        self.sessions_opened: tuple[str, ...] = ()
+        self.sessions_left: tuple[str, ...] = ()
         self.error: str | None = None
         self.stuck = False  # a drain timed out: later ones do not wait again
 
@@ -206,6 +215,7 @@ class TurnRecorder:
                 pass  # a request arrived between idle and flush: wait again
             self.drained = self.source.probe()
             self._collect_finished(len(self.turns))
+            self._sessions_left(reports)
             if self.options.heap and self.turns:
                 self.heap_end = self.source.heap_sample(HEAP_SITES, HEAP_SINCE_MARK)
         self.gauges_drained = self._read(self.options.drain_gauges)
@@ -228,9 +238,18 @@ class TurnRecorder:
             requests=self.requests,
             soak=self.soak,
             heap_end=self.heap_end,
+            sessions_opened=len(self.sessions_opened),
+            sessions_left=self.sessions_left,
         )
 
     # -- pieces ---------------------------------------------------------------------------
+    def _sessions_left(self, reports: Sequence[Mapping]) -> None:
+        """Every session the users say they opened must be closed once the run has
+        drained: the count of live sessions against the baseline cannot see it,
+        since the users open their sessions before the baseline is taken."""
+        self.sessions_opened = tuple(sid for r in reports for sid in r.get("sessions", ()))
+        self.sessions_left = tuple(s for s in self.sessions_opened if self.source.session_open(s))
+
     def _collect_finished(self, turn: int) -> None:
         """The comparable requests finished since the last call, as candidates."""
         if self.white_box and self.options.replays:

@@ -274,6 +274,8 @@ class RunRecord(NamedTuple):
     heap_end: HeapSample | None = None
     # lifecycle transitions the run took, per machine (``lifecycle.py``)
     coverage: Mapping[str, Mapping[str, int]] = {}
+    sessions_opened: int = 0  # sessions the users said they opened
+    sessions_left: tuple[str, ...] = ()  # of those, still open once the run drained
 
     def to_json(self) -> dict:
         return {
@@ -293,6 +295,8 @@ class RunRecord(NamedTuple):
             "soak": self.soak.to_json() if self.soak is not None else None,
             "heap_end": self.heap_end.to_json() if self.heap_end is not None else None,
             "coverage": {m: dict(edges) for m, edges in self.coverage.items()},
+            "sessions_opened": self.sessions_opened,
+            "sessions_left": list(self.sessions_left),
         }
 
     @classmethod
@@ -319,6 +323,8 @@ class RunRecord(NamedTuple):
             soak=Soak.from_json(data.get("soak")),
             heap_end=HeapSample.from_json(data.get("heap_end")),
             coverage=data.get("coverage") or {},
+            sessions_opened=data.get("sessions_opened", 0),
+            sessions_left=tuple(data.get("sessions_left", ())),
         )
 
 

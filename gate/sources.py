@@ -84,6 +84,9 @@ class CallableSource:
     def gauges(self, series: Sequence[str]) -> dict[str, float]:
         return {}
 
+    def session_open(self, session_id: str) -> bool:
+        return False  # an engine driven in process closes its own sessions
+
     def answering(self) -> None:
         pass
 
@@ -162,6 +165,13 @@ class HttpSource:
         resp = self.http.get(self.metrics_url, timeout=TIMEOUT)
         resp.raise_for_status()
         return read_series(resp.text, tuple(series))
+
+    def session_open(self, session_id: str) -> bool:
+        """White-box: ``GET /v1/sessions/{id}`` answers 200 while it is open (409
+        once closed, 404 for an id never seen); a black-box target is not asked."""
+        if not self.white_box:
+            return False
+        return self.http.get(f"{self.target}/v1/sessions/{session_id}", timeout=TIMEOUT).ok
 
     def answering(self) -> None:
         """Black-box: any HTTP answer will do; the probe checks this itself."""

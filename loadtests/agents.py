@@ -87,6 +87,7 @@ class SessionUser(TurnUser):
         if resp.status_code != 200:
             return None
         self.sessions.append(resp.json()["id"])
+        self.opened.append(self.sessions[-1])
         return self.sessions[-1]
 
     def finish(self) -> None:

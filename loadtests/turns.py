@@ -6,7 +6,8 @@
     START barrier                   (the baseline is taken)
     for t in turns: turn(t), barrier t (drain, probe, scrape)
     finish()                        (close sessions)
-    END barrier                     (flush, drain-to-baseline; the run quits)
+    END barrier                     (flush, drain-to-baseline, every session the
+                                     user opened is closed; the run quits)
 
 At each barrier a user reports its live conversations, the context tokens
 they hold, its process's request counts so far, and one greedy request
@@ -55,6 +56,7 @@ class TurnUser(StreamingChatUser):
         self.schema = {"role": "tool", "content": sentence(shared, 16, 18)}
         self.finished = False
         self.episode_turn = 0
+        self.opened: list[str] = []  # every session id this user opened (agents.py)
         self.setup()
 
     @task
@@ -69,7 +71,8 @@ class TurnUser(StreamingChatUser):
             self._safely(self.turn, t)
             barrier.wait(t, self._barrier_report())
         self._safely(self._finish)
-        barrier.wait(END, self._end_report())
+        # the sessions this user opened: the gate checks each is closed once drained
+        barrier.wait(END, {**self._end_report(), "sessions": list(self.opened)})
         gevent.sleep(3600)  # the coordinator quits the run
 
     def _soak_turn(self) -> None:

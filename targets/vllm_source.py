@@ -148,6 +148,9 @@ class VllmProbeSource(HttpSource):
     def latched(self) -> list[ProbeReport]:
         return []
 
+    def session_open(self, session_id: str) -> bool:
+        return False  # vLLM has no sessions API
+
     def heap_start(self) -> None:
         raise NotImplementedError("vLLM's probe has no heap sampler")
 

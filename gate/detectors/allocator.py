@@ -127,7 +127,9 @@ def state_rule(run: RunRecord) -> Verdict | None:
 def drain_rule(run: RunRecord) -> Verdict | None:
     """After sessions close and the cache is flushed, every pool uses no more pages
     than before the run, no page is owned wrongly (a finding names the last
-    owners of what is left), and no more requests or sessions are live."""
+    owners of what is left), no more requests or sessions are live, and every
+    session the load opened is closed (its users open their sessions before
+    the baseline, so the live count alone would not see one left open)."""
     if run.drained is None or run.baseline is None:
         return None
     base, after = run.baseline, run.drained
@@ -159,6 +161,15 @@ def drain_rule(run: RunRecord) -> Verdict | None:
         for name, was, now in not_back(
             {k: getattr(base, k) for k in live}, {k: getattr(after, k) for k in live}
         )
+    ]
+    left += [
+        Evidence(
+            group=None,
+            pages=(),
+            detail=f"session {sid}, which the load opened, is still open after the drain "
+            f"({len(run.sessions_left)} of {run.sessions_opened} the load opened)",
+        )
+        for sid in run.sessions_left
     ]
     if left:
         return fail_after_drain(ID, run, left)
