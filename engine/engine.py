@@ -104,7 +104,8 @@ class Engine:
             branches=self._cache,
         )
         self._sessions = SessionRegistry(
-            keep_every_blob=Fault.SESSION_BLOB_RETENTION in config.faults
+            keep_every_blob=Fault.SESSION_BLOB_RETENTION in config.faults,
+            turn_ended=self._cache.end_turn,
         )
         self._requests: dict[str, Request] = {}  # live and finished, until taken
         self.step_count = 0
@@ -211,6 +212,8 @@ class Engine:
 
         With ``session_id`` the prompt is the session's next turn: it must
         start with every token of the session so far and add at least one.
+        A turn that ends before it is ever admitted (aborted or failed while
+        queued) leaves the session as it was (``Session.end_turn``).
         ``labels`` ride along on the ``RequestAdded`` event for subscribers.
         """
         tokens = self._prompt_tokens(prompt)
@@ -224,8 +227,8 @@ class Engine:
         session = None
         if session_id is not None:
             session = self._sessions.begin_turn(session_id, tokens)
-            session.tokens.extend(tokens[len(session.tokens) :])
-            session.in_flight, tokens = rid, session.tokens
+            session.start_turn(rid, tokens)
+            tokens = session.tokens
         params = params or SamplingParams()
         req = Request(
             id=rid,

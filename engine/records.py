@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import itertools
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING, NamedTuple
@@ -120,15 +121,39 @@ class Session:
     records: SessionRecords | None = None
     turn_ends: list[int] = field(default_factory=lambda: [0])  # len(tokens) after each turn
     in_flight: str | None = None  # id of the turn being served
+    turn_start: int = 0  # len(tokens) before the turn in flight
+    # the cache's ``end_turn``: the slot's frontier becomes a turn-end snapshot
+    turn_ended: Callable[[Handle], None] | None = field(default=None, repr=False)
+
+    def start_turn(self, request_id: str, prompt: list[int]) -> None:
+        """``prompt`` (checked by ``SessionRegistry.begin_turn``) becomes the session's
+        tokens; ``end_turn`` takes the new part back if the turn never runs."""
+        self.turn_start = len(self.tokens)
+        self.tokens.extend(prompt[self.turn_start :])
+        self.in_flight = request_id
 
     def end_turn(self, req: Request, *, record: bool) -> None:
-        """A turn is over: the session moves on without ``req``. A finished turn
-        (``record``) marks where it ended and, with recording on, leaves its record."""
+        """A turn is over: the session moves on without ``req``.
+
+        A finished turn (``record``) marks where it ended, in the session and
+        in its cache slot, and, with recording on, leaves its record. A turn
+        that ends without ever being admitted (aborted or failed while queued)
+        computed nothing, so the session is left exactly as before it: its new
+        tokens go, and a client that sends the message again gets it once. A
+        turn cut after it ran (aborted mid-run, or failed) keeps what it added:
+        its prompt and the output so far stay in the session, unrecorded, and
+        the next turn goes on from them (the slot computed them); a rollback
+        returns to recorded turn ends only.
+        """
         req.tokens = list(req.tokens)  # the request keeps its own copy from now on
         self.in_flight = None
         if not record:
+            if not req.admitted:
+                del self.tokens[self.turn_start :]
             return
         self.turn_ends = [*self.turn_ends[-(MAX_ROLLBACK + 1) :], len(self.tokens)]
+        if self.holder is not None and self.turn_ended is not None:
+            self.turn_ended(self.holder)
         if self.records is not None:
             experts = req.routed_experts
             blob = None if experts is None else np.array(experts.cpu().numpy(), copy=True)
@@ -147,10 +172,18 @@ class SessionRegistry:
     # ``closed`` keeps the last CLOSED_IDS_KEPT ids on purpose (registry walks check it)
     __bounded__ = MappingProxyType({"closed": CLOSED_IDS_KEPT})
 
-    def __init__(self, *, keep_every_blob: bool = False) -> None:
+    def __init__(
+        self,
+        *,
+        keep_every_blob: bool = False,
+        turn_ended: Callable[[Handle], None] | None = None,
+    ) -> None:
+        """``turn_ended(slot)`` is told of every recorded turn end (the cache's
+        ``end_turn``), so the slot keeps turn-end snapshots where turns ended."""
         self.open: dict[str, Session] = {}
         self.closed: OrderedDict[str, None] = OrderedDict()
         self.keep_every_blob = keep_every_blob
+        self.turn_ended = turn_ended
         self._ids = itertools.count()
 
     def create(self, session_id: str | None, *, record: bool, routed_experts: bool) -> Session:
@@ -163,7 +196,11 @@ class SessionRegistry:
             )
         records = SessionRecords(keep_every_blob=self.keep_every_blob) if record else None
         session = self.open[sid] = Session(
-            id=sid, record=record, routed_experts=routed_experts, records=records
+            id=sid,
+            record=record,
+            routed_experts=routed_experts,
+            records=records,
+            turn_ended=self.turn_ended,
         )
         return session
 

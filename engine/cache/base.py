@@ -7,7 +7,7 @@ A backend owns:
 * ``holders``: the records behind the handles it gave out.
 
 Here: holders' own pages (allocate, advance, trim, leave), session slots
-(park, resume, settle; see sessions.py) and the pure reads. A backend adds
+(park, end_turn, resume, settle; see sessions.py) and the pure reads. A backend adds
 where shared state comes from and goes to: ``match``, ``capture_points``,
 ``commit_chunk`` and the hooks ``_finish``, ``_abort``, ``_retract_anchor``
 and ``_left_path``. Every public call that mutates runs inside
@@ -204,6 +204,14 @@ class CacheBase(ServedCache):
     @mutation
     def park(self, h: Handle) -> None:
         sessions.park(self, self._active(h))
+
+    @mutation
+    def end_turn(self, h: Handle) -> None:
+        """The session recorded a turn end: its parked slot's frontier becomes a
+        turn-end snapshot (what a rollback returns to). Only a parked slot has one."""
+        holder = holder_of(h)
+        if holder.status is HolderStatus.PARKED:
+            sessions.end_turn(self, holder)
 
     @mutation
     def resume(self, h: Handle) -> int | None:

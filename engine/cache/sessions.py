@@ -19,6 +19,11 @@ tokens outrun that limit to the deepest turn-end snapshot at or below it (a
 slot keeps MAX_ROLLBACK + 1 of them), or failing that drops the slot so the
 next turn matches the tree afresh. Closing is ``release(commit=True)``: the
 session's tokens go into the tree.
+
+A slot is also parked mid-turn (a retraction, a pause, an abort), so parking
+says nothing about turn ends. A snapshot becomes a turn end only when the
+session records one (``end_turn``, from ``Session.end_turn``): the turn ends a
+rollback returns to are the session's, never a frontier some park left.
 """
 
 from __future__ import annotations
@@ -37,13 +42,29 @@ if TYPE_CHECKING:
 
 
 def park(cache: CacheBase, holder: Holder) -> None:
-    """End a turn: keep everything; the frontier snapshot becomes a turn-end snapshot."""
+    """Stop a turn where it stands (finished, retracted, paused, aborted): keep everything.
+
+    The frontier snapshot stays a TRACK: a park is not a turn end, since a
+    retracted or paused turn goes on from here and its next capture moves the
+    TRACK on. Only ``end_turn`` makes a snapshot a turn end, so a mid-turn
+    frontier never takes the place of a real turn end under the cap.
+    """
+    holder.status = HolderStatus.PARKED
+
+
+def end_turn(cache: CacheBase, holder: Holder) -> None:
+    """The session recorded a turn end: the frontier snapshot becomes its turn-end
+    snapshot, and the slot keeps the MAX_ROLLBACK + 1 newest.
+
+    Those are what a rollback of up to MAX_ROLLBACK recorded turns rewinds to
+    (``settle``); the cap counts recorded turn ends only, so neither a
+    retraction nor a pause nor an abort mid-turn can push one out.
+    """
     if (track := holder.track()) is not None:
         track.kind = PendingKind.TERMINAL
     ends = sorted(b for b, pend in holder.pending.items() if pend.kind is PendingKind.TERMINAL)
     for b in ends[: -(MAX_ROLLBACK + 1)]:
         cache.store.free_groups(holder.pending.pop(b).pages, holder.owner, Tier.DEVICE)
-    holder.status = HolderStatus.PARKED
 
 
 def resume(cache: CacheBase, holder: Holder) -> int | None:
