@@ -19,7 +19,10 @@ run time is up, and ``record`` receives the HTTP status counts instead.
 
 * ``usage``: trended at turn barriers, per live conversation (gauge-trend);
 * ``busy``: their sum is 0 when the engine is idle (the drain at a barrier);
-* ``drain``: back at their starting value once the run has ended.
+* ``drain``: back at their starting value once the run has ended;
+* ``settled``: back at their value at the end of the warm-up (the number of
+  series on the page, ``scrape.SERIES``: label sets that appear with the
+  first requests are not a leak, one per request or session is).
 
 A series is ``name`` or ``name{label="value",...}``; samples matching it are
 kept apart by their remaining labels.
@@ -35,6 +38,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
 from kvwatch import MODEL_NAME
+from kvwatch.gate.scrape import SERIES
 from kvwatch.telemetry import names as n
 
 if TYPE_CHECKING:
@@ -46,6 +50,9 @@ class GaugePreset(NamedTuple):
     usage: tuple[str, ...]
     busy: tuple[str, ...] = ()
     drain: tuple[str, ...] = ()
+    # drain series whose label sets fill in during the first turns (the number of
+    # series itself): back at their value at the end of the warm-up, not the start
+    settled: tuple[str, ...] = ()
 
 
 _PAGES = n.prom(n.POOL_PAGES)
@@ -57,6 +64,7 @@ PRESETS = {
             n.prom(n.TREE_INTERIOR_SNAPSHOTS),
             _PAGES + '{family="state",state="pinned_session"}',
             _PAGES + '{state="host"}',
+            SERIES,
         ),
         busy=(n.prom(n.REQUESTS_LIVE),),
         drain=(
@@ -64,6 +72,7 @@ PRESETS = {
             _PAGES + '{state="pinned_session"}',
             _PAGES + '{state="host"}',
         ),
+        settled=(SERIES,),
     ),
     "vllm": GaugePreset(
         name="vllm",

@@ -109,6 +109,7 @@ class RecorderOptions:
     usage_gauges: tuple[str, ...] = ()  # trended at barriers, per live conversation
     busy_gauges: tuple[str, ...] = ()  # their sum is 0 when the engine is idle
     drain_gauges: tuple[str, ...] = ()  # back at their starting value after the run
+    settled_gauges: tuple[str, ...] = ()  # back at their value when the warm-up ended
 
 
 def _counts(reports: Sequence[Mapping]) -> Counts | None:
@@ -185,6 +186,9 @@ class TurnRecorder:
             heap = self.source.heap_sample(HEAP_SITES, HEAP_TOP)
             if drain and turn == self.options.warmup - 1:
                 self.source.heap_mark()
+        if drain and turn == self.options.warmup - 1 and self.options.settled_gauges:
+            settled = self._read(self.options.settled_gauges)
+            self.gauges_baseline = {**(self.gauges_baseline or {}), **settled}
         per_conversation = {
             f"{k}/conversation": rise / max(conversations, 1)
             for k, rise in self._usage_rise().items()
@@ -218,7 +222,7 @@ class TurnRecorder:
             self._sessions_left(reports)
             if self.options.heap and self.turns:
                 self.heap_end = self.source.heap_sample(HEAP_SITES, HEAP_SINCE_MARK)
-        self.gauges_drained = self._read(self.options.drain_gauges)
+        self.gauges_drained = self._read(self.options.drain_gauges + self.options.settled_gauges)
 
     def broke(self, reason: str) -> None:
         """The run cannot go on; the first reason is the one kept."""

@@ -4,7 +4,8 @@ A series spec is ``name`` or ``name{label="value",...}``. Every sample with
 that name whose labels include the given ones is a series of its own, keyed
 by the spec plus its other labels (OTel's ``otel_scope_*`` bookkeeping
 labels are dropped), so ``kvwatch_tree_interior_snapshots`` gives one
-series per group. Parsing is prometheus_client's.
+series per group. ``SERIES`` reads the number of series on the page itself.
+Parsing is prometheus_client's.
 """
 
 from __future__ import annotations
@@ -13,6 +14,10 @@ import re
 
 from prometheus_client.parser import text_string_to_metric_families
 
+# Not a series but the number of series on the page, as PromQL counts them on one
+# target (``count({__name__=~".+"})``): a server that makes a series per
+# request or per session and never drops it grows it without bound.
+SERIES = 'count({__name__=~".+"})'
 SPEC = re.compile(r"^(?P<name>[A-Za-z_:][A-Za-z0-9_:]*)(?:\{(?P<labels>.*)\})?$")
 LABEL = re.compile(r'\s*([A-Za-z_][A-Za-z0-9_]*)\s*=\s*"([^"]*)"\s*,?')
 IGNORED = ("otel_scope_",)
@@ -33,10 +38,12 @@ def parse_spec(spec: str) -> tuple[str, dict[str, str]]:
 
 
 def read_series(page: str, specs: tuple[str, ...]) -> dict[str, float]:
-    wanted = [(spec, *parse_spec(spec)) for spec in specs]
+    wanted = [(spec, *parse_spec(spec)) for spec in specs if spec != SERIES]
     out: dict[str, float] = {}
+    counted = 0
     for family in text_string_to_metric_families(page):
         for sample in family.samples:
+            counted += 1
             for spec, name, labels in wanted:
                 if sample.name != name or any(sample.labels.get(k) != v for k, v in labels.items()):
                     continue
@@ -51,4 +58,6 @@ def read_series(page: str, specs: tuple[str, ...]) -> dict[str, float]:
                     else f"{spec}[{','.join(f'{k}={v}' for k, v in other.items())}]"
                 )
                 out[key] = out.get(key, 0.0) + sample.value
+    if SERIES in specs:
+        out[SERIES] = float(counted)
     return out

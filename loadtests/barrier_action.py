@@ -42,6 +42,7 @@ def recorder_options(plan: RunPlan) -> RecorderOptions:
         usage_gauges=plan.gauges.usage,
         busy_gauges=plan.gauges.busy,
         drain_gauges=plan.gauges.drain,
+        settled_gauges=plan.gauges.settled,
     )
 
 
