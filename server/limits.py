@@ -6,6 +6,11 @@ such a request gets an OpenAI-style JSON error (431 or 413) and nothing else
 runs. The body is read at most ``max_body_bytes + one chunk`` far before the
 413, so a client cannot make the server buffer more than that.
 
+Before it answers 413 the server reads the rest of the body and drops it (up
+to ``DRAIN_LIMIT`` bytes): a client that sends its whole body before it reads
+an answer (Python's ``urllib``, many others) would otherwise find the
+connection closed under it and see a reset instead of the 413.
+
 uvicorn bounds the raw request head before any of this runs (``kvwatch
 serve`` sets ``h11_max_incomplete_event_size``); this check is what turns a
 merely large header block into a JSON answer.
@@ -16,6 +21,8 @@ from __future__ import annotations
 import json
 
 from kvwatch.server.http_errors import error_body
+
+DRAIN_LIMIT = 64 * 1024 * 1024  # bytes of an oversized body read and dropped before the 413
 
 
 class RequestLimits:
@@ -36,6 +43,8 @@ class RequestLimits:
             return await _refuse(send, 431, message, "headers_too_large")
         declared = dict(headers).get(b"content-length")
         if declared is not None and (not declared.isdigit() or int(declared) > self.max_body_bytes):
+            if declared.isdigit() and int(declared) <= DRAIN_LIMIT:
+                await _drain(receive, DRAIN_LIMIT)
             return await _body_too_large(send, self.max_body_bytes)
         # Read the whole body up front (bounded), then replay it to the app.
         chunks, size = [], 0
@@ -46,6 +55,8 @@ class RequestLimits:
             chunks.append(message.get("body", b""))
             size += len(chunks[-1])
             if size > self.max_body_bytes:
+                if message.get("more_body", False):
+                    await _drain(receive, DRAIN_LIMIT - size)
                 return await _body_too_large(send, self.max_body_bytes)
             if not message.get("more_body", False):
                 break
@@ -59,6 +70,17 @@ class RequestLimits:
             return await receive()  # after the body: wait for the disconnect
 
         await self.app(scope, replay, send)
+
+
+async def _drain(receive, budget: int) -> None:
+    """Read and drop the rest of a body, at most ``budget`` bytes of it."""
+    while budget > 0:
+        message = await receive()
+        if message["type"] != "http.request":
+            return
+        budget -= len(message.get("body", b""))
+        if not message.get("more_body", False):
+            return
 
 
 async def _body_too_large(send, limit: int) -> None:

@@ -7,14 +7,18 @@ buffering more. Either way the server lives on.
 
 from __future__ import annotations
 
+import json
 import socket
+import urllib.error
+import urllib.request
 
 import httpx
 import pytest
+from inprocserver import serving
 from serverproc import kvwatch_server
 
 from kvwatch.cli import build_parser, main
-from kvwatch.serve import HEAD_BUFFER_FACTOR, ServeOptions, uvicorn_options
+from kvwatch.serve import HEAD_BUFFER_FACTOR, ServeOptions, build, uvicorn_options
 from kvwatch.server import ServerSettings
 
 OK_CHAT = {"model": "t", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
@@ -88,3 +92,24 @@ def test_a_100_kb_header_is_refused_and_the_server_lives_on(server):
 def test_bad_limits_are_usage_errors(flags, message, capsys):
     assert main(["serve", *flags]) == 2
     assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("chunked", [False, True])
+def test_a_body_over_the_limit_sent_whole_by_urllib_reads_the_413(chunked):
+    """urllib sends its whole body before it reads an answer: the server drains
+    the body it refuses, so the client reads the 413 instead of a reset."""
+    app, _, telemetry = build(ServeOptions(settings=ServerSettings(max_body_bytes=1024 * 1024)))
+    body = b"x" * (5 * 1024 * 1024 + 17)
+    data = iter([body[: len(body) // 2], body[len(body) // 2 :]]) if chunked else body
+    headers = {"Content-Type": "application/json"}
+    try:
+        with serving(app) as url:
+            request = urllib.request.Request(
+                f"{url}/v1/chat/completions", data=data, headers=headers, method="POST"
+            )
+            with pytest.raises(urllib.error.HTTPError) as answer:
+                urllib.request.urlopen(request, timeout=120)
+    finally:
+        telemetry.shutdown()
+    assert answer.value.code == 413
+    assert json.loads(answer.value.read())["error"]["code"] == "body_too_large"
