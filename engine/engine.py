@@ -435,6 +435,7 @@ class Engine:
             slack_tokens=spec.num_drafts + 1 if spec else 0,
             live_sessions=len(self._sessions.open),
             record_bytes=self._sessions.blob_bytes,
+            sessions_closed=self._sessions.closed_total,
         )
         if listener := listener_finding(self.events.failures):
             report = report._replace(findings=(*report.findings, listener))
@@ -448,6 +449,7 @@ class Engine:
             self._queue(),
             live_sessions=len(self._sessions.open),
             record_bytes=self._sessions.blob_bytes,
+            sessions_closed=self._sessions.closed_total,
         )
 
     def flush_cache(self) -> None:

@@ -33,6 +33,7 @@ def _stats(
     *,
     live_sessions: int,
     record_bytes: int,
+    sessions_closed: int = 0,
 ) -> EngineStats:
     groups = {
         name: GroupReport(
@@ -57,6 +58,7 @@ def _stats(
         queue=queue,
         record_bytes=record_bytes,
         slots=slots,
+        sessions_closed=sessions_closed,
     )
 
 
@@ -67,6 +69,7 @@ def take_stats(
     *,
     live_sessions: int = 0,
     record_bytes: int = 0,
+    sessions_closed: int = 0,
 ) -> EngineStats:
     """Usage, tree and queue figures without the audit: cheap, for every scrape."""
     return _stats(
@@ -76,6 +79,7 @@ def take_stats(
         cache.structure(),
         live_sessions=live_sessions,
         record_bytes=record_bytes,
+        sessions_closed=sessions_closed,
     )
 
 
@@ -87,6 +91,7 @@ def take_probe(
     slack_tokens: int = 0,
     live_sessions: int = 0,
     record_bytes: int = 0,
+    sessions_closed: int = 0,
 ) -> ProbeReport:
     """Everything at one moment: the audit, usage and bounds from one reading.
 
@@ -102,5 +107,6 @@ def take_probe(
         (r.tree, r.slot_report, r.root_refs),
         live_sessions=live_sessions,
         record_bytes=record_bytes,
+        sessions_closed=sessions_closed,
     )
     return ProbeReport(stats=stats, findings=r.audit.findings + stopped, bounds=r.bounds)

@@ -184,6 +184,7 @@ class SessionRegistry:
         self.closed: OrderedDict[str, None] = OrderedDict()
         self.keep_every_blob = keep_every_blob
         self.turn_ended = turn_ended
+        self.closed_total = 0  # every session ever closed (``closed`` keeps the last ids)
         self._ids = itertools.count()
 
     def create(self, session_id: str | None, *, record: bool, routed_experts: bool) -> Session:
@@ -227,6 +228,7 @@ class SessionRegistry:
 
     def forget(self, session: Session) -> None:
         del self.open[session.id]
+        self.closed_total += 1
         self.closed[session.id] = None
         while len(self.closed) > CLOSED_IDS_KEPT:
             self.closed.popitem(last=False)

@@ -109,6 +109,7 @@ class ProbeSpec:
     token: str | None = None  # bearer token for the probe endpoints
     watch: bool = False  # the engine probes after every step and keeps findings
     heap: bool = False  # heap samples at barriers
+    census: bool = False  # a census of live objects at the warm-up's end and once drained
     replays: bool = False  # collect finished comparable requests for the replay
     flush_every_turn: bool = False  # flush the cache at every barrier
 

@@ -86,6 +86,10 @@ class ProbeSource(Protocol):
 
     def gauges(self, series: Sequence[str]) -> dict[str, float]: ...
 
+    def census(self) -> dict[str, int]:
+        """Live instances of each of the engine's own classes (``kvwatch.census``)."""
+        ...
+
     def session_open(self, session_id: str) -> bool:
         """Whether the engine still holds the session open (False where it has no
         sessions, or cannot say)."""
@@ -103,6 +107,7 @@ class RecorderOptions:
     warmup: int = 2
     watch: bool = False  # probes after every engine step, kept when they show a finding
     heap: bool = False  # heap samples at barriers (white-box only)
+    census: bool = False  # a census at the warm-up's end and after the drain (white-box)
     flush_every_turn: bool = False  # flush the cache at every barrier (white-box only)
     drain_timeout: float = 120.0
     replays: bool = True  # collect finished comparable requests for the equivalence replay
@@ -139,6 +144,8 @@ class TurnRecorder:
         self.requests: Counts | None = None
         self.soak: Soak | None = None
         self.heap_end: HeapSample | None = None
+        self.census_mark: dict[str, int] | None = None
+        self.census_end: dict[str, int] | None = None
         self.sessions_opened: tuple[str, ...] = ()
         self.sessions_left: tuple[str, ...] = ()
         self.error: str | None = None
@@ -186,6 +193,8 @@ class TurnRecorder:
             heap = self.source.heap_sample(HEAP_SITES, HEAP_TOP)
             if drain and turn == self.options.warmup - 1:
                 self.source.heap_mark()
+        if drain and turn == self.options.warmup - 1 and self.white_box and self.options.census:
+            self.census_mark = self.source.census()
         if drain and turn == self.options.warmup - 1 and self.options.settled_gauges:
             settled = self._read(self.options.settled_gauges)
             self.gauges_baseline = {**(self.gauges_baseline or {}), **settled}
@@ -220,6 +229,8 @@ class TurnRecorder:
             self.drained = self.source.probe()
             self._collect_finished(len(self.turns))
             self._sessions_left(reports)
+            if self.census_mark is not None:
+                self.census_end = self.source.census()
             if self.options.heap and self.turns:
                 self.heap_end = self.source.heap_sample(HEAP_SITES, HEAP_SINCE_MARK)
         self.gauges_drained = self._read(self.options.drain_gauges + self.options.settled_gauges)
@@ -242,6 +253,8 @@ class TurnRecorder:
             requests=self.requests,
             soak=self.soak,
             heap_end=self.heap_end,
+            census_mark=self.census_mark,
+            census_end=self.census_end,
             sessions_opened=len(self.sessions_opened),
             sessions_left=self.sessions_left,
         )

@@ -274,6 +274,9 @@ class RunRecord(NamedTuple):
     heap_end: HeapSample | None = None
     # lifecycle transitions the run took, per machine (``lifecycle.py``)
     coverage: Mapping[str, Mapping[str, int]] = {}
+    # live instances per kvwatch class at the warm-up's end and once drained (``census``)
+    census_mark: Mapping[str, int] | None = None
+    census_end: Mapping[str, int] | None = None
     sessions_opened: int = 0  # sessions the users said they opened
     sessions_left: tuple[str, ...] = ()  # of those, still open once the run drained
 
@@ -295,6 +298,8 @@ class RunRecord(NamedTuple):
             "soak": self.soak.to_json() if self.soak is not None else None,
             "heap_end": self.heap_end.to_json() if self.heap_end is not None else None,
             "coverage": {m: dict(edges) for m, edges in self.coverage.items()},
+            "census_mark": dict(self.census_mark) if self.census_mark is not None else None,
+            "census_end": dict(self.census_end) if self.census_end is not None else None,
             "sessions_opened": self.sessions_opened,
             "sessions_left": list(self.sessions_left),
         }
@@ -323,6 +328,8 @@ class RunRecord(NamedTuple):
             soak=Soak.from_json(data.get("soak")),
             heap_end=HeapSample.from_json(data.get("heap_end")),
             coverage=data.get("coverage") or {},
+            census_mark=data.get("census_mark"),
+            census_end=data.get("census_end"),
             sessions_opened=data.get("sessions_opened", 0),
             sessions_left=tuple(data.get("sessions_left", ())),
         )

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import requests
 
+from kvwatch.census import census
 from kvwatch.contracts import ProbeReport
 from kvwatch.gate.run_record import HeapSample
 from kvwatch.gate.scrape import read_series
@@ -86,6 +87,9 @@ class CallableSource:
 
     def session_open(self, session_id: str) -> bool:
         return False  # an engine driven in process closes its own sessions
+
+    def census(self) -> dict[str, int]:
+        return census()
 
     def answering(self) -> None:
         pass
@@ -165,6 +169,10 @@ class HttpSource:
         resp = self.http.get(self.metrics_url, timeout=TIMEOUT)
         resp.raise_for_status()
         return read_series(resp.text, tuple(series))
+
+    def census(self) -> dict[str, int]:
+        """Live instances of each kvwatch class in the server (``GET /debug/census``)."""
+        return self._call("GET", "/debug/census")["census"]
 
     def session_open(self, session_id: str) -> bool:
         """White-box: ``GET /v1/sessions/{id}`` answers 200 while it is open (409

@@ -143,6 +143,7 @@ class EngineStats(NamedTuple):
     queue: QueueReport
     record_bytes: int  # routed-expert blobs retained by session records
     slots: SlotReport | None = None  # only in slots mode
+    sessions_closed: int = 0  # sessions closed since the engine started (a count, not live)
 
     def to_json(self) -> dict:
         return {
@@ -154,6 +155,7 @@ class EngineStats(NamedTuple):
             "tree": self.tree._asdict(),
             "queue": self.queue._asdict(),
             "record_bytes": self.record_bytes,
+            "sessions_closed": self.sessions_closed,
             "slots": {**self.slots._asdict(), "lengths": list(self.slots.lengths)}
             if self.slots is not None
             else None,
@@ -171,6 +173,7 @@ class EngineStats(NamedTuple):
             tree=TreeReport(**data["tree"]),
             queue=QueueReport(**data["queue"]),
             record_bytes=data["record_bytes"],
+            sessions_closed=data.get("sessions_closed", 0),
             slots=SlotReport(**{**slots, "lengths": tuple(slots["lengths"])}) if slots else None,
         )
 

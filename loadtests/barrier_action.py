@@ -36,6 +36,7 @@ def recorder_options(plan: RunPlan) -> RecorderOptions:
         warmup=plan.warmup,
         watch=source.watch,
         heap=source.heap,
+        census=source.census,
         flush_every_turn=source.flush_every_turn and source.white_box,
         drain_timeout=plan.drain_timeout,
         replays=source.replays,

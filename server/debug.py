@@ -23,6 +23,7 @@ from typing import Literal
 
 from fastapi import APIRouter, Depends, Request
 
+from kvwatch.census import census
 from kvwatch.contracts import FindingKind, ProbeReport, finding
 from kvwatch.heap_tracker import TRACE_FRAMES, HeapTracker, NotTracing
 from kvwatch.registries import module_roots, walk
@@ -88,6 +89,13 @@ async def probe(request: Request):
     return (await worker.run(take)).to_json()
 
 
+@router.get("/census")
+async def census_endpoint(request: Request):
+    """Live instances of each kvwatch class in the server process, counted on the
+    engine thread between steps (``kvwatch.census``)."""
+    return {"census": await _worker(request).run(census)}
+
+
 @router.post("/flush_cache")
 async def flush_cache(request: Request):
     worker = _worker(request)
@@ -121,8 +129,9 @@ async def latched(request: Request):
 
 @router.get("/coverage")
 async def coverage(request: Request):
-    """Lifecycle transitions taken since the server started, per machine
-    (``{"request": {"new -> queued": 5, ...}, "session": {...}, "slot": {...}}``)."""
+    """Lifecycle transitions, and combination and boundary edges, taken since the
+    server started, per machine (``{"request": {"new -> queued": 5, ...},
+    "session": {...}, "slot": {...}, "turn abort": {...}, "page offset": {...}, ...}``)."""
     counted = request.app.state.coverage
     if counted is None:
         raise ApiError(404, "this server does not count lifecycle transitions", code="not_found")

@@ -142,6 +142,7 @@ class KvwatchServed(Served):
                 token=server.token,
                 watch=True,
                 heap=profile.heap or c <= HEAP_UP_TO,
+                census=True,  # at every concurrency: it costs two counts a run
                 replays=True,
                 flush_every_turn=profile.flush_every_turn,
             ),

@@ -151,6 +151,9 @@ class VllmProbeSource(HttpSource):
     def session_open(self, session_id: str) -> bool:
         return False  # vLLM has no sessions API
 
+    def census(self) -> dict[str, int]:
+        raise NotImplementedError("vLLM's probe has no census")
+
     def heap_start(self) -> None:
         raise NotImplementedError("vLLM's probe has no heap sampler")
 

@@ -17,6 +17,15 @@ finished request must leave nothing behind.
   one allocation and a few bytes per request served since the mark is a
   leak (a per-request map never pruned, say); one-off growth (a table that
   stays grown, a cache filled once) is neither.
+* Per closed session. The same, against the sessions closed since the mark:
+  a session leaves more behind than a request (its tokens, its records), but
+  there are far fewer of them, so what each one keeps would hide under the
+  per-request threshold.
+* By census, at every concurrency. tracemalloc costs every allocation, so
+  the server traces only at low concurrency; a census (live instances of
+  each kvwatch class, ``kvwatch.census``) costs two counts a run. A class with
+  about one more instance per two requests served, or one per session closed,
+  once the run drained, is kept by something that outlived its owner.
 """
 
 from __future__ import annotations
@@ -55,31 +64,120 @@ TOTAL = "all kvwatch allocations"
 MIN_BYTES_PER_REQUEST = 16
 MIN_ALLOCATIONS_PER_REQUEST = 0.5
 MIN_LEFT_BYTES = 4096
+# Per closed session: a session keeps its tokens and records (hundreds of bytes
+# at the least) in at least one allocation of its own.
+MIN_BYTES_PER_SESSION = 64
+MIN_ALLOCATIONS_PER_SESSION = 1
+MIN_SESSIONS = 2
+# By census: instances of one class left per request (one per two: a request
+# and its reply share nothing), never fewer than a handful in all.
+MIN_INSTANCES_PER_REQUEST = 0.5
+MIN_INSTANCES_LEFT = 4
 
 
 def detect(run: RunRecord) -> Verdict:
     turns = [t for t in run.turns if t.heap is not None and t.context_tokens > 0]
+    if not turns and run.heap_end is None and run.census_end is None:
+        return skipped(ID, "no heap samples and no census (heap tracking off)")
+    verdicts = [token_rule(run, turns) if turns else None]
+    for rule in (request_rule, session_rule, census_rule):
+        if verdicts[-1] is not None and verdicts[-1].failed:
+            break
+        verdicts.append(rule(run))
+    done = [v for v in verdicts if v is not None]
+    failed = next((v for v in done if v.failed), None)
+    if failed is not None:
+        return failed
     if not turns and run.heap_end is None:
-        return skipped(ID, "no heap samples (heap tracking off)")
-    per_token = token_rule(run, turns) if turns else None
-    if per_token is not None and per_token.failed:
-        return per_token
-    per_request = request_rule(run)
-    if per_request is not None and per_request.failed:
-        return per_request
-    notes = [v.note for v in (per_token, per_request) if v is not None]
-    return passed(ID, "; ".join(notes))
+        return passed(ID, "heap not traced at this concurrency; " + "; ".join(v.note for v in done))
+    return passed(ID, "; ".join(v.note for v in done))
+
+
+def _served_since_mark(run: RunRecord) -> int:
+    """Requests the clients sent between the warm-up's last barrier and the end."""
+    mark = run.warmup - 1
+    if run.requests is None or not 0 <= mark < len(run.turns):
+        return 0
+    before = run.turns[mark].requests
+    return run.requests.requests - (before.requests if before is not None else 0)
+
+
+def _closed_since_mark(run: RunRecord) -> int:
+    """Sessions the engine closed between the warm-up's last barrier and the drain."""
+    mark = run.warmup - 1
+    if run.drained is None or not 0 <= mark < len(run.turns):
+        return 0
+    barrier = run.turns[mark].barrier
+    return run.drained.stats.sessions_closed - (barrier.stats.sessions_closed if barrier else 0)
+
+
+def session_rule(run: RunRecord) -> Verdict | None:
+    """Sites that kept an allocation and some bytes for every session closed
+    since the mark, once the run is over."""
+    end, closed = run.heap_end, _closed_since_mark(run)
+    if end is None or closed < MIN_SESSIONS:
+        return None
+    left = [
+        g
+        for g in end.since_mark
+        if g.size_diff >= max(MIN_LEFT_BYTES, MIN_BYTES_PER_SESSION * closed)
+        and g.count_diff >= MIN_ALLOCATIONS_PER_SESSION * closed
+    ]
+    if not left:
+        return passed(ID, f"nothing left per session ({closed} closed since the warm-up)")
+    ev = [
+        Evidence(
+            group=None,
+            pages=(),
+            detail=f"{g.site}: {g.size_diff} bytes in {g.count_diff} allocations left after the run, "
+            f"{g.size_diff / closed:.0f} bytes per closed session ({closed} since turn {run.warmup - 1})",
+            traceback=(g.site,),
+        )
+        for g in left
+    ]
+    return fail_after_drain(ID, run, ev)
+
+
+def census_rule(run: RunRecord) -> Verdict | None:
+    """kvwatch classes with more live instances once the run drained than at the
+    warm-up's end, by about one per two requests served or one per session closed."""
+    if run.census_mark is None or run.census_end is None:
+        return None
+    served, closed = _served_since_mark(run), _closed_since_mark(run)
+    grown = {
+        cls: n - run.census_mark.get(cls, 0)
+        for cls, n in run.census_end.items()
+        if n > run.census_mark.get(cls, 0)
+    }
+
+    def kept(n: int) -> bool:
+        per_request = served > 0 and n >= max(
+            MIN_INSTANCES_LEFT, MIN_INSTANCES_PER_REQUEST * served
+        )
+        per_session = closed >= MIN_SESSIONS and n >= max(MIN_INSTANCES_LEFT, closed)
+        return per_request or per_session
+
+    left = sorted(((n, cls) for cls, n in grown.items() if kept(n)), reverse=True)
+    if not left:
+        return passed(ID, f"census back at its level ({served} requests, {closed} sessions)")
+    ev = [
+        Evidence(
+            group=None,
+            pages=(),
+            detail=f"{cls}: {n} more live instances after the run than at the end of the "
+            f"warm-up ({served} requests served, {closed} sessions closed since)",
+        )
+        for n, cls in left
+    ]
+    return fail_after_drain(ID, run, ev)
 
 
 def request_rule(run: RunRecord) -> Verdict | None:
     """Sites that kept about an allocation and a few bytes for every request the
     judged turns served, once the run is over (``heap_end.since_mark``)."""
     end, mark = run.heap_end, run.warmup - 1
-    if end is None or run.requests is None or not 0 <= mark < len(run.turns):
-        return None
-    before = run.turns[mark].requests
-    served = run.requests.requests - (before.requests if before is not None else 0)
-    if served <= 0:
+    served = _served_since_mark(run)
+    if end is None or served <= 0:
         return None
     left = [
         g
