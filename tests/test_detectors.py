@@ -244,3 +244,27 @@ def test_the_drain_rule_flags_what_is_above_its_value_before_the_run():
     live = make_probe()._replace(stats=make_probe().stats._replace(live_sessions=2))
     v = DETECTORS["allocator"](run_of(CLEAN, drained=live))
     assert v.failed and "2 live sessions left, 0 before" in v.evidence[0].detail
+
+
+def test_heap_left_per_closed_session_fails_where_per_request_does_not():
+    """A site that kept 5 KB in 10 allocations after 8 sessions closed, over 1000
+    requests: far under the per-request threshold, over the per-session one."""
+    from kvwatch.gate.run_record import Counts, SiteGrowth
+
+    def probe(closed: int):
+        base = make_probe()
+        return base._replace(stats=base.stats._replace(sessions_closed=closed))
+
+    def run(size: int) -> RunRecord:
+        sent = Counts(status={"2xx": 1000}, failed=0, broken_turns=0)
+        early = Counts(status={"2xx": 10}, failed=0, broken_turns=0)
+        turns = tuple(
+            Turn(turn=t, probes=(probe(0),), requests=early if t == 1 else None) for t in range(4)
+        )
+        end = HeapSample(traced_bytes=0, since_mark=(SiteGrowth("records.py:9", size, 10),))
+        return RunRecord(turns=turns, warmup=2, drained=probe(8), requests=sent, heap_end=end)
+
+    v = DETECTORS["heap"](run(5000))
+    assert v.failed and v.after_drain
+    assert "bytes per closed session (8 since turn 1)" in v.evidence[0].detail
+    assert DETECTORS["heap"](run(1000)).verdict == PASS  # under 4 KiB in all
