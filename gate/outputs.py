@@ -13,6 +13,7 @@ that no kvwatch run wrote. Three kinds of input reach a path:
   not an existing file. ``--out`` must also be new, empty, or a directory an
   earlier gate run wrote (it holds ``MARKER`` or a ``summary.json``), so a
   slip like ``--out .`` or ``--out ~`` cannot spread reports over a source tree;
+  the earlier gate's own outputs there are removed before the new run writes;
 * a *file* (``--junit``) holds no control character, is not a directory, is
   none of the gate's own outputs, and if it exists it is a JUnit report.
 
@@ -22,6 +23,7 @@ Each check raises ``ValueError`` with the flag and the reason: the CLI's exit 2.
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 MARKER = ".kvwatch-out"  # written first into every --out a gate run uses
@@ -108,6 +110,13 @@ def _is_junit(path: Path) -> bool:
 
 
 def mark(out: Path) -> None:
-    """Create ``out`` and mark it as a gate's output directory."""
+    """Create ``out`` and mark it as a gate's output directory; an earlier gate's
+    outputs in it go first (``out_dir`` checked it is one), so no run folder,
+    report or summary of that gate is left beside the new ones."""
     out.mkdir(parents=True, exist_ok=True)
+    if (out / MARKER).exists() or (out / "summary.json").exists():
+        for own in OWN_DIRS:
+            shutil.rmtree(out / own, ignore_errors=True)
+        for own in OWN_FILES:
+            (out / own).unlink(missing_ok=True)
     (out / MARKER).write_text("written by kvwatch gate\n")

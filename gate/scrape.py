@@ -2,9 +2,11 @@
 
 A series spec is ``name`` or ``name{label="value",...}``. Every sample with
 that name whose labels include the given ones is a series of its own, keyed
-by the spec plus its other labels (OTel's ``otel_scope_*`` bookkeeping
-labels are dropped), so ``kvwatch_tree_interior_snapshots`` gives one
-series per group. ``SERIES`` reads the number of series on the page itself.
+by the PromQL selector of all its labels (OTel's ``otel_scope_*`` bookkeeping
+labels are dropped; the spec itself when it names them all), so
+``kvwatch_tree_interior_snapshots`` gives one series per group,
+``kvwatch_tree_interior_snapshots{group="linear.state"}``, which pastes into
+Prometheus as it is. ``SERIES`` reads the number of series on the page itself.
 Parsing is prometheus_client's.
 """
 
@@ -37,6 +39,12 @@ def parse_spec(spec: str) -> tuple[str, dict[str, str]]:
     return m.group("name"), labels
 
 
+def selector(name: str, labels: dict[str, str]) -> str:
+    """A series as PromQL selects it: ``name{a="1",b="2"}``, labels sorted."""
+    inner = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+    return f"{name}{{{inner}}}" if inner else name
+
+
 def read_series(page: str, specs: tuple[str, ...]) -> dict[str, float]:
     wanted = [(spec, *parse_spec(spec)) for spec in specs if spec != SERIES]
     out: dict[str, float] = {}
@@ -49,14 +57,10 @@ def read_series(page: str, specs: tuple[str, ...]) -> dict[str, float]:
                     continue
                 other = {
                     k: v
-                    for k, v in sorted(sample.labels.items())
+                    for k, v in sample.labels.items()
                     if k not in labels and not k.startswith(IGNORED)
                 }
-                key = (
-                    spec
-                    if not other
-                    else f"{spec}[{','.join(f'{k}={v}' for k, v in other.items())}]"
-                )
+                key = spec if not other else selector(name, {**labels, **other})
                 out[key] = out.get(key, 0.0) + sample.value
     if SERIES in specs:
         out[SERIES] = float(counted)

@@ -8,6 +8,7 @@ a bad value is a usage error, one line on stderr and exit 2.
 from __future__ import annotations
 
 import argparse
+import difflib
 from pathlib import Path
 from typing import NoReturn
 
@@ -28,6 +29,40 @@ class OneLineParser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
+    def parse_args(self, args=None, namespace=None):
+        """An unknown flag is the subcommand's error (``kvwatch gate: error: ...``),
+        with the flag it most likely meant, not the top-level parser's."""
+        parsed, extras = self.parse_known_args(args, namespace)
+        if extras:
+            command = self._subcommand(parsed)
+            if command is None:
+                self.error(f"unrecognized arguments: {' '.join(extras)}")
+            command.error(
+                f"unrecognized arguments: {' '.join(extras)}{_did_you_mean(command, extras)}"
+            )
+        return parsed
+
+    def _subcommand(self, parsed: argparse.Namespace) -> argparse.ArgumentParser | None:
+        """The innermost subcommand parser ``parsed`` went through (``dashboards build``)."""
+        for action in self._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                chosen = action.choices.get(getattr(parsed, action.dest, None) or "")
+                if chosen is None:
+                    return None
+                inner = chosen._subcommand(parsed) if isinstance(chosen, OneLineParser) else None
+                return inner or chosen
+        return None
+
+
+def _did_you_mean(parser: argparse.ArgumentParser, extras: list[str]) -> str:
+    flags = [f for a in parser._actions for f in a.option_strings if f.startswith("--")]
+    for extra in extras:
+        if extra.startswith("--"):
+            close = difflib.get_close_matches(extra.split("=")[0], flags, n=1)
+            if close:
+                return f"; did you mean {close[0]}?"
+    return ""
+
 
 def _concurrency(text: str) -> tuple[int, ...]:
     try:
@@ -36,6 +71,10 @@ def _concurrency(text: str) -> tuple[int, ...]:
         raise argparse.ArgumentTypeError(f"want a list like 1,2,4,8, got {text!r}") from None
     if not values:
         raise argparse.ArgumentTypeError("want at least one concurrency")
+    if twice := sorted({v for v in values if values.count(v) > 1}):
+        raise argparse.ArgumentTypeError(
+            f"lists {', '.join(map(str, twice))} more than once: each concurrency runs once"
+        )
     return values
 
 

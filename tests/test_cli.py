@@ -69,7 +69,12 @@ def test_faults_table_is_human_readable():
             ["no-such-command"],
             "kvwatch: error: argument command: invalid choice: 'no-such-command'",
         ),
-        (["faults", "--bogus"], "kvwatch: error: unrecognized arguments: --bogus"),
+        (["faults", "--bogus"], "kvwatch faults: error: unrecognized arguments: --bogus"),
+        (
+            ["gate", "--profiel", "x"],
+            "kvwatch gate: error: unrecognized arguments: --profiel x; did you mean --profile?",
+        ),
+        (["gate", "-c", "1,2,1"], "kvwatch gate: error: argument -c: lists 1 more than once"),
         (["gate", "--soak", "1x"], "kvwatch gate: error: argument --soak: --soak takes a duration"),
         ([], "kvwatch: error: the following arguments are required: command"),
     ],

@@ -72,6 +72,21 @@ def test_out_may_be_new_empty_or_an_earlier_runs(tmp_path):
         GateOptions(out=out).validate()
 
 
+def test_an_earlier_gates_outputs_go_before_a_new_gate_writes(tmp_path):
+    """A reused --out keeps no run folder, report or summary of the earlier gate
+    beside the new one's; a file the user put there stays."""
+    out = tmp_path / "out"
+    outputs.mark(out)
+    for own in ("runs/agentic-trie-c8", "servers/agentic-trie", "spans/chaos", "soak"):
+        (out / own).mkdir(parents=True)
+        (out / own / "record.json").write_text("{}")
+    for own in ("summary.json", "report.html", "gate.prom"):
+        (out / own).write_text("old")
+    (out / "notes.txt").write_text("mine")
+    outputs.mark(out)
+    assert sorted(p.name for p in out.iterdir()) == [".kvwatch-out", "notes.txt"]
+
+
 @pytest.mark.parametrize("soak", [[], ["--soak", "10m"]])
 def test_junit_never_overwrites_a_file_it_did_not_write(tmp_path, capsys, soak):
     out = tmp_path / "out"

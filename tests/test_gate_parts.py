@@ -27,6 +27,7 @@ DESIGN_PROFILES = (
     "rl-rollout",
     "slot-cache",
     "chaos",
+    "edges",
     "bad-input",
 )
 
@@ -36,7 +37,7 @@ def kvwatch(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, capture_output=True, text=True, timeout=120)
 
 
-def test_profiles_json_lists_the_seven_profiles_with_valid_engine_configs():
+def test_profiles_json_lists_the_eight_profiles_with_valid_engine_configs():
     out = kvwatch("profiles", "--json")
     assert out.returncode == 0, out.stderr
     entries = json.loads(out.stdout)
@@ -131,9 +132,9 @@ vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.25
 def test_read_series_selects_by_labels_and_keeps_the_rest_apart():
     got = read_series(PAGE, ('kvwatch_pool_pages{state="used"}', "vllm:kv_cache_usage_perc"))
     assert got == {
-        'kvwatch_pool_pages{state="used"}[family=state,group=linear.state]': 7.0,
-        'kvwatch_pool_pages{state="used"}[family=history,group=full.kv]': 40.0,
-        "vllm:kv_cache_usage_perc[engine=0,model_name=m]": 0.25,
+        'kvwatch_pool_pages{family="state",group="linear.state",state="used"}': 7.0,
+        'kvwatch_pool_pages{family="history",group="full.kv",state="used"}': 40.0,
+        'vllm:kv_cache_usage_perc{engine="0",model_name="m"}': 0.25,
     }
     assert read_series(PAGE, ("sglang:token_usage",)) == {}
     with pytest.raises(ValueError, match="bad series"):
