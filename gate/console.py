@@ -126,12 +126,20 @@ def result_lines(result: RunResult) -> list[str]:
     if result.error and not result.verdicts:
         return [f"ERROR: {result.error}"]
     head = f"{result.requests} requests, {result.errors} failed"
-    failed = [f"FAIL {name} {_at(v)}: {_evidence(v)}" for name, v in result.failed().items()]
+    failed = [line for name, v in result.failed().items() for line in _failure(name, v)]
     crashed = [f"ERROR {name} raised: {_evidence(v)}" for name, v in result.errored().items()]
     broke = [f"ERROR: {result.error}"] if result.error else []
     if not (failed or crashed or broke):
         return [f"{head}; every detector passed"]
     return [head, *failed, *crashed, *broke]
+
+
+def _failure(name: str, verdict) -> list[str]:
+    """``FAIL name at turn t: evidence``; with a story, the story on that line and
+    the evidence on the next."""
+    if not verdict.story:
+        return [f"FAIL {name} {_at(verdict)}: {_evidence(verdict)}"]
+    return [f"FAIL {name} {_at(verdict)}: {verdict.story}", f"    {_evidence(verdict)}"]
 
 
 def _at(verdict) -> str:

@@ -31,7 +31,8 @@ def junit_xml(summary: GateSummary) -> str:
                 counts["failures" if failed else "errors"] += 1
                 message = f"first failing turn {v.first_turn}" if failed else "the detector raised"
                 node = ET.SubElement(case, "failure" if failed else "error", message=message)
-                lines = [v.summary(), *(e.detail for e in v.evidence[1:])]
+                lines = [*([v.story] if v.story else []), v.summary()]
+                lines += [e.detail for e in v.evidence[1:]]
                 lines += [line for e in v.evidence[:1] for line in e.traceback]
                 node.text = "\n".join(lines)
             elif v.verdict == SKIPPED:

@@ -36,6 +36,7 @@ h1.verdict{padding:6px 12px;border:3px solid #333} h1.fail,h1.error{background:#
 p.said{font-size:18px;font-weight:bold}
 div.failure{border-left:6px solid #a00;padding:2px 12px;margin:12px 0}
 p.evidence{font-family:monospace;font-size:14px;white-space:pre-wrap}
+p.story{font-size:16px;font-weight:bold;color:#a00}
 li .detail{font-family:monospace}
 pre{font-size:12px;background:#f4f4f4;padding:4px}
 img{max-width:100%}

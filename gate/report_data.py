@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import csv
 import math
-import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import NamedTuple
 
-from kvwatch.contracts import MAX_PAGES, FindingKind, ProbeReport
+from kvwatch.contracts import FindingKind, ProbeReport
+from kvwatch.gate.detectors.story import over_bound, pages_found
 from kvwatch.gate.run_record import RunRecord
 
 # pool stack, bottom to top: what live holders pin, then the tree's cache
@@ -50,27 +50,8 @@ class GroupSeries(NamedTuple):
 
 
 def leaked_pages(probe: ProbeReport, group: str) -> int:
-    """Pages of ``group`` the audit found held by no live holder (orphans).
-
-    A finding keeps the first MAX_PAGES page ids only and says in its detail
-    how many there were; the larger of the two is the count.
-    """
-    total = 0
-    for f in probe.findings:
-        if f.kind is not FindingKind.ORPHAN or f.group != group:
-            continue
-        count = len(f.pages)
-        if count >= MAX_PAGES:
-            said = re.search(r"(\d+) allocated pages", f.detail)
-            count = max(count, int(said.group(1))) if said else count
-        total += count
-    return total
-
-
-def over_bound(probe: ProbeReport, group: str) -> int:
-    """Pinned pages of ``group`` above the bound live holders justify (0 within it)."""
-    bound = probe.bounds.get(group)
-    return max(bound.pinned - bound.limit, 0) if bound is not None else 0
+    """Pages of ``group`` the audit found held by no live holder (orphans)."""
+    return pages_found(probe, FindingKind.ORPHAN, group)
 
 
 def _stack(probe: ProbeReport, group: str) -> tuple[dict[str, int], int]:

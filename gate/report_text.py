@@ -61,7 +61,8 @@ def evidence(summary: GateSummary) -> str:
         how = "failed" if v.failed else "raised"
         parts.append(
             f"<div class='failure'><h3>{escape(run.name)}: {escape(name)} {how} {escape(where(v))}</h3>"
-            f"<p class='evidence'>{escape(v.summary())}</p>"
+            + (f"<p class='story'>{escape(v.story)}</p>" if v.story else "")
+            + f"<p class='evidence'>{escape(v.summary())}</p>"
         )
         if v.evidence:
             parts.append("<ol class='details'>" + "".join(_detail(e) for e in v.evidence) + "</ol>")
@@ -97,7 +98,7 @@ def runs_table(summary: GateSummary, out: Path) -> str:
     """Per run: requests, failed ones, lifecycle coverage, its Locust report, its verdict."""
     rows = [
         "<h2>Runs</h2><table><tr><th>run</th><th>turns</th><th>requests</th><th>failed</th>"
-        "<th>lifecycle transitions taken</th><th>Locust report</th><th>detectors</th></tr>"
+        "<th>transitions taken per machine</th><th>Locust report</th><th>detectors</th></tr>"
     ]
     for run in summary.runs:
         folder = f"runs/{run.profile}-c{run.concurrency}"
@@ -130,12 +131,13 @@ def _run_coverage(run: RunResult) -> str:
 
 
 def coverage_section(summary: GateSummary) -> str:
-    """Lifecycle transitions taken, per profile and machine, and the ones never taken."""
+    """Transitions taken, per profile and machine (the lifecycles, then the
+    combination and boundary machines), and the ones never taken."""
     cov = summary.coverage
     if not cov:
         return ""
     machines = list(cov["total"])
-    rows = ["<h2>Lifecycle coverage</h2><table><tr><th>profile</th>"]
+    rows = ["<h2>Coverage</h2><table><tr><th>profile</th>"]
     rows += [f"<th>{escape(m)}</th>" for m in machines] + ["</tr>"]
     for name, per in [*cov["profiles"].items(), ("all runs", cov["total"])]:
         cells = "".join(f"<td>{len(per[m]['taken'])} of {per[m]['total']}</td>" for m in machines)

@@ -268,3 +268,24 @@ def test_heap_left_per_closed_session_fails_where_per_request_does_not():
     assert v.failed and v.after_drain
     assert "bytes per closed session (8 since turn 1)" in v.evidence[0].detail
     assert DETECTORS["heap"](run(1000)).verdict == PASS  # under 4 KiB in all
+
+
+def test_a_failure_tells_how_it_grew_first_turn_last_turn_after_the_drain():
+    """The evidence names what was first seen; the story says it went from 1 to 10
+    leaked pages over the turns and stayed at 10 once drained."""
+    from kvwatch.contracts import finding
+
+    def leaking(n: int):
+        f = finding(
+            FindingKind.ORPHAN, "full.kv", list(range(n)), f"{n} allocated pages held by no one"
+        )
+        return make_probe(findings=(f,))
+
+    turns = tuple(Turn(turn=t, probes=(leaking(1 + t * 9 // 5),)) for t in range(6))
+    v = DETECTORS["allocator"](RunRecord(turns=turns, warmup=2, drained=leaking(10)))
+    assert v.failed and v.first_turn == 0
+    assert v.story == "full.kv leaked pages 1 -> 10 over turns 0-5, 10 after the drain"
+    assert v.as_dict()["story"] == v.story
+    from kvwatch.gate.detectors.verdict import Verdict as V
+
+    assert V.from_json("allocator", v.as_dict()).story == v.story

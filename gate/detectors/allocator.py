@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from kvwatch.contracts import OWNERSHIP
 from kvwatch.gate.detectors.stats import first_rise
+from kvwatch.gate.detectors.story import finding_story, over_bound, probe_story, trajectory
 from kvwatch.gate.detectors.usage_trend import UsageTrend, usage_trend
 from kvwatch.gate.detectors.verdict import (
     Evidence,
@@ -48,11 +49,9 @@ def probe_rule(run: RunRecord) -> Verdict | None:
         for probe in turn.probes:
             hits = [f for f in probe.findings if f.kind in OWNERSHIP]
             if hits:
-                return fail(
-                    ID,
-                    turn.turn,
-                    [Evidence(group=f.group, pages=f.pages, detail=f.detail) for f in hits],
-                )
+                ev = [Evidence(group=f.group, pages=f.pages, detail=f.detail) for f in hits]
+                story = finding_story(run, hits[0].kind, hits[0].group)
+                return fail(ID, turn.turn, ev)._replace(story=story)
             over = [
                 Evidence(
                     group=b.group,
@@ -62,8 +61,12 @@ def probe_rule(run: RunRecord) -> Verdict | None:
                 for b in probe.exceeded()
             ]
             if over:
-                return fail(ID, turn.turn, over)
+                return fail(ID, turn.turn, over)._replace(story=_over_story(run, over[0].group))
     return None
+
+
+def _over_story(run: RunRecord, group: str) -> str:
+    return probe_story(f"{group} pinned pages over the bound", run, lambda p: over_bound(p, group))
 
 
 def usage_trends(run: RunRecord) -> list[UsageTrend]:
@@ -120,7 +123,11 @@ def state_rule(run: RunRecord) -> Verdict | None:
                 f"interior snapshots per live conversation grow with turns "
                 f"({series[0]:.1f} -> {series[-1]:.1f}): {trend.describe}"
             )
-            return fail(ID, at, [Evidence(group=group, pages=(), detail=detail)])
+            points = list(zip(turns, series, strict=False))
+            story = trajectory(f"{group} interior snapshots per conversation", points, None)
+            return fail(ID, at, [Evidence(group=group, pages=(), detail=detail)])._replace(
+                story=story
+            )
     return None
 
 
@@ -172,5 +179,9 @@ def drain_rule(run: RunRecord) -> Verdict | None:
         for sid in run.sessions_left
     ]
     if left:
-        return fail_after_drain(ID, run, left)
+        verdict = fail_after_drain(ID, run, left)
+        if (group := left[0].group) is not None and group in base.groups:
+            story = probe_story(f"{group} used pages", run, lambda p: p.groups[group].used)
+            verdict = verdict._replace(story=f"{story} ({base.groups[group].used} before the run)")
+        return verdict
     return None

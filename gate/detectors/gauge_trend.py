@@ -12,6 +12,7 @@ be back at its starting value.
 from __future__ import annotations
 
 from kvwatch.gate.detectors.stats import first_rise
+from kvwatch.gate.detectors.story import trajectory
 from kvwatch.gate.detectors.verdict import (
     Evidence,
     Verdict,
@@ -39,7 +40,10 @@ def detect(run: RunRecord) -> Verdict:
         if rise is not None:
             at, trend = rise
             detail = f"{name} rises {series[0]:.3g} -> {series[-1]:.3g}: {trend.describe}"
-            return fail(ID, at, [Evidence(group=None, pages=(), detail=detail)])
+            story = trajectory(name, points, None)
+            return fail(ID, at, [Evidence(group=None, pages=(), detail=detail)])._replace(
+                story=story
+            )
     if (left := _not_drained(run)) is not None:
         return left
     return passed(ID, f"{len(names)} gauge series flat over {len(turns)} turns")

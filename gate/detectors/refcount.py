@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from kvwatch.contracts import FindingKind
+from kvwatch.gate.detectors.story import probe_story
 from kvwatch.gate.detectors.verdict import Evidence, Verdict, fail, fail_after_drain, passed
 from kvwatch.gate.run_record import RunRecord, Signal
 
@@ -25,5 +26,11 @@ def detect(run: RunRecord) -> Verdict:
             detail = f"root refs {root.actual}, live holders imply {root.expected}"
             ev.insert(0, Evidence(group=None, pages=(), detail=detail))
         if ev:
-            return fail(ID, turn, ev) if turn is not None else fail_after_drain(ID, run, ev)
+            verdict = fail(ID, turn, ev) if turn is not None else fail_after_drain(ID, run, ev)
+            story = probe_story(
+                "root refs over what live holders imply",
+                run,
+                lambda p: p.root_refs.actual - p.root_refs.expected,
+            )
+            return verdict._replace(story=story)
     return passed(ID, f"root and node refs exact in {len(probes)} probes")

@@ -56,6 +56,7 @@ class Verdict(NamedTuple):
     evidence: tuple[Evidence, ...] = ()
     note: str = ""  # why it passed or was skipped
     after_drain: bool = False
+    story: str = ""  # how the failing quantity went: first turn, last, after the drain
 
     @property
     def failed(self) -> bool:
@@ -91,6 +92,7 @@ class Verdict(NamedTuple):
             "first_turn": self.first_turn,
             "after_drain": self.after_drain,
             "evidence": self.summary(),
+            **({"story": self.story} if self.story else {}),
             "details": [e.as_dict() for e in self.evidence],
         }
 
@@ -106,6 +108,7 @@ class Verdict(NamedTuple):
             evidence=details,
             note="" if details else data.get("evidence", ""),
             after_drain=data.get("after_drain", False),
+            story=data.get("story", ""),
         )
 
 
