@@ -77,7 +77,7 @@ def _per_run() -> list:
         "{{detector}} {{profile}} c={{concurrency}}",
     )
     heap = p.bars(
-        "Heap bytes per context token, by turn",
+        "Heap bytes per held token, by turn",
         "decbytes",
         p.series(n.GATE_HEAP_PER_TOKEN, p.PROFILE),
         "{{profile}} c={{concurrency}} turn {{turn}}",

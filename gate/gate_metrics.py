@@ -16,7 +16,7 @@ Series (labels in braces)::
                                                            (skipped: absent)
     kvwatch_gate_detector_first_fail_turn{profile,concurrency,detector}
     kvwatch_gate_run_requests / _errors / _broken{profile,concurrency}
-    kvwatch_gate_heap_bytes_per_context_token{profile,concurrency,turn}
+    kvwatch_gate_heap_bytes_per_held_token{profile,concurrency,turn}
 """
 
 from __future__ import annotations

@@ -12,6 +12,7 @@ from collections.abc import Collection, Mapping
 from typing import NamedTuple
 
 from kvwatch.gate.detectors import IDS, RunRecord, Verdict, run_detectors
+from kvwatch.gate.detectors.heap import bytes_per_held_token
 
 
 class RunResult(NamedTuple):
@@ -23,7 +24,8 @@ class RunResult(NamedTuple):
     verdicts: Mapping[str, Verdict]
     error: str | None = None  # the run itself broke
     timeline: tuple[tuple[int, float], ...] = ()  # (turn, epoch seconds at its barrier)
-    heap_per_token: tuple[tuple[int, float], ...] = ()  # (turn, traced bytes / context token)
+    # (turn, traced heap bytes per held token: ``heap.bytes_per_held_token``)
+    heap_per_token: tuple[tuple[int, float], ...] = ()
     coverage: Mapping[str, Mapping[str, int]] = {}  # lifecycle transitions taken, per machine
     record: RunRecord | None = None  # what the detectors judged (None: the run never recorded)
 
@@ -49,9 +51,9 @@ class RunResult(NamedTuple):
             "timeline": [{"turn": t, "at": at} for t, at in self.timeline],
         }
         if self.heap_per_token:
-            out["heap_bytes_per_context_token"] = [
-                {"turn": t, "value": round(v, 3)} for t, v in self.heap_per_token
-            ]
+            points = [{"turn": t, "value": round(v, 3)} for t, v in self.heap_per_token]
+            out["heap_bytes_per_held_token"] = points
+            out["heap_bytes_per_context_token"] = points  # its old name, the same series
         if self.coverage:
             out["coverage"] = {m: dict(edges) for m, edges in self.coverage.items()}
         if self.error:
@@ -61,7 +63,7 @@ class RunResult(NamedTuple):
     @classmethod
     def from_json(cls, data: dict, record: RunRecord | None = None) -> RunResult:
         """Back from ``as_dict`` (a run of summary.json), with its record if it has one."""
-        heap = data.get("heap_bytes_per_context_token", ())
+        heap = data.get("heap_bytes_per_held_token", data.get("heap_bytes_per_context_token", ()))
         return cls(
             profile=data["profile"],
             concurrency=data["concurrency"],
@@ -94,9 +96,7 @@ def judge(
     verdicts = run_detectors(record, detectors)
     timeline = tuple((t.turn, t.at) for t in record.turns if t.at is not None)
     heap = tuple(
-        (t.turn, t.heap.traced_bytes / t.context_tokens)
-        for t in record.turns
-        if t.heap is not None and t.context_tokens > 0
+        (t.turn, ratio) for t in record.turns if (ratio := bytes_per_held_token(t)) is not None
     )
     return RunResult(
         profile=profile,

@@ -14,7 +14,6 @@ is in its labels or in the text, and no text hides in a tooltip.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from html import escape
 from pathlib import Path
 
@@ -56,10 +55,10 @@ def write_report(summary: GateSummary, out: Path) -> Path:
         fails = {r.concurrency: _fails(r) for r in runs if r.profile == profile}
         parts.append(f"<h2>{escape(profile)}</h2>")
         parts += _profile_figures(out, profile, records, fails)
-    heap = _heap_series(loaded)
+    heap = _heap_series(runs)
     if heap:
         parts.append(
-            "<h2>heap</h2>" + _img(plots.heap_figure(heap), "heap bytes per context token", "")
+            "<h2>heap</h2>" + _img(plots.heap_figure(heap), "heap bytes per held token", "")
         )
     parts += [text.coverage_section(summary), text.all_verdicts(summary)]
     page = "\n".join(
@@ -144,19 +143,10 @@ def _profile_figures(out: Path, profile: str, records: dict[int, RunRecord], fai
     return parts
 
 
-def _heap_series(
-    loaded: Mapping[tuple[str, int], RunRecord | None],
-) -> dict[str, list[tuple[int, float]]]:
-    series = {}
-    for (profile, c), rec in loaded.items():
-        points = [
-            (t.turn, t.heap.traced_bytes / t.context_tokens)
-            for t in (rec.turns if rec else ())
-            if t.heap is not None and t.context_tokens
-        ]
-        if points:
-            series[f"{profile} c={c}"] = points
-    return series
+def _heap_series(runs) -> dict[str, list[tuple[int, float]]]:
+    """Heap bytes per held token by turn, per run: the summary's series (one ratio
+    everywhere, ``heap.bytes_per_held_token``)."""
+    return {r.name: list(r.heap_per_token) for r in runs if r.heap_per_token}
 
 
 def _img(fig, alt: str, caption: str) -> str:

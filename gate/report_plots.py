@@ -205,6 +205,6 @@ def heap_figure(series: Mapping[str, Sequence[tuple[int, float]]]):
             label=name,
         )
     ax.set_xlabel("turn")
-    ax.set_ylabel("engine heap bytes per context token")
+    ax.set_ylabel("heap bytes per held token")
     ax.legend(fontsize=7)
     return fig

@@ -9,7 +9,7 @@ JSON shape follows docs/contracts.md, which CI scripts read::
      "detectors": {"allocator": "pass|fail|error|skipped", ...},
      "runs": [{"profile", "concurrency", "turns", "requests", "errors",
                "detectors": {"allocator": {"verdict", "first_turn", "evidence"}, ...},
-               "timeline": [{"turn", "at"}], "heap_bytes_per_context_token": [{"turn", "value"}]}]}
+               "timeline": [{"turn", "at"}], "heap_bytes_per_held_token": [{"turn", "value"}]}]}
 
 A soak (``kvwatch gate --soak``) is one run (profile ``soak``, its probes as
 turns) and adds ``"soak"``: its figures and ``checks`` (``soak_report.py``).
@@ -157,15 +157,28 @@ def coverage_summary(runs: Sequence[RunResult]) -> dict:
     }
 
 
+NEVER_SHOWN = 3  # never-taken edges the console line names; summary.json lists all
+
+
 def coverage_line(summary: GateSummary) -> str | None:
-    """One line for the console: taken of total per machine, and what was never taken."""
+    """One short line for the console: edges taken of those listed, over every
+    machine; the first few never taken and how many more; how many were seen
+    outside the machines. The full lists stay in summary.json."""
     total = (summary.coverage or {}).get("total")
     if not total:
         return None
-    parts = [f"{m} {len(c['taken'])}/{c['total']}" for m, c in total.items()]
+    listed = sum(c["total"] for c in total.values())
+    taken = sum(len(c["taken"]) for c in total.values())
     never = [f"{m}: {t}" for m, c in total.items() for t in c["never"]]
-    tail = f"; never taken: {', '.join(never)}" if never else "; every transition taken"
-    return f"lifecycle transitions taken: {', '.join(parts)}{tail}"
+    unlisted = sum(len(c["unlisted"]) for c in total.values())
+    line = f"coverage: {taken} of {listed} transitions taken in {len(total)} machines"
+    if never:
+        more = len(never) - NEVER_SHOWN
+        line += f"; never taken: {', '.join(never[:NEVER_SHOWN])}"
+        line += f" and {more} more (summary.json)" if more > 0 else ""
+    else:
+        line += "; every transition taken"
+    return line + (f"; {unlisted} seen outside the machines" if unlisted else "")
 
 
 def write_summary(summary: GateSummary, out: Path) -> Path:

@@ -52,7 +52,7 @@ GATE_FIRST_FAIL_TURN = "kvwatch.gate.detector.first_fail_turn"  # {profile, conc
 GATE_RUN_REQUESTS = "kvwatch.gate.run.requests"  # {profile, concurrency}
 GATE_RUN_ERRORS = "kvwatch.gate.run.errors"  # {profile, concurrency}: failed requests
 GATE_RUN_BROKEN = "kvwatch.gate.run.broken"  # {profile, concurrency}: 1 when the run broke
-GATE_HEAP_PER_TOKEN = "kvwatch.gate.heap_bytes_per_context_token"  # {profile, concurrency, turn}
+GATE_HEAP_PER_TOKEN = "kvwatch.gate.heap_bytes_per_held_token"  # {profile, concurrency, turn}
 GATE_VERDICTS = ("pass", "fail", "error")
 
 # -- attributes -----------------------------------------------------------------------------
@@ -189,6 +189,7 @@ HELP = {
     GATE_RUN_ERRORS: "Requests of a gate run that failed; labelled by profile and concurrency.",
     GATE_RUN_BROKEN: "1 when a gate run broke before it could be judged, else 0; labelled by "
     "profile and concurrency.",
-    GATE_HEAP_PER_TOKEN: "Traced heap bytes per context token at a turn of a gate run; "
-    "labelled by profile, concurrency and turn.",
+    GATE_HEAP_PER_TOKEN: "Traced heap bytes per held token (the live conversations' context, "
+    "or the prefix cache's tokens when it holds more) at a turn of a gate run; labelled by "
+    "profile, concurrency and turn.",
 }

@@ -58,7 +58,7 @@ MOVING = {
     ("kvwatch-leak-gate", "Gate verdict"),
     ("kvwatch-leak-gate", "Failing detector runs"),
     ("kvwatch-leak-gate", "First failing turn"),
-    ("kvwatch-leak-gate", "Heap bytes per context token, by turn"),
+    ("kvwatch-leak-gate", "Heap bytes per held token, by turn"),
 }
 
 
@@ -146,7 +146,7 @@ def run(tmp_path_factory) -> Run:
             text=True,
             timeout=600,
         )
-        wait_for(stack, "kvwatch_gate_heap_bytes_per_context_token")
+        wait_for(stack, "kvwatch_gate_heap_bytes_per_held_token")
         # two more scrapes of the engine after the load, however long the gate took
         wait_for(stack, f'timestamp(up{{job="kvwatch"}}) > {time.time() + SCRAPE_INTERVAL_S}')
         summary = json.loads((out / "summary.json").read_text())

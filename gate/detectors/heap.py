@@ -201,6 +201,15 @@ def request_rule(run: RunRecord) -> Verdict | None:
     return fail_after_drain(ID, run, ev)
 
 
+def bytes_per_held_token(turn) -> float | None:
+    """Traced heap bytes over the turn's held tokens (``held_tokens``): the one ratio
+    the detector judges, summary.json reports and the report plots."""
+    held = held_tokens(turn)
+    if turn.heap is None or held <= 0:
+        return None
+    return turn.heap.traced_bytes / held
+
+
 def held_tokens(turn) -> int:
     """The tokens memory may scale with at this barrier: the live conversations'
     context, or what the prefix cache holds when that is more (cold prompts
@@ -251,7 +260,7 @@ def token_rule(run: RunRecord, turns: list) -> Verdict:
     if worst is None:
         total = series[TOTAL]
         return passed(
-            ID, f"{total[-1]:.0f} bytes per context token, no site rising over {len(turns)} turns"
+            ID, f"{total[-1]:.0f} bytes per held token, no site rising over {len(turns)} turns"
         )
     site, at, trend, ratio = worst
     sample = next(t.heap for t in turns if t.turn == at)
@@ -259,7 +268,7 @@ def token_rule(run: RunRecord, turns: list) -> Verdict:
         Evidence(
             group=None,
             pages=(),
-            detail=f"{site}: retained bytes per context token rise {ratio[0]:.1f} -> {ratio[-1]:.1f} "
+            detail=f"{site}: retained bytes per held token rise {ratio[0]:.1f} -> {ratio[-1]:.1f} "
             f"(O(turns x prefix)): {trend.describe}",
             traceback=(site,),
         )
