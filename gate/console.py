@@ -126,12 +126,13 @@ def result_lines(result: RunResult) -> list[str]:
     if result.error and not result.verdicts:
         return [f"ERROR: {result.error}"]
     head = f"{result.requests} requests, {result.errors} failed"
+    numbers = [result.performance.line()] if result.performance is not None else []
     failed = [line for name, v in result.failed().items() for line in _failure(name, v)]
     crashed = [f"ERROR {name} raised: {_evidence(v)}" for name, v in result.errored().items()]
     broke = [f"ERROR: {result.error}"] if result.error else []
     if not (failed or crashed or broke):
-        return [f"{head}; every detector passed"]
-    return [head, *failed, *crashed, *broke]
+        return [f"{head}; every detector passed", *filter(None, numbers)]
+    return [head, *filter(None, numbers), *failed, *crashed, *broke]
 
 
 def _failure(name: str, verdict) -> list[str]:

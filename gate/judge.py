@@ -13,6 +13,7 @@ from typing import NamedTuple
 
 from kvwatch.gate.detectors import IDS, RunRecord, Verdict, run_detectors
 from kvwatch.gate.detectors.heap import bytes_per_held_token
+from kvwatch.gate.performance import Performance
 
 
 class RunResult(NamedTuple):
@@ -28,6 +29,7 @@ class RunResult(NamedTuple):
     heap_per_token: tuple[tuple[int, float], ...] = ()
     coverage: Mapping[str, Mapping[str, int]] = {}  # lifecycle transitions taken, per machine
     record: RunRecord | None = None  # what the detectors judged (None: the run never recorded)
+    performance: Performance | None = None  # what the answered completions cost their clients
 
     @property
     def name(self) -> str:
@@ -56,6 +58,8 @@ class RunResult(NamedTuple):
             out["heap_bytes_per_context_token"] = points  # its old name, the same series
         if self.coverage:
             out["coverage"] = {m: dict(edges) for m, edges in self.coverage.items()}
+        if self.performance is not None:
+            out["performance"] = self.performance.as_dict()
         if self.error:
             out["error"] = self.error
         return out
@@ -78,6 +82,7 @@ class RunResult(NamedTuple):
             heap_per_token=tuple((p["turn"], p["value"]) for p in heap),
             coverage=data.get("coverage", {}),
             record=record,
+            performance=Performance.from_json(data.get("performance")),
         )
 
 
@@ -110,6 +115,7 @@ def judge(
         heap_per_token=heap,
         coverage=record.coverage,
         record=record,
+        performance=Performance.of(record.timings) if record.timings is not None else None,
     )
 
 

@@ -43,8 +43,10 @@ from kvwatch.gate.run_record import (
     HeapSample,
     RunRecord,
     Soak,
+    Timings,
     Turn,
     merge_counts,
+    merge_timings,
 )
 
 HEAP_SITES = 40  # allocation sites followed per heap sample
@@ -123,6 +125,18 @@ def _counts(reports: Sequence[Mapping]) -> Counts | None:
     return merge_counts(counted) if counted else None
 
 
+def _timings(reports: Sequence[Mapping]) -> Timings | None:
+    """The users' timings, merged over their client processes: each process's
+    last report (the one with the most answered requests) stands for it."""
+    last: dict[str, Timings] = {}
+    for r in reports:
+        if (t := Timings.from_json(r.get("timings"))) is not None:
+            process = r.get("process", "local")
+            if process not in last or len(t.e2e_ms) >= len(last[process].e2e_ms):
+                last[process] = t
+    return merge_timings(last.values())
+
+
 class TurnRecorder:
     def __init__(
         self,
@@ -144,6 +158,7 @@ class TurnRecorder:
         self.requests: Counts | None = None
         self.soak: Soak | None = None
         self.heap_end: HeapSample | None = None
+        self.timings: Timings | None = None
         self.census_mark: dict[str, int] | None = None
         self.census_end: dict[str, int] | None = None
         self.sessions_opened: tuple[str, ...] = ()
@@ -219,6 +234,7 @@ class TurnRecorder:
         """The end of the run: drained, flushed, probed. An engine that never gets
         idle is probed as it is; its live requests fail the drain rule."""
         self.requests = _counts(reports) or self.requests
+        self.timings = _timings(reports)
         self.source.answering()
         deadline = time.monotonic() + self.options.drain_timeout
         if not self.white_box:
@@ -253,6 +269,7 @@ class TurnRecorder:
             requests=self.requests,
             soak=self.soak,
             heap_end=self.heap_end,
+            timings=self.timings,
             census_mark=self.census_mark,
             census_end=self.census_end,
             sessions_opened=len(self.sessions_opened),

@@ -14,6 +14,7 @@ is in its labels or in the text, and no text hides in a tooltip.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from html import escape
 from pathlib import Path
 
@@ -21,7 +22,7 @@ from kvwatch.gate import report_plots as plots
 from kvwatch.gate import report_pool
 from kvwatch.gate import report_text as text
 from kvwatch.gate.judge import RunResult
-from kvwatch.gate.report_data import latency_series, pool_series, read_stats, step_series
+from kvwatch.gate.report_data import latency_series, pool_series, step_series
 from kvwatch.gate.run_record import RunRecord
 from kvwatch.gate.summary import GateSummary
 
@@ -49,12 +50,18 @@ def write_report(summary: GateSummary, out: Path) -> Path:
     """Write ``out/report.html`` from the summary, its runs' records and the run folders."""
     runs = summary.runs
     loaded = {(r.profile, r.concurrency): r.record for r in runs}
-    parts = [text.head(summary), text.evidence(summary), text.runs_table(summary, out)]
+    parts = [
+        text.head(summary),
+        text.evidence(summary),
+        text.runs_table(summary, out),
+        text.performance_table(summary),
+    ]
     for profile in dict.fromkeys(r.profile for r in runs):
         records = {c: rec for (p, c), rec in loaded.items() if p == profile and rec is not None}
         fails = {r.concurrency: _fails(r) for r in runs if r.profile == profile}
         parts.append(f"<h2>{escape(profile)}</h2>")
-        parts += _profile_figures(out, profile, records, fails)
+        performance = {r.concurrency: r.performance for r in runs if r.profile == profile}
+        parts += _profile_figures(profile, records, fails, performance)
     heap = _heap_series(runs)
     if heap:
         parts.append(
@@ -83,7 +90,9 @@ def _fails(run: RunResult) -> list[tuple[int, str]]:
     ]
 
 
-def _profile_figures(out: Path, profile: str, records: dict[int, RunRecord], fails) -> list[str]:
+def _profile_figures(
+    profile: str, records: dict[int, RunRecord], fails, performance: Mapping
+) -> list[str]:
     parts = []
     pools = {c: pool_series(rec) for c, rec in records.items()}
     pools = {c: s for c, s in pools.items() if s}
@@ -128,16 +137,16 @@ def _profile_figures(out: Path, profile: str, records: dict[int, RunRecord], fai
                 "",
             )
         )
-    stats = {c: read_stats(out / "runs" / f"{profile}-c{c}" / "locust_stats.csv") for c in fails}
-    latency = latency_series({c: rows for c, rows in stats.items()})
+    latency = latency_series(performance)
     if latency:
         parts.append(
             _img(
                 plots.latency_figure(profile, latency),
                 "latency percentiles",
-                "Each panel is one Locust row, chosen once for the profile: the request name "
-                "with the most requests over all concurrencies, and likewise for TTFT and ITL. "
-                "A concurrency without that row is a gap, not 0.",
+                "Time to first token and inter-token latency of the streamed completions, and "
+                "end to end of every answered completion, as the load's clients measured them "
+                "(the table under Runs has the same figures). A concurrency without a figure "
+                "is a gap, not 0.",
             )
         )
     return parts

@@ -1,4 +1,4 @@
-"""What the report draws, read out of a run's record and Locust's stats CSV.
+"""What the report draws, read out of a run's record and its performance figures.
 
 Pure functions, no plotting: the figures (``report_plots.py``) and the page
 (``report.py``) only lay these out. Turns keep the numbers the record and
@@ -10,21 +10,19 @@ the last turn).
 
 from __future__ import annotations
 
-import csv
 import math
 from collections.abc import Iterable, Mapping
-from pathlib import Path
 from typing import NamedTuple
 
 from kvwatch.contracts import FindingKind, ProbeReport
 from kvwatch.gate.detectors.story import over_bound, pages_found
+from kvwatch.gate.performance import Performance
 from kvwatch.gate.run_record import RunRecord
 
 # pool stack, bottom to top: what live holders pin, then the tree's cache
 # (pinned where a lock or an anchor keeps it, evictable otherwise)
 STACK = ("session", "request", "slot", "tree, pinned", "tree, evictable", "untagged")
 PERCENTILES = ("50%", "90%", "99%")
-TIMINGS = ("TTFT", "ITL")  # Locust rows that time a stream, not a request
 
 
 class PoolPoint(NamedTuple):
@@ -134,65 +132,18 @@ def step_series(record: RunRecord) -> StepSeries | None:
     )
 
 
-class StatsRow(NamedTuple):
-    kind: str  # Locust's Type column: POST, GET, TTFT, ITL ...
-    name: str
-    count: int
-    percentiles: tuple[float, ...]  # PERCENTILES in ms, NaN where Locust has none
-
-
-def _ms(cell: str | None) -> float:
-    try:
-        return float(cell) if cell not in (None, "", "N/A") else math.nan
-    except ValueError:
-        return math.nan
-
-
-def read_stats(path: Path) -> list[StatsRow]:
-    """Locust's ``locust_stats.csv`` without its Aggregated row ([] when absent)."""
-    if not path.exists():
-        return []
-    with path.open() as f:
-        return [
-            StatsRow(
-                kind=r["Type"],
-                name=r["Name"],
-                count=int(r["Request Count"] or 0),
-                percentiles=tuple(map(_ms, (r.get(p) for p in PERCENTILES))),
-            )
-            for r in csv.DictReader(f)
-            if r["Name"] != "Aggregated"
-        ]
-
-
-def busiest(stats: Mapping[int, list[StatsRow]], timing: str | None) -> tuple[str, str] | None:
-    """The (type, name) with the most requests over every concurrency together:
-    one choice for the whole profile. ``timing``: TTFT or ITL rows, None: requests.
-    Ties go to a POST (a generation, whose latency is the one that matters; a
-    streaming session's turns tie with its session reads), then to the first
-    name in sort order, so the choice never depends on row order."""
-    counts: dict[tuple[str, str], int] = {}
-    for rows in stats.values():
-        for r in rows:
-            if (r.kind == timing) if timing else r.kind not in TIMINGS:
-                counts[(r.kind, r.name)] = counts.get((r.kind, r.name), 0) + r.count
-    if not counts:
-        return None
-    return min(counts, key=lambda k: (-counts[k], k[0] != "POST", k))
-
-
-def latency_series(stats: Mapping[int, list[StatsRow]]) -> dict[str, dict[int, tuple[float, ...]]]:
-    """Per chosen row (the busiest request, TTFT and ITL name of the profile):
-    its percentiles at each concurrency, all NaN where that run has no such row."""
+def latency_series(
+    performance: Mapping[int, Performance | None],
+) -> dict[str, dict[int, tuple[float, ...]]]:
+    """TTFT, ITL and end to end: p50, p90 and p99 in ms at each concurrency, from
+    the gate's own measurements (``performance.py``); all NaN where a run has none."""
+    missing = (math.nan,) * len(PERCENTILES)
     out = {}
-    for timing in (None, *TIMINGS):
-        key = busiest(stats, timing)
-        if key is None:
-            continue
-        missing = (math.nan,) * len(PERCENTILES)
+    for label, field in (("TTFT", "ttft"), ("ITL", "itl"), ("end to end", "e2e")):
         found = {
-            c: next((r.percentiles for r in rows if (r.kind, r.name) == key), missing)
-            for c, rows in stats.items()
+            c: tuple(v * 1000 for v in got) if (got := getattr(perf, field, None)) else missing
+            for c, perf in performance.items()
         }
-        out[f"{key[0]} {key[1]}"] = dict(sorted(found.items()))
+        if any(v is not missing for v in found.values()):
+            out[label] = dict(sorted(found.items()))
     return out

@@ -123,6 +123,34 @@ def runs_table(summary: GateSummary, out: Path) -> str:
     return "".join(rows) + "</table>"
 
 
+def performance_table(summary: GateSummary) -> str:
+    """Per run, the numbers a load test reports: latency percentiles, rates, hit rate."""
+    rows = [
+        (run.name, p) for run in summary.runs if (p := run.performance) is not None and p.requests
+    ]
+    if not rows:
+        return ""
+    head = (
+        "<h2>Performance</h2><table><tr><th>run</th><th>answered</th>"
+        "<th>TTFT p50/p90/p99</th><th>ITL p50/p90/p99</th><th>end to end p50/p90/p99</th>"
+        "<th>requests/s</th><th>output tokens/s</th><th>prefix cache hit</th></tr>"
+    )
+    body = []
+    for name, p in rows:
+        cells = [
+            name,
+            p.requests,
+            p.ttft.text("ms") if p.ttft else "-",
+            p.itl.text("ms") if p.itl else "-",
+            p.e2e.text("s") if p.e2e else "-",
+            f"{p.requests_per_s:.1f}" if p.requests_per_s is not None else "-",
+            f"{p.output_tokens_per_s:.0f}" if p.output_tokens_per_s is not None else "-",
+            f"{p.prefix_hit_rate:.0%}" if p.prefix_hit_rate is not None else "-",
+        ]
+        body.append("<tr>" + "".join(f"<td>{escape(str(c))}</td>" for c in cells) + "</tr>")
+    return head + "".join(body) + "</table>"
+
+
 def _run_coverage(run: RunResult) -> str:
     if not run.coverage:
         return "not recorded"

@@ -187,6 +187,54 @@ def merge_counts(reports: Iterable[tuple[str, Counts]]) -> Counts:
     )
 
 
+class Timings(NamedTuple):
+    """Every answered completion's timings as its client measured them, and the
+    usage the server returned (``loadtests/timings.py``): all client processes
+    together once merged."""
+
+    ttft_ms: tuple[float, ...] = ()  # streams: request sent to first content chunk
+    itl_ms: tuple[float, ...] = ()  # streams: mean gap between content chunks
+    e2e_ms: tuple[float, ...] = ()  # every answered completion, whole
+    prompt_tokens: int = 0
+    cached_tokens: int = 0  # of the prompt tokens, found in the prefix cache
+    output_tokens: int = 0
+    window: tuple[float, float] | None = None  # wall-clock start of the first, end of the last
+
+    def to_json(self) -> dict:
+        return {**self._asdict(), "window": list(self.window) if self.window else None}
+
+    @classmethod
+    def from_json(cls, data: dict | None) -> Timings | None:
+        if not data:
+            return None
+        return cls(
+            ttft_ms=tuple(data.get("ttft_ms", ())),
+            itl_ms=tuple(data.get("itl_ms", ())),
+            e2e_ms=tuple(data.get("e2e_ms", ())),
+            prompt_tokens=data.get("prompt_tokens", 0),
+            cached_tokens=data.get("cached_tokens", 0),
+            output_tokens=data.get("output_tokens", 0),
+            window=tuple(data["window"]) if data.get("window") else None,
+        )
+
+
+def merge_timings(reports: Iterable[Timings]) -> Timings | None:
+    """Several client processes' timings as one."""
+    parts = list(reports)
+    if not parts:
+        return None
+    windows = [t.window for t in parts if t.window is not None]
+    return Timings(
+        ttft_ms=tuple(x for t in parts for x in t.ttft_ms),
+        itl_ms=tuple(x for t in parts for x in t.itl_ms),
+        e2e_ms=tuple(x for t in parts for x in t.e2e_ms),
+        prompt_tokens=sum(t.prompt_tokens for t in parts),
+        cached_tokens=sum(t.cached_tokens for t in parts),
+        output_tokens=sum(t.output_tokens for t in parts),
+        window=(min(w[0] for w in windows), max(w[1] for w in windows)) if windows else None,
+    )
+
+
 class Turn(NamedTuple):
     turn: int
     probes: tuple[ProbeReport, ...]  # during the turn; the last one at the barrier
@@ -277,6 +325,7 @@ class RunRecord(NamedTuple):
     # live instances per kvwatch class at the warm-up's end and once drained (``census``)
     census_mark: Mapping[str, int] | None = None
     census_end: Mapping[str, int] | None = None
+    timings: Timings | None = None  # what the answered completions cost their clients
     sessions_opened: int = 0  # sessions the users said they opened
     sessions_left: tuple[str, ...] = ()  # of those, still open once the run drained
 
@@ -300,6 +349,7 @@ class RunRecord(NamedTuple):
             "coverage": {m: dict(edges) for m, edges in self.coverage.items()},
             "census_mark": dict(self.census_mark) if self.census_mark is not None else None,
             "census_end": dict(self.census_end) if self.census_end is not None else None,
+            "timings": self.timings.to_json() if self.timings is not None else None,
             "sessions_opened": self.sessions_opened,
             "sessions_left": list(self.sessions_left),
         }
@@ -330,6 +380,7 @@ class RunRecord(NamedTuple):
             coverage=data.get("coverage") or {},
             census_mark=data.get("census_mark"),
             census_end=data.get("census_end"),
+            timings=Timings.from_json(data.get("timings")),
             sessions_opened=data.get("sessions_opened", 0),
             sessions_left=tuple(data.get("sessions_left", ())),
         )

@@ -200,8 +200,14 @@ class AbortStormUser(TurnUser):
 
         def cut_in_decode() -> None:
             prompt = [self.system, {"role": "user", "content": sentence(self.rng)}]
+            # a long answer cut after a few chunks: one left unaborted would run on for
+            # hundreds of steps and seconds, far past what the abandoned oracle allows
             self.stream_chat(
-                prompt, name="cut in decode", max_tokens=32, cut_after=self.rng.randint(2, 8)
+                prompt,
+                name="cut in decode",
+                max_tokens=400,
+                cut_after=self.rng.randint(2, 8),
+                extra={"ignore_eos": True},
             )
 
         def stalled_reader() -> None:

@@ -77,12 +77,15 @@ def _wire(environment, **kwargs) -> None:
         return
     from kvwatch.loadtests.barrier_action import Recorder
     from kvwatch.loadtests.statuses import StatusCounts
+    from kvwatch.loadtests.timings import TimingLog
 
     plan = RunPlan.load(options.kvwatch_plan)
     environment.kvwatch_plan = plan
     # this process's requests by status; a soak writes them to its record when Locust quits
     environment.kvwatch_status = StatusCounts(plan.record if plan.soak else None)
     environment.kvwatch_status.listen(environment.events)
+    environment.kvwatch_timings = TimingLog()  # what each answered completion cost
+    environment.kvwatch_timings.listen(environment.events)
     if plan.soak:
         return
     record = None if isinstance(environment.runner, WorkerRunner) else Recorder(plan)

@@ -3,7 +3,8 @@
 Every request Locust's client makes fires ``events.request`` with its
 response; this counts them as ``2xx``, ``3xx``, ``4xx``, ``5xx`` or ``none``
 (no answer: the connection failed). Derived samples (``TTFT``, ``ITL``) carry
-no response and are not requests, so they are left out; a broken turn
+no response and are not requests, so they are left out (``E2E`` too:
+``timings.py`` keeps those); a broken turn
 (``TURN``, the user's own code raised) is counted apart. Requests Locust
 counted as failed are counted too. The first few failed requests and 5xx
 answers are kept as evidence: the request's name, its status (0 when nothing
@@ -34,7 +35,7 @@ from pathlib import Path
 
 from kvwatch.gate.run_record import KEEP_FAILURES, Counts
 
-SAMPLES = frozenset({"TTFT", "ITL"})
+SAMPLES = frozenset({"TTFT", "ITL", "E2E"})
 BROKEN_TURN = "TURN"
 
 

@@ -127,7 +127,11 @@ class TurnUser(StreamingChatUser):
         """This process's request counts so far: every request of this user's
         turn is done (the coordinator keeps each process's largest)."""
         process = str(getattr(self.environment.runner, "client_id", "local"))
-        return {"process": process, "counts": self.environment.kvwatch_status.counts().to_json()}
+        return {
+            "process": process,
+            "counts": self.environment.kvwatch_status.counts().to_json(),
+            "timings": self.environment.kvwatch_timings.timings().to_json(),
+        }
 
     # -- what a profile fills in ----------------------------------------------------------
     def setup(self) -> None:

@@ -1,9 +1,11 @@
 """Locust users for OpenAI-compatible servers.
 
 ``StreamingChatUser`` streams chat completions over SSE and reports, besides
-the HTTP request Locust's client records, two derived samples through
-``events.request.fire``: ``TTFT`` (time to the first content chunk) and
-``ITL`` (mean gap between content chunks), both in milliseconds.
+the HTTP request Locust's client records, derived samples through
+``events.request.fire``: ``TTFT`` (time to the first content chunk), ``ITL``
+(mean gap between content chunks) and, for every completion that ended well,
+streamed or not, ``E2E`` (the whole request), all in milliseconds; ``E2E``'s
+``context`` carries the usage the server returned (``timings.py`` keeps them).
 ``AgentUser`` runs a streaming session: it opens one on start, takes a turn
 per task, and closes it on stop.
 
@@ -66,6 +68,7 @@ def _read_stream(
     cut_after: int | None,
     stall: float,
     on_start: Callable[[], object] | None,
+    usage: dict,
 ) -> bool:
     """Read a streamed completion into ``stamps`` (when each content chunk came)
     and ``text`` (the chunks); ``cut_after``, ``stall`` and ``on_start`` as
@@ -86,6 +89,7 @@ def _read_stream(
         if "error" in chunk:
             resp.failure(chunk["error"]["message"])
             return False
+        usage.update(chunk.get("usage") or {})
         delta = chunk["choices"][0]["delta"].get("content") if chunk["choices"] else None
         if not delta:
             continue
@@ -134,15 +138,17 @@ class StreamingChatUser(HttpUser):
         start = time.perf_counter()
         stamps: list[float] = []
         text: list[str] = []
+        usage: dict = {}
         with self.client.post(
             "/v1/chat/completions", json=body, name=name, stream=True, catch_response=True
         ) as resp:
             if resp.status_code != 200:
                 resp.failure(failure_text(resp))
                 return ""
-            if not _read_stream(resp, stamps, text, cut_after, stall, on_start):
+            if not _read_stream(resp, stamps, text, cut_after, stall, on_start, usage):
                 return ""
         self._report(name, start, stamps)
+        self._answered(name, start, usage)
         return "".join(text)
 
     def _chat_body(
@@ -160,6 +166,7 @@ class StreamingChatUser(HttpUser):
             "max_tokens": max_tokens or self.max_tokens,
             "temperature": 0,
             "stream": True,
+            "stream_options": {"include_usage": True},
             **(extra or {}),
         }
         if session_id is not None:
@@ -193,6 +200,7 @@ class StreamingChatUser(HttpUser):
             body["session_id"] = session_id
         if seed is not None:
             body["seed"] = seed
+        start = time.perf_counter()
         with self.client.post(
             "/v1/chat/completions", json=body, name=name, catch_response=True, timeout=timeout
         ) as resp:
@@ -202,7 +210,25 @@ class StreamingChatUser(HttpUser):
             if resp.status_code != 200:
                 resp.failure(failure_text(resp))
                 return None
-            return resp.json()
+            data = resp.json()
+        self._answered(name, start, data.get("usage") or {})
+        return data
+
+    def _answered(self, name: str, start: float, usage: dict) -> None:
+        """An ``E2E`` sample for a completion that ended well, with its usage."""
+        details = usage.get("prompt_tokens_details") or {}
+        self.environment.events.request.fire(
+            request_type="E2E",
+            name=name,
+            response_time=(time.perf_counter() - start) * 1000,
+            response_length=0,
+            exception=None,
+            context={
+                "prompt_tokens": usage.get("prompt_tokens", 0),
+                "cached_tokens": details.get("cached_tokens", 0) or 0,
+                "output_tokens": usage.get("completion_tokens", 0),
+            },
+        )
 
     def _report(self, name: str, start: float, stamps: list[float]) -> None:
         fire = self.environment.events.request.fire

@@ -10,8 +10,17 @@ from the abort path it judges:
 
     ClientWatch (clients.py) sees the HTTP disconnect ─► Departures.left(rid)
     the worker, after every step ─► check(step, live): a request still live
-        ABANDON_STEPS steps after its client left is an ``abandoned`` finding
+        ABANDON_STEPS steps and ABANDON_S seconds after its client left is an
+        ``abandoned`` finding
     /debug/probe ─► findings(): the ones found since the previous probe
+
+A handler notices a disconnect within ``DISCONNECT_POLL_S`` (0.2 s) and the
+worker hands it to the engine at the next safe point; on a fast engine that
+is dozens of steps, on a slow one a step or two. So a request counts as
+abandoned only once both margins are far behind it: many steps (a slow
+machine's event loop cannot make that) and some seconds (a fast engine
+cannot). A request that runs to its end unaborted is found when it outlives
+both; the load's cut streams ask for long outputs so that one would.
 
 Bounded: an entry lives until its request ends or is reported, and at most
 ``MAX_KEPT`` findings wait for a probe.
@@ -20,15 +29,15 @@ Bounded: an entry lives until its request ends or is reported, and at most
 from __future__ import annotations
 
 import queue
+import time
 from collections import deque
 from collections.abc import Callable
 from types import MappingProxyType
 
 from kvwatch.contracts import Finding, FindingKind, finding
 
-# The worker hands a disconnect to the engine at its next safe point (mid-step
-# if one runs); a request still live this many steps later was never aborted.
-ABANDON_STEPS = 16
+ABANDON_STEPS = 32
+ABANDON_S = 3.0
 MAX_KEPT = 32
 
 
@@ -37,30 +46,34 @@ class Departures:
     __bounded__ = MappingProxyType({"_found": MAX_KEPT})
 
     def __init__(self) -> None:
-        self._arrivals: queue.SimpleQueue[str] = queue.SimpleQueue()  # from the event loop
-        self._left: dict[str, int | None] = {}  # request id -> step its client left at
+        # (request id, when its client left) from the event loop
+        self._arrivals: queue.SimpleQueue[tuple[str, float]] = queue.SimpleQueue()
+        self._left: dict[str, tuple[int, float]] = {}  # request id -> (step, time) it left at
         self._found: deque[Finding] = deque(maxlen=MAX_KEPT)
 
     def left(self, request_id: str) -> None:
         """From any thread: the client of ``request_id`` went away."""
-        self._arrivals.put(request_id)
+        self._arrivals.put((request_id, time.monotonic()))
 
     def check(self, step: int, live: Callable[[str], bool]) -> None:
         """On the worker thread: note new departures at ``step``; a request still
-        ``live`` ABANDON_STEPS steps after its client left becomes a finding."""
+        ``live`` ABANDON_STEPS steps and ABANDON_S seconds after its client left
+        becomes a finding."""
         while True:
             try:
-                self._left.setdefault(self._arrivals.get_nowait(), step)
+                rid, at = self._arrivals.get_nowait()
             except queue.Empty:
                 break
-        for rid, since in list(self._left.items()):
+            self._left.setdefault(rid, (step, at))
+        now = time.monotonic()
+        for rid, (since, at) in list(self._left.items()):
             if not live(rid):
                 del self._left[rid]
-            elif step - since >= ABANDON_STEPS:
+            elif step - since >= ABANDON_STEPS and now - at >= ABANDON_S:
                 del self._left[rid]
                 detail = (
-                    f"request {rid} still runs {step - since} engine steps after its client "
-                    f"left (at step {since}): nothing aborted it"
+                    f"request {rid} still runs {step - since} engine steps and {now - at:.1f} s "
+                    f"after its client left (at step {since}): nothing aborted it"
                 )
                 self._found.append(finding(FindingKind.ABANDONED, None, [], detail))
 

@@ -55,6 +55,9 @@ def test_a_clean_gate_passes_at_each_concurrency_and_writes_its_outputs(tmp_path
     for run in runs:
         assert run["turns"] == 6 and run["requests"] >= 4 * run["concurrency"] * 6
         assert run["errors"] == 0
+        perf = run["performance"]  # the clients' own figures: streams and whole answers
+        assert perf["requests"] > 0 and perf["ttft_s"]["p50"] <= perf["e2e_s"]["p99"]
+        assert 0 < perf["prefix_cache_hit_rate"] < 1  # agents share a system prompt
         assert {d["verdict"] for d in run["detectors"].values()} <= {"pass", "skipped"}
         where = tmp_path / "runs" / f"agentic-trie-c{run['concurrency']}"
         stats = {r["Name"]: r for r in csv.DictReader((where / "locust_stats.csv").open())}

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import math
 
+import pytest
+
 from kvwatch.contracts import (
     MAX_PAGES,
     Bound,
@@ -23,12 +25,9 @@ from kvwatch.gate import report_pool
 from kvwatch.gate.judge import RunResult
 from kvwatch.gate.report import write_report
 from kvwatch.gate.report_data import (
-    StatsRow,
-    busiest,
     latency_series,
     leaked_pages,
     pool_series,
-    read_stats,
     step_series,
 )
 from kvwatch.gate.run_record import RunRecord, Turn
@@ -180,42 +179,15 @@ def test_groups_that_held_nothing_get_one_line_not_a_panel(tmp_path):
     assert "alt='pages per group at each barrier'" not in page
 
 
-def test_the_busiest_request_is_chosen_once_over_every_concurrency():
-    def row(kind, name, count, p50=10.0):
-        return StatsRow(kind=kind, name=name, count=count, percentiles=(p50, 2 * p50, 3 * p50))
+def test_latency_comes_from_the_gates_own_measurements_with_gaps_for_runs_without():
+    from kvwatch.gate.performance import Performance
+    from kvwatch.gate.run_record import Timings
 
-    stats = {
-        1: [row("GET", "poll", 9), row("POST", "turn", 5), row("TTFT", "turn", 5, 100.0)],
-        2: [row("GET", "poll", 1), row("POST", "turn", 12), row("TTFT", "turn", 12, 200.0)],
-        4: [row("GET", "poll", 3)],  # a run where no turn got through
-    }
-    assert busiest(stats, None) == ("POST", "turn")  # 17 over all c; poll was busiest at c = 1
-    assert busiest(stats, "TTFT") == ("TTFT", "turn") and busiest(stats, "ITL") is None
-    series = latency_series(stats)
-    assert list(series) == ["POST turn", "TTFT turn"]
-    assert series["POST turn"][2] == (10.0, 20.0, 30.0)
-    assert all(math.isnan(v) for v in series["POST turn"][4])  # a gap, not 0 ms
-    assert all(math.isnan(v) for v in series["TTFT turn"][4])
-
-
-def test_ties_go_to_a_generation_whatever_the_row_order():
-    a = StatsRow(kind="POST", name="turn", count=4, percentiles=(1.0, 1.0, 1.0))
-    b = StatsRow(kind="GET", name="poll", count=4, percentiles=(1.0, 1.0, 1.0))
-    assert busiest({1: [a, b]}, None) == busiest({1: [b, a]}, None) == ("POST", "turn")
-    c = StatsRow(kind="POST", name="another", count=4, percentiles=(1.0, 1.0, 1.0))
-    assert busiest({1: [a, c]}, None) == busiest({1: [c, a]}, None) == ("POST", "another")
-
-
-def test_locust_cells_without_a_value_read_as_nan(tmp_path):
-    path = tmp_path / "locust_stats.csv"
-    path.write_text(
-        "Type,Name,Request Count,Failure Count,50%,90%,99%\n"
-        "POST,turn,0,0,N/A,N/A,\n"
-        "POST,other,3,0,12,40,55\n"
-        ",Aggregated,3,0,12,40,55\n"
-    )
-    rows = read_stats(path)
-    assert [r.name for r in rows] == ["turn", "other"]
-    assert all(math.isnan(v) for v in rows[0].percentiles)
-    assert rows[1].percentiles == (12.0, 40.0, 55.0)
-    assert read_stats(tmp_path / "absent.csv") == []
+    streamed = Timings(ttft_ms=(10.0,) * 5, itl_ms=(2.0,) * 5, e2e_ms=(30.0,) * 5)
+    whole = Timings(e2e_ms=(50.0, 50.0))
+    series = latency_series({1: Performance.of(streamed), 2: Performance.of(whole), 4: None})
+    assert list(series) == ["TTFT", "ITL", "end to end"]
+    assert series["TTFT"][1] == pytest.approx((10.0, 10.0, 10.0))
+    assert series["end to end"][2] == pytest.approx((50.0, 50.0, 50.0))
+    assert all(math.isnan(v) for v in series["TTFT"][2])  # not streamed: a gap, not 0 ms
+    assert all(math.isnan(v) for v in series["end to end"][4])

@@ -21,7 +21,7 @@ from kvwatch.contracts import FindingKind, ProbeReport
 from kvwatch.gate.detectors import requests
 from kvwatch.gate.run_record import RunRecord, Turn
 from kvwatch.serve import ServeOptions, build
-from kvwatch.server import ServerSettings, completions
+from kvwatch.server import ServerSettings, completions, departures
 
 WAIT_S = 300
 BODY = {"model": "t", "prompt": "count on and on", "max_tokens": 600, "ignore_eos": True}
@@ -67,6 +67,8 @@ def _probes_until_idle(url: str) -> list[ProbeReport]:
 def _verdict(monkeypatch, *, plant: bool, stream: bool):
     if plant:  # the handlers never hand a disconnect to the engine
         monkeypatch.setattr(completions, "_abort_soon", lambda request, s: None)
+        # the seconds margin is for a fast engine's steps; 600 steps outlast the step margin
+        monkeypatch.setattr(departures, "ABANDON_S", 0.0)
     app, _, telemetry = build(ServeOptions(settings=ServerSettings(enable_probe=True)))
     try:
         with serving(app) as url:
