@@ -37,6 +37,7 @@ p.said{font-size:18px;font-weight:bold}
 div.failure{border-left:6px solid #a00;padding:2px 12px;margin:12px 0}
 p.evidence{font-family:monospace;font-size:14px;white-space:pre-wrap}
 p.story{font-size:16px;font-weight:bold;color:#a00}
+p.small,p.note{font-size:13px} p.note{color:#333;border:1px solid #bbb;padding:4px 8px}
 li .detail{font-family:monospace}
 pre{font-size:12px;background:#f4f4f4;padding:4px}
 img{max-width:100%}
@@ -90,65 +91,61 @@ def _fails(run: RunResult) -> list[tuple[int, str]]:
     ]
 
 
+POOL_CAPTION = (
+    "One column per barrier probe: pages by owner, the tree's pinned pages solid and its "
+    "evictable cache only outlined (eviction takes it back on demand: a full cache is no "
+    "leak). The narrow bars inside a column are parts of it, not more pages: red, pages held "
+    "by no live holder (the probe's orphan findings; still under their last owner's tag), and "
+    "hatched, pinned pages over the bound live holders justify, each the most any probe of "
+    "that turn saw. The dash-dot line is the pool's capacity; a dashed line marks where a "
+    "detector first failed."
+)
+STEPS_CAPTION = (
+    "Used pages, as a share of each group's capacity, at every probe the recorder kept (its "
+    "samples while the turns ran and the engine's latched probes), in engine steps; dotted "
+    "lines are the barriers."
+)
+LATENCY_CAPTION = (
+    "Time to first token and inter-token latency of the streamed completions, and end to end "
+    "of every answered completion, as the load's clients measured them (the Performance table "
+    "has the same figures). A concurrency without a figure is a gap, not 0."
+)
+
+
 def _profile_figures(
     profile: str, records: dict[int, RunRecord], fails, performance: Mapping
 ) -> list[str]:
-    parts = []
-    pools = {c: pool_series(rec) for c, rec in records.items()}
-    pools = {c: s for c, s in pools.items() if s}
+    """The pool figures (probed runs) or the gauges (black-box ones), then latency."""
+    pools = {c: s for c, rec in records.items() if (s := pool_series(rec))}
     if pools:
-        held = report_pool.held_groups(pools)
-        empty = [g.group for g in next(iter(pools.values())) if g.group not in held]
-        if held:
-            parts.append(
-                _img(
-                    report_pool.pool_figure(profile, pools, fails),
-                    "pages per group at each barrier",
-                    "Bars: pages by owner at each barrier probe (the tree's pages split into pinned "
-                    "and evictable); beside them, leaked pages (held by no live holder, as the "
-                    "probe's orphan findings count them; they are also under their last owner's "
-                    "tag) and pinned pages over the bound live holders justify, each the most any "
-                    "probe of that turn saw. The dash-dot line is the pool's capacity; a dashed "
-                    "line marks where a detector first failed.",
-                )
-            )
-        if empty:
-            parts.append(
-                f"<p>nothing held in groups {escape(', '.join(empty))} (at any barrier, at any concurrency)</p>"
-            )
-        steps = {
-            c: s for c, rec in records.items() if (s := step_series(rec)) is not None and s.used
-        }
-        if steps:
-            parts.append(
-                _img(
-                    plots.steps_figure(profile, steps, fails),
-                    "pool usage at every probe",
-                    "Used pages, as a share of each group's capacity, at every probe the recorder "
-                    "kept (its samples while the turns ran and the engine's latched probes), "
-                    "in engine steps; dotted lines are the barriers.",
-                )
-            )
+        parts = _pool_figures(profile, records, pools, fails)
     elif any(rec.turns for rec in records.values()):
+        gauges = plots.gauge_figure(profile, {c: r.turns for c, r in records.items()})
+        parts = [_img(gauges, "gauges per turn", "")]
+    else:
+        parts = []
+    if latency := latency_series(performance):
         parts.append(
-            _img(
-                plots.gauge_figure(profile, {c: r.turns for c, r in records.items()}),
-                "gauges per turn",
-                "",
-            )
+            _img(plots.latency_figure(profile, latency), "latency percentiles", LATENCY_CAPTION)
         )
-    latency = latency_series(performance)
-    if latency:
+    return parts
+
+
+def _pool_figures(profile: str, records: dict[int, RunRecord], pools, fails) -> list[str]:
+    parts = []
+    held = report_pool.held_groups(pools)
+    empty = [g.group for g in next(iter(pools.values())) if g.group not in held]
+    if held:
+        figure = report_pool.pool_figure(profile, pools, fails)
+        parts.append(_img(figure, "pages per group at each barrier", POOL_CAPTION))
+    if empty:
         parts.append(
-            _img(
-                plots.latency_figure(profile, latency),
-                "latency percentiles",
-                "Time to first token and inter-token latency of the streamed completions, and "
-                "end to end of every answered completion, as the load's clients measured them "
-                "(the table under Runs has the same figures). A concurrency without a figure "
-                "is a gap, not 0.",
-            )
+            f"<p>nothing held in groups {escape(', '.join(empty))} (at any barrier, at any concurrency)</p>"
         )
+    steps = {c: s for c, rec in records.items() if (s := step_series(rec)) is not None and s.used}
+    if steps:
+        figure = plots.steps_figure(profile, steps, fails)
+        parts.append(_img(figure, "pool usage at every probe", STEPS_CAPTION))
     return parts
 
 

@@ -206,5 +206,7 @@ def heap_figure(series: Mapping[str, Sequence[tuple[int, float]]]):
         )
     ax.set_xlabel("turn")
     ax.set_ylabel("heap bytes per held token")
+    peak = max((p[1] for points in series.values() for p in points), default=1.0)
+    ax.set_ylim(0, peak * 1.15)  # from 0: a flat series must look flat
     ax.legend(fontsize=7)
     return fig

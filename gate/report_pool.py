@@ -1,12 +1,16 @@
 """The pool figure: pages per group and concurrency at every barrier.
 
-Each panel stacks the pages by owner (the tree's pages split into pinned and
-evictable), draws beside the stack the pages held by no live holder (LEAKED)
-and the pinned pages over the bound live holders justify (OVER), each with
-its count written above it, the capacity as a line (above an axis break when
-the pool is far from full, so small counts stay readable), and a dashed line
-with a label where a detector of that run first failed. Groups that held
-nothing at any barrier of any concurrency get no panel (the page says so).
+Each panel has one column per barrier: the pages by owner, stacked (the
+tree's pinned pages solid; its evictable cache only outlined, since
+eviction takes it back on demand and it is no leak however high it gets).
+Inside the column, not beside it, narrow bars mark the subsets that matter:
+the pages held by no live holder (LEAKED, still under their last owner's tag,
+so counted once) and the pinned pages over the bound live holders justify
+(OVER), each with its count above it. The capacity is a line (above an axis
+break when the pool is far from full, so small counts stay readable), and a
+dashed line with a label marks where a detector of that run first failed.
+Groups that held nothing at any barrier of any concurrency get no panel
+(the page says so).
 """
 
 from __future__ import annotations
@@ -23,13 +27,13 @@ STACK_COLORS = {
     "request": "#55a868",
     "slot": "#8172b2",
     "tree, pinned": "#7f5f3f",
-    "tree, evictable": "#d9c9a8",
+    "tree, evictable": "#9c8558",  # an outline only: cache, not held
     "untagged": "#8c8c8c",
 }
 SPLIT_AXIS = 1.6  # capacity above this many times the peak: break the axis below the capacity
-SIDE = (
-    ("leaked", LEAKED, 0.24, "leaked: held by no live holder"),
-    ("over_bound", OVER, 0.42, "pinned over the bound live holders justify"),
+INSIDE = (
+    ("leaked", LEAKED, -0.09, "of these, leaked: held by no live holder"),
+    ("over_bound", OVER, 0.09, "of these, pinned over the bound live holders justify"),
 )
 
 
@@ -79,7 +83,7 @@ def _panel(fig, spec, g: GroupSeries, c: int, fails: Sequence[Fail]):
     hosts = [p.host for p in g.points]
     if any(hosts):
         ax.plot(xs, hosts, color="#333333", linestyle=":", marker=".", label="host tier pages")
-    _side_bars(ax, g, xs)
+    _inside_bars(ax, g, xs)
     leaked = max(p.leaked for p in g.points)
     said = f"up to {leaked} leaked pages" if leaked else "nothing leaked"
     top.set_title(f"{g.group}, c={c}: {said}", fontsize=9, color=LEAKED if leaked else "black")
@@ -106,33 +110,33 @@ def _owner_stack(ax, g: GroupSeries, xs: list[int]) -> None:
         ys = [p.stack[name] for p in g.points]
         if not any(ys):
             continue
-        hatched = name == "tree, evictable"
+        cache = name == "tree, evictable"
         ax.bar(
-            [x - 0.12 for x in xs],
+            xs,
             ys,
             0.5,
             bottom=bottom,
-            color=STACK_COLORS[name],
-            hatch="//" if hatched else None,
-            edgecolor="#7f5f3f" if hatched else "white",
-            linewidth=0.3,
-            label=name,
+            color="none" if cache else STACK_COLORS[name],
+            edgecolor=STACK_COLORS[name] if cache else "white",
+            linestyle=":" if cache else "-",
+            linewidth=1.0 if cache else 0.3,
+            label="tree, evictable (cache, taken back on demand)" if cache else name,
         )
         bottom = [b + y for b, y in zip(bottom, ys, strict=True)]
 
 
-def _side_bars(ax, g: GroupSeries, xs: list[int]) -> None:
-    """Beside the stack, the leaked pages (LEAKED) and the pinned pages over the
-    bound (OVER, hatched so the two stay apart printed in grey), each nonzero
-    bar with its count above it."""
-    for k, (field, color, offset, label) in enumerate(SIDE):
+def _inside_bars(ax, g: GroupSeries, xs: list[int]) -> None:
+    """Inside each column, from its foot: the leaked pages (LEAKED) and the pinned
+    pages over the bound (OVER, hatched so the two stay apart printed in grey),
+    each nonzero bar with its count above it. Both are subsets of the column."""
+    for k, (field, color, offset, label) in enumerate(INSIDE):
         ys = [getattr(p, field) for p in g.points]
         if not any(ys):
             continue
         ax.bar(
             [x + offset for x in xs],
             ys,
-            0.17,
+            0.14,
             color=color,
             hatch="xx" if color == OVER else None,
             edgecolor="white",

@@ -95,10 +95,16 @@ def _detail(e: Evidence) -> str:
 
 
 def runs_table(summary: GateSummary, out: Path) -> str:
-    """Per run: requests, failed ones, lifecycle coverage, its Locust report, its verdict."""
+    """Per run: requests, failed ones, lifecycle coverage, its Locust report, its verdict.
+
+    The Locust reports are files of the gate's output folder, linked from here by
+    their place in it: a note says so, for a report.html copied without them."""
     rows = [
+        "<p class='note'>This page is one file, but the Locust report of each run is not: it "
+        "lies in the gate's output folder, under runs/, where the links below point. Keep "
+        "report.html in that folder (or upload the folder) to follow them.</p>",
         "<h2>Runs</h2><table><tr><th>run</th><th>turns</th><th>requests</th><th>failed</th>"
-        "<th>transitions taken per machine</th><th>Locust report</th><th>detectors</th></tr>"
+        "<th>transitions taken per machine</th><th>Locust report</th><th>detectors</th></tr>",
     ]
     for run in summary.runs:
         folder = f"runs/{run.profile}-c{run.concurrency}"
@@ -174,12 +180,14 @@ def coverage_section(summary: GateSummary) -> str:
     never = [f"{m}: {t}" for m in machines for t in cov["total"][m]["never"]]
     unlisted = [f"{m}: {t}" for m in machines for t in cov["total"][m]["unlisted"]]
     rows.append(
-        "<p>Never taken: " + escape(", ".join(never)) + "</p>"
+        "<p class='small'>Never taken: " + escape(", ".join(never)) + "</p>"
         if never
         else "<p>Every transition was taken at least once.</p>"
     )
     if unlisted:
-        rows.append("<p>Seen but not in the machines: " + escape(", ".join(unlisted)) + "</p>")
+        rows.append(
+            "<p class='small'>Seen but not in the machines: " + escape(", ".join(unlisted)) + "</p>"
+        )
     return "".join(rows)
 
 

@@ -66,5 +66,5 @@ def test_heap_true_samples_this_process_and_fails_on_growth_per_context_token(py
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
     result.assert_outcomes(passed=1, failed=1)
     result.stdout.fnmatch_lines(
-        ["*kvwatch detector 'heap' failed at turn*", "*retained bytes per context token rise*"]
+        ["*kvwatch detector 'heap' failed at turn*", "*retained bytes per held token rise*"]
     )

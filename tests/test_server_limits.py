@@ -105,7 +105,7 @@ def test_a_body_over_the_limit_sent_whole_by_urllib_reads_the_413(chunked):
     try:
         with serving(app) as url:
             request = urllib.request.Request(
-                f"{url}/v1/chat/completions", data=data, headers=headers, method="POST"
+                url=f"{url}/v1/chat/completions", data=data, headers=headers, method="POST"
             )
             with pytest.raises(urllib.error.HTTPError) as answer:
                 urllib.request.urlopen(request, timeout=120)
