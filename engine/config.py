@@ -80,6 +80,32 @@ class GroupSpec:
         return GROUP_FAMILY[self.name]
 
 
+@dataclass(frozen=True)
+class FailpointConfig:
+    """Allocation failures on purpose, at every site of ``cache/failpoints.py``.
+
+    Each site fails its hit number k, then every N-th hit after, with k drawn
+    from [1, ``first``] and N from [``every``, 2 * ``every``] by ``seed`` and
+    the site's name: a site hit ``first`` times has failed, and no site fails
+    two hits in a row. ``sites`` limits the failures to those sites (empty:
+    all of them). A testing aid; ``CacheConfig.failpoints`` is off (None) by default.
+    """
+
+    seed: int = 0
+    first: int = 2
+    every: int = 32
+    sites: frozenset[str] = frozenset()
+
+    def __post_init__(self) -> None:
+        from kvwatch.engine.cache.failpoints import parse_sites
+
+        object.__setattr__(self, "sites", parse_sites(self.sites))
+        if self.first < 1:
+            raise ValueError(f"failpoints.first must be >= 1, got {self.first}")
+        if self.every < 2:
+            raise ValueError(f"failpoints.every must be >= 2, got {self.every}")
+
+
 class PrefixCacheMode(StrEnum):
     RADIX = "radix"  # the hybrid radix tree with state recovery
     SLOTS = "slots"  # a few whole-state snapshot slots, llama.cpp style (seed 004)
@@ -119,6 +145,8 @@ class CacheConfig:
     # boundary worth a snapshot (a shorter one is degenerate: its snapshot aborts).
     slots: int = 2
     slot_min_tokens: int = 32
+    # Fail allocations on a schedule, so failure paths run on purpose (None: off).
+    failpoints: FailpointConfig | None = None
 
     def __post_init__(self) -> None:
         try:

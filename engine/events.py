@@ -55,6 +55,14 @@ class SnapshotSkipped(NamedTuple):
     reason: str
 
 
+class FailpointFired(NamedTuple):
+    """A failpoint failed an allocation on purpose (``CacheConfig.failpoints``)."""
+
+    site: str  # a ``failpoints.Site`` value
+    hit: int  # the site's hit that failed, from 1
+    group: str  # the group it failed in
+
+
 class SlotPrepared(NamedTuple):
     holder_id: int
     slot: int

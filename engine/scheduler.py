@@ -425,9 +425,13 @@ class Scheduler:
         want of pages they let go one at a time: first the newest retracted
         request's recovery point (it is admitted again like a new request),
         then a parked slot (its session's next turn recomputes from the tree).
+        Only what does pin counts: a queued request's holder that keeps no
+        recovery point (opened by an admission that failed, or retracted with
+        nothing to recover from) frees nothing, and counting it as unpinned
+        would have the head of the queue retry forever, failing nothing.
         """
         for req in reversed(self.waiting):
-            if req.status is Status.RETRACTED and req.session is None and req.holder is not None:
+            if req.session is None and req.holder is not None and req.holder.keeps_recovery:
                 self.cache.release(req.holder, commit=False)
                 req.holder = None
                 return True

@@ -25,7 +25,8 @@ from typing import TYPE_CHECKING, TypeVar
 import torch
 
 from kvwatch.engine.cache import reads, sessions
-from kvwatch.engine.cache.holder import Holder, HolderStatus, Pending
+from kvwatch.engine.cache.failpoints import Site
+from kvwatch.engine.cache.holder import Holder, HolderStatus, Pending, PendingKind
 from kvwatch.engine.cache.node import Node, Tier
 from kvwatch.engine.cache.owner import Owner, OwnerKind
 from kvwatch.engine.cache.pool import PageLayout, PagePool, PoolExhausted
@@ -51,6 +52,19 @@ if TYPE_CHECKING:
     from kvwatch.engine.cache.slots import Slot
 
 F = TypeVar("F", bound=Callable)
+# what a capture's snapshot is for: every other kind is the frontier's (TRACK)
+SNAPSHOT_SITES = {
+    PendingKind.INTERVAL: Site.SNAPSHOT_INTERVAL,
+    PendingKind.BRANCH: Site.SNAPSHOT_BRANCH,
+}
+
+
+def _allocate_site(holder: Holder, n: int) -> Site:
+    """What ``allocate`` asks pages for: a prefill chunk while more than the
+    last token is uncomputed, else a decode token, or a verify step's drafts."""
+    if len(holder.tokens) - holder.computed_len > 1:
+        return Site.ALLOCATE_PREFILL
+    return Site.ALLOCATE_DRAFTS if n > 1 else Site.ALLOCATE_DECODE
 
 
 def mutation(fn: F) -> F:
@@ -119,11 +133,13 @@ class CacheBase(ServedCache):
         return holder.handle
 
     # -- a holder's own pages -----------------------------------------------------------
-    def _give_working_pages(self, holder: Holder, d: int, full_pages: int = 0) -> None:
+    def _give_working_pages(
+        self, holder: Holder, d: int, full_pages: int = 0, *, site: Site = Site.ADMIT_WORKING
+    ) -> None:
         """A working state, the window below ``d`` and ``full_pages`` own full.kv pages."""
         swa_idx = self.working.swa_page_range(max(0, d - self.config.window), d)
         counts = {LINEAR_STATE: 1, SWA_KV: len(swa_idx), FULL_KV: full_pages}
-        got = self.store.alloc_groups(counts, holder.owner)
+        got = self.store.alloc_groups(counts, holder.owner, site=site)
         holder.working = {LINEAR_STATE: got[LINEAR_STATE]}
         holder.swa_pages = dict(zip(swa_idx, got[SWA_KV].tolist(), strict=True))
         holder.full_pages = got[FULL_KV].tolist()
@@ -135,7 +151,8 @@ class CacheBase(ServedCache):
         start, end = holder.allocated_len, holder.allocated_len + n
         need_full = math.ceil(end / self.page_size) - len(holder.full_pages)
         swa_idx = [j for j in self.working.swa_page_range(start, end) if j not in holder.swa_pages]
-        got = self.store.alloc_groups({FULL_KV: need_full, SWA_KV: len(swa_idx)}, holder.owner)
+        counts = {FULL_KV: need_full, SWA_KV: len(swa_idx)}
+        got = self.store.alloc_groups(counts, holder.owner, site=_allocate_site(holder, n))
         holder.full_pages.extend(got[FULL_KV].tolist())
         holder.swa_pages.update(zip(swa_idx, got[SWA_KV].tolist(), strict=True))
         holder.allocated_len = end
@@ -178,8 +195,9 @@ class CacheBase(ServedCache):
             pages = track.pages
         else:
             counts = {g: self.config.pages_per_snapshot(g) for g in STATE_GROUPS}
+            site = SNAPSHOT_SITES.get(cap.kind, Site.SNAPSHOT_TRACK)
             try:
-                pages = self.store.alloc_groups(counts, holder.owner)
+                pages = self.store.alloc_groups(counts, holder.owner, site=site)
             except PoolExhausted as exc:  # snapshots are an optimisation: go on without
                 self.events.emit(SnapshotSkipped(holder.id, cap.boundary, str(exc)))
                 return

@@ -22,9 +22,10 @@ A request's life through it, each call made at a step boundary::
 
 ``open`` hands out a ``Handle``: an opaque ticket that only says who it is
 and how far it got (``status``, ``cached_len``, ``computed_len``,
-``allocated_len``). Pages, locks and snapshots stay behind it, in the
-backend. Each method's docstring says whether it mutates; those that do
-deliver their events only once the mutation is complete.
+``allocated_len``, and ``keeps_recovery`` while retracted). Pages, locks and
+snapshots stay behind it, in the backend. Each method's docstring says
+whether it mutates; those that do deliver their events only once the
+mutation is complete.
 
 Backends (chosen once, by ``CacheConfig.mode``, in ``build_cache``):
 ``RadixPrefixCache`` (a radix tree with state recovery), ``SlotPrefixCache``
@@ -87,6 +88,14 @@ class Handle:
     def allocated_len(self) -> int:
         """Tokens with pages, computed or not yet."""
         return self._holder.allocated_len
+
+    @property
+    def keeps_recovery(self) -> bool:
+        """Retracted, and still keeping its recovery point (a host ref that keeps
+        the node's path in the cache). A queued holder pins nothing else: one
+        opened but never matched, or retracted with nothing to recover from."""
+        holder = self._holder
+        return holder.status is HolderStatus.RETRACTED and holder.anchor is not None
 
 
 def holder_of(handle: Handle) -> Holder:

@@ -31,6 +31,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
+from kvwatch.engine.cache.failpoints import Site
 from kvwatch.engine.cache.holder import Holder, HolderStatus, PendingKind
 from kvwatch.engine.cache.node import Tier
 from kvwatch.engine.cache.pool import PoolExhausted
@@ -131,5 +132,5 @@ def _cover_window(cache: CacheBase, holder: Holder, b: int) -> None:
     lo = max(0, b - cache.config.window)
     missing = [j for j in range(lo // ps, math.ceil(b / ps)) if j not in holder.swa_pages]
     if missing:
-        pages = cache.store.alloc(SWA_KV, len(missing), holder.owner)
+        pages = cache.store.alloc(SWA_KV, len(missing), holder.owner, site=Site.SESSION_WINDOW)
         holder.swa_pages.update(zip(missing, pages.tolist(), strict=True))

@@ -23,6 +23,7 @@ import numpy as np
 from kvwatch.contracts import Finding, SlotReport
 from kvwatch.engine.cache.base import CacheBase, mutation
 from kvwatch.engine.cache.claims import Claims
+from kvwatch.engine.cache.failpoints import Site
 from kvwatch.engine.cache.holder import Holder, HolderStatus, Pending, PendingKind
 from kvwatch.engine.cache.node import Node, Tier
 from kvwatch.engine.cache.owner import Owner, OwnerKind
@@ -92,7 +93,8 @@ class SlotPrefixCache(CacheBase):
 
     def _activate(self, holder: Holder, d: int) -> None:
         """Own pages for [0, d) of full.kv, the window below d, and a working state."""
-        self._give_working_pages(holder, d, full_pages=math.ceil(d / self.page_size))
+        site = Site.SLOT_RESTORE if d else Site.ADMIT_WORKING
+        self._give_working_pages(holder, d, full_pages=math.ceil(d / self.page_size), site=site)
         holder.lock_node = None
         holder.cached_len = 0  # nothing is borrowed: the restored prefix is the holder's own copy
         holder.computed_len = holder.allocated_len = d
@@ -132,7 +134,9 @@ class SlotPrefixCache(CacheBase):
         n_full = math.ceil(cap.boundary / self.page_size)
         counts = {g: self.config.pages_per_snapshot(g) for g in STATE_GROUPS}
         try:
-            pages = self.store.alloc_groups({FULL_KV: n_full, **counts}, holder.owner)
+            pages = self.store.alloc_groups(
+                {FULL_KV: n_full, **counts}, holder.owner, site=Site.SLOT_STAGE
+            )
         except PoolExhausted:
             self._abort(holder, "no room")
             return

@@ -16,6 +16,9 @@ Pressure order for one group (``alloc``):
 5. raise ``PoolExhausted``. The scheduler then retracts; the cache never
    raises anything else on a shortage.
 
+Every allocation names its ``Site`` (failpoints.py), where a failpoint
+schedule may fail it first, as if steps 2 to 4 had freed nothing.
+
 Eviction can leave a parent with one child; ``on_unbranched`` (set by the
 radix backend) then decides about that parent's state.
 """
@@ -30,6 +33,7 @@ from typing import Protocol
 import numpy as np
 import torch
 
+from kvwatch.engine.cache.failpoints import Failpoints, Site
 from kvwatch.engine.cache.node import Node, Snapshot, Tier
 from kvwatch.engine.cache.owner import Owner
 from kvwatch.engine.cache.pool import PageLayout, PagePool, PoolExhausted
@@ -46,6 +50,16 @@ class Reclaimer(Protocol):
     """A last resort under pressure: free ``wanted`` pages of ``group`` if it can."""
 
     def __call__(self, group: str, wanted: int, tier: Tier) -> int: ...
+
+
+class FailpointExhausted(PoolExhausted):
+    """What a full pool raises at an allocation site, raised by its failpoint:
+    callers handle it as the real one, and its message says which failpoint."""
+
+    def __init__(self, pool: PagePool, needed: int, site: Site, hit: int) -> None:
+        super().__init__(pool.group, needed, pool.free_count, pool.capacity, pool.tier)
+        self.site = site
+        self.args = (f"{self.args[0]} (failpoint {site}, hit {hit})",)
 
 
 class CacheStorage:
@@ -75,6 +89,7 @@ class CacheStorage:
             spec.name: pool(spec, Tier.HOST) for spec in config.groups if spec.host_capacity
         }
         self.tree = RadixTree(self.page_size, faults)
+        self.failpoints = Failpoints(config.failpoints, self.events)
         self.reclaimers: list[Reclaimer] = []  # after prune and evict, in order
         # eviction left these parents (group): returns the group's pages freed
         self.on_unbranched: Callable[[list[Node], str], int] | None = None
@@ -83,18 +98,33 @@ class CacheStorage:
         return self.pools[group] if tier is Tier.DEVICE else self.host_pools[group]
 
     # -- allocation under pressure ------------------------------------------------
-    def alloc(self, group: str, n: int, owner: Owner) -> np.ndarray:
+    def alloc(self, group: str, n: int, owner: Owner, *, site: Site) -> np.ndarray:
+        """``n`` device pages of ``group`` for ``owner``, making room as the module
+        docstring says; ``PoolExhausted`` allocates nothing."""
+        if self.failpoints.failing_group(site, {group: n}) is not None:
+            raise self._failed(self.pools[group], n, site)
+        return self._alloc(group, n, owner)
+
+    def _alloc(self, group: str, n: int, owner: Owner) -> np.ndarray:
         pool = self.pools[group]
         if pool.free_count < n:
             self.make_room(group, n - pool.free_count)
         return pool.alloc(n, owner)
 
-    def alloc_groups(self, counts: Mapping[str, int], owner: Owner) -> dict[str, np.ndarray]:
+    def _failed(self, pool: PagePool, n: int, site: Site) -> FailpointExhausted:
+        return FailpointExhausted(pool, n, site, self.failpoints.hits[site])
+
+    def alloc_groups(
+        self, counts: Mapping[str, int], owner: Owner, *, site: Site
+    ) -> dict[str, np.ndarray]:
         """Allocate in several groups at once: all of it, or nothing."""
+        failing = self.failpoints.failing_group(site, counts)
         got: dict[str, np.ndarray] = {}
         try:
             for group, n in counts.items():
-                got[group] = self.alloc(group, n, owner)
+                if group == failing:
+                    raise self._failed(self.pools[group], n, site)
+                got[group] = self._alloc(group, n, owner)
         except PoolExhausted:
             for group, pages in got.items():
                 self.pools[group].free(pages, owner)
@@ -222,15 +252,8 @@ class CacheStorage:
         return self._move(node, snap, Tier.DEVICE)
 
     def _move(self, node: Node, snap: Snapshot, tier: Tier) -> bool:
-        dst: dict[str, np.ndarray] = {}
-        try:
-            for group, src in snap.pages.items():
-                pool = self.pool(group, tier)
-                if pool.free_count < len(src):
-                    self.make_room(group, len(src) - pool.free_count, tier)
-                dst[group] = pool.alloc(len(src), TREE_OWNER)
-        except PoolExhausted:
-            self.free_groups(dst, TREE_OWNER, tier)
+        dst = self._alloc_move(snap, tier)
+        if dst is None:
             return False
         taken = self.tree.detach_state(node)
         for group, src in taken.pages.items():
@@ -240,3 +263,21 @@ class CacheStorage:
             self.tree.attach_state(node, group, ids, tier)
         self.events.emit(SnapshotMoved(node.id, node.depth, str(tier)))
         return True
+
+    def _alloc_move(self, snap: Snapshot, tier: Tier) -> dict[str, np.ndarray] | None:
+        """Pages in ``tier`` for a copy of ``snap``; None (holding nothing) if short."""
+        site = Site.TIER_LOAD if tier is Tier.DEVICE else Site.TIER_OFFLOAD
+        failing = self.failpoints.failing_group(site, {g: len(p) for g, p in snap.pages.items()})
+        dst: dict[str, np.ndarray] = {}
+        try:
+            for group, src in snap.pages.items():
+                pool = self.pool(group, tier)
+                if group == failing:
+                    raise self._failed(pool, len(src), site)
+                if pool.free_count < len(src):
+                    self.make_room(group, len(src) - pool.free_count, tier)
+                dst[group] = pool.alloc(len(src), TREE_OWNER)
+        except PoolExhausted:
+            self.free_groups(dst, TREE_OWNER, tier)
+            return None
+        return dst
