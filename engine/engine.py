@@ -39,6 +39,7 @@ from kvwatch.engine.errors import (
 from kvwatch.engine.events import (
     BatchComputed,
     EventBus,
+    SessionBusy,
     SessionClosed,
     SessionOpened,
     SessionRolledBack,
@@ -333,7 +334,8 @@ class Engine:
         fault, say) and giving the slot back raises: the slot is then left as
         it is, for the probe's audit to report what it still holds.
         """
-        session = self._idle_session(session_id)
+        action = "idle timeout" if reason == "idle timeout" else "close"
+        session = self._idle_session(session_id, action)
         self._sessions.forget(session)
         self.events.emit(SessionClosed(session_id, reason))
         if session.holder is None:
@@ -345,7 +347,7 @@ class Engine:
 
     def rollback_session(self, session_id: str, steps: int = 1) -> None:
         """Undo the last ``steps`` turns (at most MAX_ROLLBACK); nothing changes on error."""
-        session = self._idle_session(session_id)
+        session = self._idle_session(session_id, "rollback")
         if session.records is not None:
             session.records.check_rollback(steps)
         elif not 1 <= steps <= min(MAX_ROLLBACK, len(session.turn_ends) - 1):
@@ -382,11 +384,14 @@ class Engine:
             )
         return session.records.merge(session.tokens)
 
-    def _idle_session(self, session_id: str) -> Session:
+    def _idle_session(self, session_id: str, action: str) -> Session:
+        """The session, with no turn in flight; a refused ``action`` (``close``,
+        ``rollback``, ``idle timeout``) is a ``SessionBusy`` event, then the error."""
         if self._in_step:
             raise RuntimeError("sessions change between steps")
         session = self._sessions.get(session_id)
         if session.in_flight is not None:
+            self.events.emit(SessionBusy(session_id, action, session.in_flight))
             raise busy_session(session_id)
         return session
 

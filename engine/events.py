@@ -29,6 +29,7 @@ class NodeEvicted(NamedTuple):
     node_id: int
     depth: int
     page_ids: tuple[int, ...]  # the full.kv pages it gave back
+    path_key: int = 0  # its path's first page (``paths.path_key``), as RequestAdded's
 
 
 class SnapshotTaken(NamedTuple):
@@ -193,6 +194,10 @@ class RequestAdded(NamedTuple):
     # Opaque (key, value) pairs the caller attached (a server's model name,
     # operation, prompt text on opt-in); the engine only passes them on.
     labels: tuple[tuple[str, str], ...] = ()
+    # ``paths.path_key`` of the prompt (its first full page; 0 without one): requests
+    # with equal keys are on the same path. ``prompt_key``: a digest of the prompt.
+    path_key: int = 0
+    prompt_key: int = 0
 
 
 class RequestWaiting(NamedTuple):
@@ -210,6 +215,10 @@ class RequestScheduled(NamedTuple):
     hit_tokens: int  # prompt tokens found in the tree's history
     cached_tokens: int  # prompt tokens skipped: the depth of the restored snapshot
     holder_id: int = 0  # the cache holder: cache events name it, not the request
+    # Where the prompt first differs from what the cache holds on its path, to the
+    # token (hit_tokens is page-aligned; this goes on into the page that differs);
+    # a session turn's resume point; at most the prompt's length.
+    branch_tokens: int = 0
 
 
 class PrefillChunk(NamedTuple):
@@ -288,3 +297,11 @@ class SessionRolledBack(NamedTuple):
 class SessionClosed(NamedTuple):
     session_id: str
     reason: str  # "closed" (a client asked) or "idle timeout"
+
+
+class SessionBusy(NamedTuple):
+    """A close, rollback or idle close refused (``session_busy``): a turn is in flight."""
+
+    session_id: str
+    action: str  # "close", "rollback" or "idle timeout"
+    request_id: str  # the turn in flight

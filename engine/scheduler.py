@@ -47,6 +47,7 @@ from kvwatch.engine.events import (
 from kvwatch.engine.faults import Fault
 from kvwatch.engine.model.paged import EXPERTS
 from kvwatch.engine.model.tokenizer import last_turn_start
+from kvwatch.engine.paths import path_key, prompt_key
 from kvwatch.engine.prefix_wait import PrefixWaits
 from kvwatch.engine.request import Request, RequestOutput, Status
 from kvwatch.engine.runner import Work, WorkResult
@@ -92,6 +93,8 @@ class Scheduler:
                 step=self.step,
                 session_id=session_id,
                 labels=req.labels,
+                path_key=path_key(req.tokens, req.extra_key, self.cache.page_size),
+                prompt_key=prompt_key(req.tokens, req.extra_key),
             )
         )
 
@@ -343,6 +346,7 @@ class Scheduler:
                 hit_tokens=hit,
                 cached_tokens=req.cached_tokens,
                 holder_id=req.holder.id,
+                branch_tokens=min(_branch(match), req.prompt_len),
             )
             self.events.emit(scheduled)
         req.admitted = True
@@ -460,3 +464,8 @@ class Scheduler:
                 return "verify"
             return "prefill" if len(req.tokens) - req.holder.computed_len > 1 else "decode"
         return {Status.RETRACTED: "retracted", Status.PAUSED: "paused"}.get(req.status, "queued")
+
+
+def _branch(match: Match) -> int:
+    """Where the prompt parts from the cache, to the token (``Match.branch_len``)."""
+    return match.hit_len if match.branch_len is None else match.branch_len

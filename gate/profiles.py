@@ -134,6 +134,19 @@ PROFILES: dict[str, Profile] = {
             engine={"cache": {"swa_window": {"capacity": 16}, "linear_state": {"capacity": 16}}},
         ),
         Profile(
+            name="edges",
+            user="EdgeUser",
+            summary="the combinations and page boundaries the other profiles leave to chance, "
+            "each on purpose: siblings branching at every offset of a page and a window, prompt "
+            "ends around page edges, retraction and recovery on one path, a session turn cut at "
+            "every stage, closes and rollbacks refused while a turn runs, idle timeouts",
+            kvwatch_api=True,
+            serve_flags=("--session-idle-timeout", "4"),  # edges.IDLE_TIMEOUT_S
+            # a full.kv pool that a turn's trunks, siblings and long prompts overfill:
+            # leaves on the shared path are evicted while others on it are in flight
+            engine={"cache": {"full_kv": {"capacity": 640}}},
+        ),
+        Profile(
             name="bad-input",
             user="BadInputUser",
             summary="malformed requests (bad JSON, types, ranges, token ids, sessions) mixed with valid "

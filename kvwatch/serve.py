@@ -20,6 +20,8 @@ from kvwatch.engine.overrides import apply_overrides
 from kvwatch.server import EngineWorker, ServerSettings, create_app
 from kvwatch.sockets import listen_socket, socket_url
 from kvwatch.telemetry import Telemetry, instrument
+from kvwatch.telemetry.combo_counter import CombinationCounter
+from kvwatch.telemetry.coverage import merge
 from kvwatch.telemetry.lifecycle import LifecycleCounter
 
 STATS_TIMEOUT_S = 10.0
@@ -78,15 +80,23 @@ def build(
         telemetry,
         stats_max_age=STATS_MAX_AGE_S,
     )
-    lifecycle = LifecycleCounter(engine.events)
     app = create_app(
         worker,
         options.settings,
         metrics=telemetry.render_metrics,
-        coverage=lifecycle.taken,
+        coverage=counted(engine),
         on_ready=on_ready,
     )
     return app, worker, telemetry
+
+
+def counted(engine: Engine) -> Callable[[], dict]:
+    """What ``GET /debug/coverage`` answers: the lifecycle transitions and the
+    combination and boundary edges taken, per machine, in one mapping."""
+    lifecycle = LifecycleCounter(engine.events)
+    geometry = engine.config.cache
+    combos = CombinationCounter(engine.events, page=geometry.page_size, window=geometry.window)
+    return lambda: merge(lifecycle.taken(), combos.taken())
 
 
 def ready_line(options: ServeOptions, config: EngineConfig) -> str:

@@ -30,6 +30,7 @@ from kvwatch.loadtests.agents import (
 from kvwatch.loadtests.badinput import BadInputUser
 from kvwatch.loadtests.barrier import END, TurnBarrier
 from kvwatch.loadtests.chaos import ChaosUser
+from kvwatch.loadtests.edges import EdgeUser
 from kvwatch.loadtests.users import AgentUser, StreamingChatUser, sentence
 
 __all__ = [
@@ -38,6 +39,7 @@ __all__ = [
     "BadInputUser",
     "ChaosUser",
     "ChatUser",
+    "EdgeUser",
     "RolloutUser",
     "SessionAgent",
     "SlotCacheUser",

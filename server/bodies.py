@@ -50,16 +50,25 @@ class TestControls(_Body):
     would, and hold it there for ``hold_steps`` engine steps.
     ``pause_after_output``: once it has generated this many tokens, pause it
     (its pages go back without a commit) and resume it after ``hold_steps``
-    engine steps, or at once when nothing else runs. ``abort_in``: then abort
-    it, through the engine's own abort path, at the first step boundary where
-    it is retracted, paused, or recovering (admitted again and still
-    computing its prompt): the aborts no client can time.
+    engine steps, or at once when nothing else runs; ``hold_s``: after that
+    many seconds instead, never earlier. ``abort_in``: then abort it, through
+    the engine's own abort path, at the first step boundary where it is
+    retracted, paused, or recovering (admitted again and still computing its
+    prompt); alone, abort it as it is queued, at the first step boundary
+    where it is prefilling or decoding, or inside the step that verifies its
+    drafts (``verifying``): the aborts no client can time.
     """
 
     retract_after: int | None = Field(default=None, ge=1, le=1_000_000)
     pause_after_output: int | None = Field(default=None, ge=1, le=1_000_000)
     hold_steps: int = Field(default=64, ge=0, le=100_000)
-    abort_in: Literal["retracted", "paused", "recovering"] | None = None
+    hold_s: float | None = Field(default=None, gt=0, le=600)
+    abort_in: (
+        Literal[
+            "queued", "prefilling", "decoding", "verifying", "retracted", "paused", "recovering"
+        ]
+        | None
+    ) = None
 
 
 class _Sampling(_Body):

@@ -24,7 +24,7 @@ from kvwatch.engine.request import RequestOutput, SamplingParams
 from kvwatch.server.bodies import ChatCompletionRequest, CompletionRequest
 from kvwatch.server.clients import REQUESTS
 from kvwatch.server.http_errors import ApiError, error_body
-from kvwatch.server.worker import EngineWorker, Scripted, Stream
+from kvwatch.server.worker import STAGES, EngineWorker, Scripted, Stream
 
 DEFAULT_MAX_TOKENS = 256
 DISCONNECT_POLL_S = 0.2
@@ -112,6 +112,12 @@ def _controls(request: Request, body) -> Scripted | None:
     retract, pause = controls.retract_after, controls.pause_after_output
     if retract is not None and pause is not None:
         raise _bad_controls("retract_after and pause_after_output exclude each other")
+    if controls.hold_s is not None and pause is None:
+        raise _bad_controls("hold_s holds a pause: it needs pause_after_output")
+    if controls.abort_in in STAGES:
+        if retract is not None or pause is not None:
+            raise _bad_controls(f"abort_in {controls.abort_in!r} takes no retraction or pause")
+        return Scripted(action="abort", tokens=0, hold_steps=0, abort_in=controls.abort_in)
     action, tokens = ("retract", retract) if pause is None else ("pause", pause)
     reaches = {"retract": "retracted", "pause": "paused"}[action]
     if controls.abort_in is not None and (
@@ -123,7 +129,11 @@ def _controls(request: Request, body) -> Scripted | None:
     if tokens is None:
         return None
     return Scripted(
-        action=action, tokens=tokens, hold_steps=controls.hold_steps, abort_in=controls.abort_in
+        action=action,
+        tokens=tokens,
+        hold_steps=controls.hold_steps,
+        abort_in=controls.abort_in,
+        hold_s=controls.hold_s,
     )
 
 

@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable
 
 from kvwatch.engine.engine import Engine
+from kvwatch.engine.errors import SessionError
 from kvwatch.engine.events import (
     EventBus,
     RequestAborted,
@@ -124,14 +125,23 @@ class IdleReaper:
 def close_if_idle(
     engine: Engine, clock: SessionClock, session_ids: list[str], timeout: float
 ) -> list[str]:
-    """On the engine thread: close each session still unused and with no turn in flight."""
+    """On the engine thread: close each session still unused and with no turn in flight.
+
+    A session with a turn in flight (one that has run for the whole timeout) is
+    left to the engine to refuse, as it refuses a client's close: it says so
+    (``SessionBusy``), and a later round tries again.
+    """
     closed, sessions = [], engine.open_sessions()  # closing one leaves the others as they are
     for sid in session_ids:
-        session = sessions.get(sid)
-        if session is None:  # closed some other way meanwhile
+        if sid not in sessions:  # closed some other way meanwhile
             clock.forget(sid)
-        elif session.in_flight is None and clock.is_unused_for(sid, timeout):
-            engine.close_session(sid, reason="idle timeout")
+        elif clock.is_unused_for(sid, timeout):
+            try:
+                engine.close_session(sid, reason="idle timeout")
+            except SessionError as exc:
+                if exc.code != "session_busy":
+                    raise
+                continue
             clock.forget(sid)
             closed.append(sid)
     return closed

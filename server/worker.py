@@ -26,8 +26,11 @@ Two debugging aids for leak tests (the server offers them only with
   many tokens past its cached prefix, and held on the host tier for the given
   steps; a scripted pause lets it go without a commit once it has generated
   that many tokens, and resumes it after the given steps (or at once when
-  nothing else runs). Asked to, either is then aborted once retracted,
-  paused or recovering;
+  nothing else runs), or held for a number of seconds instead. Asked to,
+  either is then aborted once retracted, paused or recovering; a *scripted
+  abort* alone aborts the request as it is queued, at the first step
+  boundary where it is prefilling or decoding, or inside the step that
+  verifies its drafts;
 * *watching*: after every step the worker probes the engine and keeps each
   probe that shows a finding or an exceeded bound the step before did not
   (``latched``), so a state that lasts a few steps is seen however rarely a
@@ -39,6 +42,7 @@ from __future__ import annotations
 import asyncio
 import queue
 import threading
+import time
 import traceback
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
@@ -49,7 +53,7 @@ from typing import Any, NamedTuple
 from kvwatch.contracts import ProbeReport
 from kvwatch.engine.engine import Completion, Engine
 from kvwatch.engine.request import RequestOutput, SamplingParams, Status
-from kvwatch.engine.views import RequestInfo
+from kvwatch.engine.views import ComputedBatch, RequestInfo
 from kvwatch.server.departures import Departures
 from kvwatch.server.finished import FinishedLog
 
@@ -58,14 +62,30 @@ MAX_LATCHED = 16  # probes kept between two reads; later ones are counted, not k
 
 
 class Scripted(NamedTuple):
-    action: str  # "retract" (after computing ``tokens`` past the cached prefix)
-    #              or "pause" (after generating ``tokens``)
+    action: str  # "retract" (after computing ``tokens`` past the cached prefix),
+    #              "pause" (after generating ``tokens``) or "abort" (``abort_in`` alone)
     tokens: int
     hold_steps: int  # on the host tier, or paused, before it is admitted again
-    abort_in: str | None = None  # then abort it once "retracted", "paused" or "recovering"
+    abort_in: str | None = None  # then abort it once in that stage (``STAGES``)
+    hold_s: float | None = None  # a pause held this long instead (never resumed early)
 
 
 _IN = {"retracted": Status.RETRACTED, "paused": Status.PAUSED, "recovering": Status.RUNNING}
+# The stages a script aborts a request in with no retraction or pause first:
+# "queued" as it is added, "verifying" inside the step that verifies its drafts
+# (the batch hook), the others at the first step boundary that finds it there.
+STAGES = ("queued", "prefilling", "decoding", "verifying")
+
+
+def _reached(req: RequestInfo, stage: str) -> bool:
+    """Whether a live request is in a scripted abort's stage at a step boundary:
+    prefilling (admitted, no output yet), decoding (admitted, some output), or
+    the status of retracted, paused or recovering (admitted again)."""
+    if stage == "prefilling":
+        return req.status is Status.RUNNING and req.output_tokens == 0
+    if stage == "decoding":
+        return req.status is Status.RUNNING and req.output_tokens > 0
+    return stage in _IN and req.status is _IN[stage]
 
 
 class EngineStopped(RuntimeError):
@@ -101,6 +121,7 @@ class EngineWorker:
         self._scripted: dict[str, Scripted] = {}
         self._abort_in: dict[str, str] = {}  # scripted, to abort once in that state
         self._held: dict[str, int] = {}  # paused by a script: steps left before it resumes
+        self._held_until: dict[str, float] = {}  # paused by a script until this monotonic time
         self._watching = False
         self._latched: list[ProbeReport] = []
         self._dropped = 0
@@ -108,7 +129,7 @@ class EngineWorker:
         self.finished: FinishedLog | None = None  # set with --enable-probe
         self.departures: Departures | None = None  # set with --enable-probe
         self._thread = threading.Thread(target=self._run, name="kvwatch-engine", daemon=True)
-        engine.on_batch_computed(lambda _batch: self._drain_aborts())
+        engine.on_batch_computed(self._on_batch)
 
     # -- lifecycle ----------------------------------------------------------------------
     def start(self) -> None:
@@ -149,8 +170,14 @@ class EngineWorker:
             rid = self.engine.add_request(prompt, params, session_id=session_id, labels=labels)
             stream = Stream(rid, loop, asyncio.Queue())
             self._streams[rid] = stream
-            if script is not None:
+            if script is None:
+                return stream
+            if script.action != "abort":
                 self._scripted[rid] = script
+            elif script.abort_in == "queued":
+                self.abort_now(rid)  # queued, never admitted: its stream ends with the abort
+            else:
+                self._abort_in[rid] = script.abort_in
             return stream
 
         return await self.run(add)
@@ -195,14 +222,14 @@ class EngineWorker:
                     self.engine.retract(rid, hold_steps=script.hold_steps)
                 else:
                     self.engine.pause(rid)
-                    self._held[rid] = script.hold_steps
+                    self._hold(rid, script)
                 if script.abort_in is not None:
                     self._abort_in[rid] = script.abort_in
         for rid, state in list(self._abort_in.items()):
             req = self._live(rid)
             if req is None:
                 del self._abort_in[rid]
-            elif req.status is _IN[state]:
+            elif _reached(req, state):
                 self.abort_now(rid)  # the engine's abort, and the request's stream ends with it
                 del self._abort_in[rid]
         self._resume_held(everyone=False)
@@ -225,9 +252,37 @@ class EngineWorker:
             return computed is not None and computed >= script.tokens
         return req.status is Status.RUNNING and req.output_tokens >= script.tokens
 
+    def _hold(self, rid: str, script: Scripted) -> None:
+        if script.hold_s is None:
+            self._held[rid] = script.hold_steps
+        else:
+            self._held_until[rid] = time.monotonic() + script.hold_s
+
+    def _resume_timed(self) -> None:
+        """Resume the scripted pauses held by time whose time is up (never earlier)."""
+        now = time.monotonic()
+        for rid, until in list(self._held_until.items()):
+            req = self._live(rid)
+            if req is None or req.status is not Status.PAUSED:
+                del self._held_until[rid]
+            elif now >= until:
+                del self._held_until[rid]
+                self.engine.resume(rid)
+
+    def _on_batch(self, batch: ComputedBatch) -> None:
+        """The batch hook: hand pending aborts to the engine, and abort the scripted
+        ``verifying`` requests whose piece of this batch verifies drafts."""
+        self._drain_aborts()
+        for rid in batch.verifying:
+            if self._abort_in.get(rid) == "verifying":
+                del self._abort_in[rid]
+                self.abort_now(rid)
+
     def _resume_held(self, *, everyone: bool) -> None:
         """Count a step off every scripted pause; resume those whose hold is over
-        (all of them with ``everyone``: nothing else runs, so no step would come)."""
+        (all of them with ``everyone``: nothing else runs, so no step would come).
+        Pauses held by time resume when their time is up, whatever runs."""
+        self._resume_timed()
         for rid, left in list(self._held.items()):
             req = self._live(rid)
             if req is None or req.status is not Status.PAUSED:
@@ -270,6 +325,7 @@ class EngineWorker:
             elif self._held and self.failure is None:
                 self._resume_held(everyone=True)
             else:
+                self._resume_timed()
                 self._wake.wait(IDLE_WAIT_S)
                 self._wake.clear()
         self._drain_calls()

@@ -20,8 +20,11 @@ A slot lookup that finds an entry whose slot no longer holds its content
 snapshot erases the entries of the slot it reuses. It shows as unlisted.
 
 A transition the events show that a machine does not list is kept under its
-own name (``unlisted``), so a gap in the model is visible. This module
-imports nothing of the engine.
+own name (``unlisted``), so a gap in the model is visible. ``MACHINES`` also
+holds the combination and boundary machines of ``combos.py`` (a session turn
+aborted at each stage, crossings on one path, session calls against a turn,
+branch offsets within a page): coverage treats every machine alike. This
+module imports nothing of the engine.
 """
 
 from __future__ import annotations
@@ -29,6 +32,8 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Mapping
 from typing import NamedTuple
+
+from kvwatch.telemetry import combos
 
 NEW = "new"
 
@@ -90,12 +95,14 @@ SESSION = Machine(
         ("parked", "running"),
         ("cut", "running"),
         ("parked", "rolled back"),
+        ("cut", "rolled back"),  # back to the last finished turn, the cut one's tokens gone
         ("rolled back", "running"),
         ("open", "closed"),
         ("parked", "closed"),
         ("cut", "closed"),
         ("rolled back", "closed"),
         ("parked", "timed out"),
+        ("cut", "timed out"),
     ),
 )
 
@@ -113,7 +120,10 @@ SLOT = Machine(
     ),
 )
 
-MACHINES: Mapping[str, Machine] = {m.name: m for m in (REQUEST, SESSION, SLOT)}
+# The lifecycles, then the combination and boundary machines (combos.py).
+MACHINES: Mapping[str, Machine] = {
+    m.name: m for m in (REQUEST, SESSION, SLOT, *(Machine(*data) for data in combos.MACHINES))
+}
 
 
 def coverage(taken: Mapping[str, Mapping[str, int]]) -> dict[str, dict]:

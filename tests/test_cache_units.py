@@ -15,7 +15,7 @@ from kvwatch.engine.cache.holder import HolderStatus, PendingKind
 from kvwatch.engine.cache.node import EMPTY_PAGES, Tier
 from kvwatch.engine.cache.owner import Owner, OwnerKind
 from kvwatch.engine.cache.pool import OwnershipError, PageLayout, PagePool, PoolExhausted
-from kvwatch.engine.cache.protocol import holder_of
+from kvwatch.engine.cache.protocol import Match, holder_of
 from kvwatch.engine.cache.radix import RadixTree
 from kvwatch.engine.cache.usage import group_usage
 from kvwatch.engine.config import (
@@ -240,9 +240,10 @@ def test_match_leaves_the_last_token_to_compute():
     cache.release(h, commit=True)
     # The same prompt again: token 7 must be computed to yield logits, so the
     # history match stops at 4, where no snapshot exists: nothing to resume from.
-    assert cache.match(cache.open(list(range(8)))) == (4, 0)
+    # The prompt agrees with the cache to its last token all the same (branch_len).
+    assert cache.match(cache.open(list(range(8)))) == Match(4, 0, branch_len=8)
     # One more token and the turn's terminal snapshot at 8 is usable.
-    assert cache.match(cache.open([*range(8), 9])) == (8, 8)
+    assert cache.match(cache.open([*range(8), 9])) == Match(8, 8, branch_len=8)
 
 
 def test_allocation_failure_is_atomic():

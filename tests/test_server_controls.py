@@ -1,17 +1,20 @@
 """The per-request test controls (``kvwatch`` field, ``--enable-probe``): a request
 the engine retracts or pauses, then aborts while retracted, paused or
 recovering, still gets an answer that says so, and leaves nothing behind; one
-paused and resumed answers as if nothing happened."""
+paused and resumed answers as if nothing happened. An abort alone lands in the
+stage it names (queued, prefilling, decoding, verifying), and a pause held by
+time is not resumed before its time."""
 
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 from fastapi.testclient import TestClient
 
-from kvwatch.engine import Engine
-from kvwatch.engine.events import RequestAborted, RequestPaused
+from kvwatch.engine import Engine, EngineConfig, SchedulerConfig, SpecConfig
+from kvwatch.engine.events import RequestAborted, RequestPaused, RequestRecovered
 from kvwatch.server import EngineWorker, ServerSettings, create_app
 
 MODEL = ServerSettings().model_name
@@ -99,4 +102,57 @@ def test_controls_that_cannot_be_carried_out_are_refused(served, controls):
     r = client.post("/v1/completions", json=body)
     assert r.status_code == 400, r.text
     assert r.json()["error"]["code"] == "invalid_value"
+    assert worker.call(worker.engine.request_ids).result(60) == ()
+
+
+@pytest.fixture
+def speculating():
+    config = EngineConfig(scheduler=SchedulerConfig(spec=SpecConfig(num_drafts=4)))
+    worker = EngineWorker(Engine(config))
+    with TestClient(create_app(worker, ServerSettings(enable_probe=True))) as client:
+        yield client, worker
+
+
+@pytest.mark.parametrize(
+    "stage, engine_stage",
+    [("queued", "queued"), ("prefilling", "prefill"), ("decoding", "decode"),
+     ("verifying", "verify")],
+)  # fmt: skip
+def test_an_abort_alone_lands_in_its_stage(speculating, stage, engine_stage):
+    client, worker = speculating
+    stages = []
+    worker.engine.events.subscribe(RequestAborted, lambda e: stages.append(e.stage))
+    body = {"model": MODEL, "prompt": PROMPT * 2, "max_tokens": 6, "temperature": 0.0,
+            "kvwatch": {"abort_in": stage}}  # fmt: skip
+    done = client.post("/v1/completions", json=body)
+    assert done.status_code == 200 and done.json()["choices"][0]["finish_reason"] == "abort"
+    assert stages == [engine_stage]
+    _quiet(client, worker)
+
+
+def test_a_pause_held_by_time_is_not_resumed_before_its_time(served):
+    client, worker = served
+    resumed = []
+    worker.engine.events.subscribe(RequestRecovered, lambda e: resumed.append(time.monotonic()))
+    body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 6, "temperature": 0.0,
+            "kvwatch": {"pause_after_output": 2, "hold_s": 1.0}}  # fmt: skip
+    start = time.monotonic()
+    done = client.post("/v1/completions", json=body)  # nothing else runs: no early resume
+    assert done.json()["choices"][0]["finish_reason"] == "length"
+    assert len(resumed) == 1 and resumed[0] - start >= 1.0
+    assert worker.call(lambda: worker._held_until).result(60) == {}
+    _quiet(client, worker)
+
+
+@pytest.mark.parametrize(
+    "controls",
+    [{"hold_s": 1.0}, {"retract_after": 4, "hold_s": 1.0},
+     {"retract_after": 4, "abort_in": "queued"}, {"pause_after_output": 2, "abort_in": "decoding"},
+     {"pause_after_output": 2, "hold_s": 0}],
+)  # fmt: skip
+def test_timed_holds_and_lone_aborts_that_cannot_be_carried_out_are_refused(served, controls):
+    client, worker = served
+    body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 6, "kvwatch": controls}
+    r = client.post("/v1/completions", json=body)
+    assert r.status_code == 400, r.text
     assert worker.call(worker.engine.request_ids).result(60) == ()

@@ -15,6 +15,7 @@ from fastapi.testclient import TestClient
 
 from kvwatch.cli import build_parser
 from kvwatch.engine import Engine
+from kvwatch.engine.events import SessionBusy
 from kvwatch.server import EngineWorker, ServerSettings, create_app
 from kvwatch.server.idle import SessionClock, close_if_idle
 
@@ -124,12 +125,16 @@ def test_a_turn_longer_than_the_timeout_keeps_its_session_open(monkeypatch):
         return run(works)
 
     monkeypatch.setattr(engine._runner, "run", slow_run)
+    refused: list[SessionBusy] = []
+    engine.events.subscribe(SessionBusy, refused.append)
     with client:
         sid = client.post(SESSIONS, json={}).json()["id"]
         started = hand()
         assert turn(client, sid, max_tokens=40).status_code == 200
         assert hand() - started >= 10  # the turn outlasted the timeout many times
         assert mid_turn[0].result(300) == []  # in flight: not closed
+        # refused, and said so (the reaper's own rounds may have tried too)
+        assert refused and {(e.session_id, e.action) for e in refused} == {(sid, "idle timeout")}
         assert status(client, sid) == 200 and sweep(client) == []  # just used
         hand.advance(1.5)
         assert sweep(client) == [sid] and status(client, sid) == 409  # then idle: closed

@@ -106,6 +106,8 @@ def holder_of(handle: Handle) -> Holder:
 class Match(NamedTuple):
     hit_len: int  # tokens found in the cache's history
     resume_len: int  # tokens the holder skips: depth of its restored state
+    # where the tokens first differ from the cached history, to the token (None: hit_len)
+    branch_len: int | None = None
 
 
 class Capture(NamedTuple):

@@ -31,6 +31,7 @@ import numpy as np
 from kvwatch.engine.cache.node import EMPTY_PAGES, Node, Snapshot, Tier
 from kvwatch.engine.cache.owner import Owner, OwnerKind
 from kvwatch.engine.faults import Fault
+from kvwatch.engine.paths import path_key
 
 TREE_OWNER = Owner(OwnerKind.NODE, 0)
 
@@ -129,6 +130,35 @@ class RadixTree:
             pos += self.matching_pages(child, tokens, pos, limit) * p
             break
         return Walk(nodes, pos)
+
+    def reach(self, tokens: list[int], extra_key: str | None, walk: Walk, end: int) -> int:
+        """How far ``tokens[:end]`` agrees with the tree's history, to the token; pure.
+
+        The walk's page-aligned ``hit_len``, then the agreeing tokens of the page
+        where they part: in the node the walk stopped inside, else in whichever
+        child of its last node agrees longest (children whose first token differs
+        are skipped at one compare each).
+        """
+        pos = walk.hit_len
+        if pos >= end:
+            return end
+        parent = walk.nodes[-1] if walk.nodes else self.root
+        inside = self.child(parent, extra_key, tokens, parent.depth)
+        if pos > parent.depth and inside is not None:
+            candidates = [inside]
+        else:
+            candidates = [c for c in parent.children.values() if c.extra_key == extra_key]
+        best = 0
+        for node in candidates:
+            best = max(best, _agreeing(node.tokens, pos - node.start, tokens, pos, end))
+        return pos + best
+
+    def path_key(self, node: Node) -> int:
+        """``paths.path_key`` of the path ``node`` lies on: its top ancestor's first page."""
+        top = node
+        while top.parent is not None and not top.parent.is_root:
+            top = top.parent
+        return path_key(top.tokens, top.extra_key, self.page_size)
 
     def tick(self) -> int:
         return next(self._clock)
@@ -343,3 +373,12 @@ class RadixTree:
             out.append(node)
             stack.extend(node.children.values())
         return out
+
+
+def _agreeing(mine: list[int], at: int, tokens: list[int], pos: int, end: int) -> int:
+    """Length of the common run of ``mine[at:]`` and ``tokens[pos:end]``."""
+    n = min(len(mine) - at, end - pos)
+    k = 0
+    while k < n and mine[at + k] == tokens[pos + k]:
+        k += 1
+    return k

@@ -62,7 +62,8 @@ class RadixPrefixCache(CacheBase):
         # The tree has history to walk.hit_len but no state there: the holder
         # recomputes through that depth, so it captures the state others need.
         holder.branch_at = walk.hit_len if walk.hit_len > holder.cached_len else 0
-        return Match(walk.hit_len, holder.cached_len)
+        reach = tree.reach(holder.tokens, holder.extra_key, walk, len(holder.tokens))
+        return Match(walk.hit_len, holder.cached_len, reach)
 
     def _lock_on_descent(self, walk: Walk) -> Node | None:
         """Take refs top-down along the walk, then trim back to a usable snapshot.

@@ -212,7 +212,14 @@ class CacheStorage:
             counted += len(snap.pages.get(group, ()))
             self.drop_snapshot(node, "evicted", freed)
         freed[FULL_KV, Tier.DEVICE].append(pages)
-        self.events.emit(NodeEvicted(node.id, node.depth, tuple(pages.tolist())))
+        self.events.emit(
+            NodeEvicted(
+                node_id=node.id,
+                depth=node.depth,
+                page_ids=tuple(pages.tolist()),
+                path_key=self.tree.path_key(node),
+            )
+        )
         return counted
 
     def _free_released(self, freed: Released) -> None:
