@@ -288,8 +288,11 @@ class CacheBase(ServedCache):
             leak = not commit and Fault.ABORT_STATE_BUFFER_LEAK in self.faults
             self.drop_everything(holder, free_pending=not leak)
         elif holder.status is HolderStatus.RETRACTED and holder.anchor is not None:
-            self.store.tree.drop_host_ref(holder.anchor)
-            holder.anchor = None
+            # the anchor may sit inside a running holder's path, kept only for
+            # this recovery: that holder's superseded snapshot goes now
+            anchor, holder.anchor = holder.anchor, None
+            self.store.tree.drop_host_ref(anchor)
+            self._left_path(list(anchor.path()))
         holder.status = HolderStatus.RELEASED
         self.holders.pop(holder.id, None)
 
