@@ -23,7 +23,7 @@ from kvwatch.gate.detectors import MIN_JUDGED_TURNS
 class GateOptions:
     profiles: tuple[str, ...] = ()  # () = every profile the target can run
     concurrency: tuple[int, ...] = (1, 2, 4, 8)
-    turns: int = 6
+    turns: int | None = None  # None: each profile's own (Profile.turns)
     warmup: int = 2
     out: Path = Path("kvwatch-out")
     junit: Path | None = None
@@ -41,7 +41,7 @@ class GateOptions:
         """Usage errors (the CLI's exit 2) as ValueError."""
         if not self.concurrency or any(not 1 <= c <= 64 for c in self.concurrency):
             raise ValueError("-c takes concurrencies in 1..64, e.g. 1,2,4,8")
-        if self.turns < self.warmup + MIN_JUDGED_TURNS:
+        if self.turns is not None and self.turns < self.warmup + MIN_JUDGED_TURNS:
             raise ValueError(
                 f"--turns must be at least {self.warmup + MIN_JUDGED_TURNS} "
                 f"({self.warmup} warm-up turns and {MIN_JUDGED_TURNS} judged ones)"
@@ -54,6 +54,10 @@ class GateOptions:
         outputs.out_dir(self.out)
         if self.junit is not None:
             outputs.report_file("--junit", self.junit, self.out)
+
+    def turns_for(self, profile) -> int:
+        """``--turns`` when given, else the profile's own number of turns."""
+        return profile.turns if self.turns is None else self.turns
 
 
 def is_http_url(url: str) -> bool:

@@ -93,7 +93,8 @@ def _run_profiles(
                     served = serving.enter_context(target.serving(profile, progress))
                 except ServerError as exc:
                     results += [
-                        broken(profile.name, c, opts.turns, str(exc)) for c in opts.concurrency
+                        broken(profile.name, c, opts.turns_for(profile), str(exc))
+                        for c in opts.concurrency
                     ]
                     progress.runs_skipped(opts.concurrency)
                     progress.say(f"    ERROR: {exc}")
@@ -113,7 +114,7 @@ def _run_one(
     spec = RunSpec(
         profile=profile,
         concurrency=c,
-        turns=opts.turns,
+        turns=opts.turns_for(profile),
         warmup=opts.warmup,
         seed=opts.seed,
         where=where,
@@ -123,7 +124,7 @@ def _run_one(
     )
     run = served.run(spec)
     if run.error and not run.turns:  # nothing recorded, or a record not to judge
-        return broken(profile.name, c, opts.turns, run.error)
+        return broken(profile.name, c, opts.turns_for(profile), run.error)
     sent = run.requests or Counts(status={}, failed=0, broken_turns=0)
     if run.error is None and (dead := no_service(sent.requests, sent.errors)):
         run = run._replace(error=dead)

@@ -164,7 +164,7 @@ def _gate(args: argparse.Namespace) -> int:
     options = GateOptions(
         profiles=tuple(args.profile),
         concurrency=args.c or (1, 2, 4, 8),
-        turns=6 if args.turns is None else args.turns,
+        turns=args.turns,
         out=args.out,
         junit=args.junit,
         locust_workers=args.locust_workers or 0,

@@ -183,7 +183,9 @@ def _add_gate_load(gate: argparse.ArgumentParser) -> None:
     gate.add_argument(
         "-c", type=_concurrency, default=None, metavar="1,2,4,8", help="default: 1,2,4,8; soak: 4"
     )
-    gate.add_argument("--turns", type=int, default=None, help="default: 6")
+    gate.add_argument(
+        "--turns", type=int, default=None, help="default: the profile's own (6; rl-rollout 8)"
+    )
     gate.add_argument(
         "--soak",
         type=_duration,

@@ -24,6 +24,7 @@ import psutil
 import pytest
 
 from kvwatch.gate.plan import PRESETS
+from kvwatch.gate.scrape import SERIES
 
 pytestmark = pytest.mark.e2e
 
@@ -70,7 +71,8 @@ class StandIn(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         if self.path == "/metrics":
             preset = PRESETS["kvwatch"]
-            series = {*preset.usage, *preset.busy, *preset.drain}
+            # The page's own series count is read off the page, not served on it.
+            series = {*preset.usage, *preset.busy, *preset.drain} - {SERIES}
             self._send("text/plain", "".join(f"{s} 0\n" for s in sorted(series)))
         else:
             self._send("application/json", json.dumps({"object": "list", "data": []}))
