@@ -1,0 +1,202 @@
+"""kvwatch's probe over SGLang's own structures: a ``ProbeReport`` after any scheduler step.
+
+``CacheProbe(shim).report()`` returns a ``kvwatch.contracts.ProbeReport``:
+
+* one ``GroupReport`` per pool (``sglang.kv``, ``sglang.swa`` with a sliding
+  window cache, ``sglang.mamba`` with a mamba cache; ``pool_holders.py``),
+  its ``by_owner`` counting what the tree, the live requests and the
+  streaming-session slots hold, its ``evictable`` the unlocked tree pages;
+* the audit's findings (``pool_audit.py``), and one ``REGISTRY`` finding per
+  container SGLang bounds that holds more than its bound;
+* ``registries``: the size of every container SGLang's cache, session and
+  pool objects hold (``registry_walk.py``), for ``quiescence``.
+
+The pools' *universe* is what was free when the probe was built (the shim's
+pools are new and empty then): a unit of the universe that is neither free
+nor held is an orphan. After every step the probe notes who held each unit
+(``remember``, an observer of the shim), so an orphan names its last holder
+and what became of it ("..., finished at step 12"). With ``watch()`` it also
+audits after every step and keeps the first reports that show a finding
+(``latched()``, what kvwatch's recorder collects at the next barrier), so a
+state that is wrong only while requests run is judged too.
+
+``flush()`` evicts everything evictable (``tree.evict``, never ``reset()``), as
+kvwatch's ``POST /debug/flush_cache`` does, and answers False while requests
+are live.
+
+Invariant: the probe only reads SGLang's state; ``flush`` is the one call
+that changes it, and only through the release's own eviction.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kvwatch.contracts import (
+    EngineStats,
+    Finding,
+    FindingKind,
+    GroupReport,
+    ProbeReport,
+    QueueReport,
+    RootRefs,
+    TreeReport,
+    finding,
+)
+from kvwatch.targets.sglang import cache_views, pool_audit, registry_walk
+from kvwatch.targets.sglang.cache_views import NodeView
+from kvwatch.targets.sglang.pool_holders import KV, MAMBA, SWA, Holding, PoolReader
+from kvwatch.targets.sglang.tree_caches import inner
+
+MAX_LATCHED = 4  # mid-turn reports kept per barrier (the first ones with a finding)
+OWNERS = ("tree", "request", "session")
+
+
+class CacheProbe:
+    def __init__(self, shim: Any) -> None:
+        self.shim = shim
+        self.read = PoolReader(shim)
+        self.universe: dict[str, set[int]] = {KV: set(self.read.kv_free())}
+        if self.read.swa:
+            self.universe[SWA] = set(self.read.swa_free())
+        if (mamba := self.read.mamba_free()) is not None:
+            self.universe[MAMBA] = set(mamba)
+        self.last_holder: dict[tuple[str, int], tuple[str, str | None]] = {}
+        self.watching = False
+        self.kept: list[ProbeReport] = []
+        shim.observers.append(self.remember)
+
+    # -- per-step watching ------------------------------------------------------------------
+    def watch(self) -> None:
+        self.watching = True
+
+    def latched(self) -> list[ProbeReport]:
+        out, self.kept = self.kept, []
+        return out
+
+    def remember(self) -> None:
+        """After every step: note who holds each unit and, while watching, keep a
+        report that shows a finding."""
+        if self.watching:
+            report = self.report()  # notes the holders too
+            if report.findings and len(self.kept) < MAX_LATCHED:
+                self.kept.append(report)
+            return
+        for group, holdings in self.read.holdings(self.read.nodes()).items():
+            self._note(group, holdings)
+
+    def _note(self, group: str, holdings: list[Holding]) -> None:
+        """The last holder of each unit (a request or a slot before the tree)."""
+        for u, hs in pool_audit.owners_of(holdings).items():
+            h = next((h for h in hs if h.owner != "tree"), hs[0])
+            self.last_holder[(group, u)] = (h.who, h.rid)
+
+    def last(self, group: str, unit: int) -> str:
+        who, rid = self.last_holder.get((group, unit), ("no holder seen", None))
+        ends = [o for o in self.shim.outcomes if o.rid == rid]
+        return f"{who}, {ends[-1].status} at step {ends[-1].step}" if ends else who
+
+    # -- the report --------------------------------------------------------------------------
+    def _free(self, group: str) -> list[int]:
+        if group == KV:
+            return self.read.kv_free()
+        return self.read.swa_free() if group == SWA else self.read.mamba_free() or []
+
+    def _groups(self, nodes: list[NodeView], findings: list[Finding]) -> dict[str, GroupReport]:
+        held = self.read.holdings(nodes)
+        groups = {}
+        for group, universe in self.universe.items():
+            free = self._free(group)
+            found, counts = pool_audit.audit_group(group, free, universe, held[group], self.last)
+            findings += found
+            self._note(group, held[group])
+            evictable = 0
+            if group == KV:
+                unlocked = [n.full for n in nodes[1:] if n.full is not None and n.full_lock == 0]
+                evictable = len({u for tokens in unlocked for u in self.read.units(tokens)})
+            groups[group] = GroupReport(
+                family="state" if group == MAMBA else "history",
+                capacity=len(universe),
+                free=len(set(free)),
+                by_owner={k: counts[k] for k in OWNERS},
+                evictable=evictable,
+                host_capacity=0,
+            )
+        return groups
+
+    def _locks(self) -> list[cache_views.Lock]:
+        shim, cache = self.shim, self.shim.tree_cache
+        unified = cache_views.is_unified(cache)
+        holders = shim.live_requests() if unified else shim.running_requests()
+        locks = [cache_views.lock_of(r, f"request {r.rid}", cache) for r in holders]
+        slots = cache_views.session_records(cache).items()
+        locks += [cache_views.lock_of(slot, f"session {sid}", cache) for sid, slot in slots]
+        return [lock for lock in locks if lock is not None]
+
+    def _stats(self, nodes: list[NodeView], groups: dict[str, GroupReport]) -> EngineStats:
+        shim = self.shim
+        snapshots = sum(1 for n in nodes[1:] if n.mamba is not None)
+        tree = TreeReport(
+            nodes=len(nodes) - 1,
+            snapshots={MAMBA: snapshots} if MAMBA in self.universe else {},
+            host_snapshots=0,
+            interior_snapshots={},
+            tokens=sum(len(n.full) for n in nodes[1:] if n.full is not None),
+        )
+        queue = QueueReport(
+            waiting=len(shim.waiting_queue),
+            running=len(shim.running_requests()),
+            retracted=sum(1 for r in shim.waiting_queue if r.is_retracted),
+            paused=0,
+        )
+        return EngineStats(
+            step=shim.step_no,
+            live_requests=len(shim.live_requests()),
+            live_sessions=len(shim.sessions.sessions) if shim.sessions is not None else 0,
+            groups=groups,
+            root_refs=RootRefs(actual=nodes[0].full_lock, expected=1),
+            tree=tree,
+            queue=queue,
+            record_bytes=0,
+        )
+
+    def report(self) -> ProbeReport:
+        cache = self.shim.tree_cache
+        nodes = self.read.nodes()
+        findings: list[Finding] = []
+        groups = self._groups(nodes, findings)
+        unified = cache_views.is_unified(cache)
+        findings += pool_audit.audit_locks(nodes, self._locks(), unified=unified)
+        counters = cache_views.size_counters(cache)
+        findings += pool_audit.audit_counters(nodes, counters, type(inner(cache)).__name__)
+        walked = registry_walk.walk(registry_walk.roots(self.shim))
+        findings += [finding(FindingKind.REGISTRY, None, [], b) for b in walked.breaches]
+        return ProbeReport(
+            stats=self._stats(nodes, groups),
+            findings=tuple(findings),
+            bounds={},
+            registries=walked.sizes,
+        )
+
+    # -- the flush ---------------------------------------------------------------------------
+    def flush(self) -> bool:
+        """Evict everything evictable; False while requests are live."""
+        if not self.shim.idle():
+            return False
+        tree = inner(self.shim.tree_cache)
+        base = self.shim.release.module("base")
+        page = self.read.page
+        tokens = len(self.universe[KV]) * page
+        if not hasattr(base, "EvictParams"):
+            tree.evict(tokens)
+            if MAMBA in self.universe and hasattr(tree, "evict_mamba"):
+                tree.evict_mamba(len(self.universe[MAMBA]))
+            return True
+        fields = base.EvictParams.__dataclass_fields__
+        wanted = {"num_tokens": tokens}
+        if MAMBA in self.universe and "mamba_num" in fields:
+            wanted["mamba_num"] = len(self.universe[MAMBA])
+        if SWA in self.universe and "swa_num_tokens" in fields:
+            wanted["swa_num_tokens"] = len(self.universe[SWA]) * page
+        tree.evict(base.EvictParams(**wanted))
+        return True

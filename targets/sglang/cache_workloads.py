@@ -1,0 +1,254 @@
+"""Seeded token-level workloads for a shim: the gate's profiles for ``--engine sglang-cache``.
+
+Each workload sizes the pools (``config``); each ``turn`` submits one request
+(or a few) per conversation, all at once so they share the shim's batches,
+steps the scheduler until it is idle and says how many conversations are
+live and how many tokens they hold (``TurnStats``, what the recorder's
+barrier wants); ``close`` ends the conversations (closes their sessions).
+Tokens are random ints from one seeded ``Random``, so a (workload, c, seed)
+is the same run on every release.
+
+* ``agentic``: a shared system prompt; per agent and turn one request with
+  its history, two parallel tool calls sharing a tool-schema prefix, and on
+  odd turns a sub-agent forked from the agent's history (a radix trie);
+* ``sessions``: one streaming session per conversation, EAGLE spec-v2
+  over-allocation (rejected drafts) and a forced retraction every 3 decode
+  steps (retract-and-retry re-matches the session slot): seed 001's load;
+* ``aborts``: per turn, one conversation's request is aborted while queued
+  (the prefill adder rejected it after matching its prefix), one between
+  its prefill chunks, one while decoding, and (releases that have one) one
+  is dropped by the waiting timeout; the rest finish;
+* ``pressure``: multi-turn conversations on a pool too small for all of
+  them, so the tree is evicted and running requests are retracted.
+
+``cache="mamba"`` adds a mamba state pool (the release's cache for a hybrid
+SSM model), ``cache="swa"`` a sliding-window sub-pool (a hybrid SWA model).
+
+Invariant: a workload drives the shim only through ``submit``, ``abort``,
+``open_session``, ``close_session`` and ``step``, as SGLang's clients and
+event loop would.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from typing import Any, ClassVar, NamedTuple
+
+from kvwatch.targets.sglang.shim_parts import PoolConfig, ShimConfig, SpecConfig
+
+MAX_STEPS = 20_000
+BIG_MARGIN = 24  # aborts: a waiting prompt leaves this much of the pool for its output  # per turn: a scheduler that never gets idle breaks the run
+Actions = dict[int, list[Callable[[], None]]]  # before step k: what the clients do
+
+
+class TurnStats(NamedTuple):
+    conversations: int
+    context_tokens: int
+
+
+class Workload:
+    name: ClassVar[str] = "base"
+    summary: ClassVar[str] = ""
+    sessions: ClassVar[bool] = False  # it needs the release's streaming sessions
+
+    def __init__(
+        self, *, c: int = 4, seed: int = 0, page_size: int = 1, cache: str = "radix"
+    ) -> None:
+        self.c, self.seed, self.page_size, self.cache = c, seed, page_size, cache
+        self.sliding_window = 16
+        self.rng = random.Random(seed)
+        self.histories: dict[str, list[int]] = {}
+        self.opened: list[str] = []  # every session it opened
+
+    def tokens(self, n: int) -> list[int]:
+        return [self.rng.randrange(3, 30000) for _ in range(n)]
+
+    def pool_config(self, kv_tokens: int) -> PoolConfig:
+        kv = -(-kv_tokens // self.page_size) * self.page_size
+        swa = kv if self.cache == "swa" else None  # as many SWA slots as full ones
+        return PoolConfig(
+            kv_tokens=kv,
+            page_size=self.page_size,
+            req_slots=4 * self.c + 8,
+            mamba_slots=8 * self.c + 16 if self.cache == "mamba" else None,
+            swa_tokens=swa,
+            sliding_window=self.sliding_window if swa else None,
+        )
+
+    def config(self) -> ShimConfig:
+        raise NotImplementedError
+
+    def start(self, shim: Any) -> None:
+        pass
+
+    def turn(self, shim: Any, t: int) -> TurnStats:
+        raise NotImplementedError
+
+    def close(self, shim: Any) -> None:
+        pass
+
+    def stats(self) -> TurnStats:
+        held = sum(len(h) for h in self.histories.values())
+        return TurnStats(conversations=len(self.histories), context_tokens=held)
+
+    def run(self, shim: Any, actions: Actions | None = None) -> None:
+        """Step until idle, running ``actions[k]`` before the k-th step, then one idle
+        loop iteration (SGLang's loop keeps polling: deferred closes are reaped)."""
+        actions, k = dict(actions or {}), 0
+        while not shim.idle() or any(i >= k for i in actions):
+            for act in actions.pop(k, []):
+                act()
+            shim.step()
+            k += 1
+            if k > MAX_STEPS:
+                raise RuntimeError(f"the scheduler did not get idle in {MAX_STEPS} steps")
+        shim.step()
+
+    @staticmethod
+    def reply(req: Any) -> list[int]:
+        """What the request generated, as the next turn sees it."""
+        n = req.finished_len if req.finished_len is not None else len(req.output_ids)
+        return list(req.output_ids[: min(n, req.sampling_params.max_new_tokens)])
+
+    def open(self, shim: Any, session_id: str) -> None:
+        shim.open_session(session_id)
+        self.opened.append(session_id)
+
+
+class Agentic(Workload):
+    name = "agentic"
+    summary = "agents on a shared system prompt with parallel tool calls and forked sub-agents"
+
+    def config(self) -> ShimConfig:
+        return ShimConfig(pools=self.pool_config(1024 * self.c), chunked_prefill_size=256)
+
+    def start(self, shim: Any) -> None:
+        self.system, self.schema = self.tokens(48), self.tokens(24)
+        self.histories = {f"agent{i}": [] for i in range(self.c)}
+
+    def turn(self, shim: Any, t: int) -> TurnStats:
+        mains = {}
+        for name, hist in self.histories.items():
+            base = self.system + hist + self.tokens(12)
+            mains[name] = (shim.submit(f"{name}-t{t}", base, 8), base)
+            for k in range(2):  # parallel tool calls sharing the schema prefix
+                shim.submit(f"{name}-t{t}-tool{k}", base + self.schema + self.tokens(6), 4)
+            if t % 2 == 1:  # a sub-agent forked from the agent's history
+                shim.submit(f"{name}-t{t}-sub", base + self.tokens(16), 6)
+        self.run(shim)
+        for name, (req, base) in mains.items():
+            self.histories[name] = base[len(self.system) :] + self.reply(req)
+        return self.stats()
+
+
+class Sessions(Workload):
+    name = "sessions"
+    sessions = True
+    summary = "streaming sessions with spec-v2 drafts and a forced retraction every 3 decode steps"
+
+    def config(self) -> ShimConfig:
+        return ShimConfig(
+            pools=self.pool_config(512 * self.c),
+            streaming=True,
+            spec=SpecConfig(num_steps=3),
+            retract_every=3,
+        )
+
+    def start(self, shim: Any) -> None:
+        for i in range(self.c):
+            self.open(shim, f"sess{i}")
+            self.histories[f"sess{i}"] = []
+
+    def turn(self, shim: Any, t: int) -> TurnStats:
+        reqs = {}
+        for sid in self.histories:
+            new = self.tokens(8)
+            reqs[sid] = (shim.submit(f"{sid}-t{t}", new, 6, session_id=sid), new)
+        self.run(shim)
+        for sid, (req, new) in reqs.items():
+            self.histories[sid] += new + self.reply(req)
+        return self.stats()
+
+    def close(self, shim: Any) -> None:
+        for sid in self.histories:
+            shim.close_session(sid)
+        self.histories = {}
+
+
+class Aborts(Workload):
+    name = "aborts"
+    summary = "requests aborted while queued, between prefill chunks and while decoding; timeouts"
+
+    def config(self) -> ShimConfig:
+        return ShimConfig(
+            pools=self.pool_config(160 * self.c + 64),
+            chunked_prefill_size=32,
+            waiting_timeout_steps=4,
+            max_running_requests=max(self.c, 4),
+        )
+
+    def start(self, shim: Any) -> None:
+        self.histories = {f"conv{i}": self.tokens(40) for i in range(self.c)}
+
+    def _plan(self, shim: Any, t: int, i: int, name: str, actions: Actions, later: list) -> Any:
+        """One conversation's request this turn; the running one, if it is that."""
+        hist, stage = self.histories[name], (i + t) % 4
+        # fits the pool alone, not while anything else holds memory: the prefill adder
+        # rejects it (NO_TOKEN) at every such step, after matching its prefix
+        big = hist + self.tokens(shim.config.pools.kv_tokens - BIG_MARGIN - len(hist))
+        if stage == 0:  # waits for memory, then its client gives up
+            rid = f"{name}-t{t}-queued"
+            later.append((rid, big))
+            actions.setdefault(3, []).append(lambda: shim.abort(rid))
+        elif stage == 1 and shim.traits.waiting_timeout:  # waits until the waiting timeout
+            later.append((f"{name}-t{t}-late", big))
+        elif stage == 2:  # a long prompt, aborted between its prefill chunks
+            rid = f"{name}-t{t}-chunked"
+            later.insert(0, (rid, hist + self.tokens(96)))
+            actions.setdefault(2, []).append(lambda: shim.abort(rid))
+        else:
+            rid = f"{name}-t{t}-run"
+            req = shim.submit(rid, hist + self.tokens(10), 12)
+            if t % 2 == 0:  # aborted while decoding
+                actions.setdefault(6, []).append(lambda: shim.abort(rid))
+            return req
+        return None
+
+    def turn(self, shim: Any, t: int) -> TurnStats:
+        reqs, actions, later = {}, {}, []
+        for i, name in enumerate(self.histories):
+            req = self._plan(shim, t, i, name, actions, later)
+            if req is not None:
+                reqs[name] = req
+        for rid, prompt in later:
+            shim.submit(rid, prompt, 8)
+        self.run(shim, actions)
+        for name, req in reqs.items():
+            if not isinstance(req.finished_reason, shim.sb.FINISH_ABORT):
+                self.histories[name] = list(req.origin_input_ids) + self.reply(req)
+        return self.stats()
+
+
+class Pressure(Workload):
+    name = "pressure"
+    summary = "multi-turn conversations on a pool too small for them: eviction and retraction"
+
+    def config(self) -> ShimConfig:
+        pools = self.pool_config(56 * self.c + 64)
+        return ShimConfig(pools=pools, max_running_requests=self.c)
+
+    def start(self, shim: Any) -> None:
+        self.histories = {f"conv{i}": self.tokens(24) for i in range(self.c)}
+
+    def turn(self, shim: Any, t: int) -> TurnStats:
+        reqs = {
+            n: shim.submit(f"{n}-t{t}", h + self.tokens(6), 24) for n, h in self.histories.items()
+        }
+        self.run(shim)
+        for name, req in reqs.items():  # keep contexts bounded: the pool is small on purpose
+            self.histories[name] = (list(req.origin_input_ids) + self.reply(req))[-48:]
+        return self.stats()
+
+
+WORKLOADS: dict[str, type[Workload]] = {w.name: w for w in (Agentic, Sessions, Aborts, Pressure)}

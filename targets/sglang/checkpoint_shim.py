@@ -1,0 +1,426 @@
+"""The scheduler shim for the "checkpoint" releases (0.5.22+): their ``Scheduler``'s cache calls, in order.
+
+These releases reworked the request/cache contract: a request's KV record
+is a ``ReqKvInfo`` (``req.kv``); it holds a ``TreeLock`` (``req.lock``) on its
+prefix; the scheduler publishes running requests with
+``common.checkpoint_kv_cache`` and releases them with
+``common.release_kv_cache(req, tree, checkpoint=...)``; every model's cache
+is a ``UnifiedRadixCache`` that owns the ``StreamingSession`` records;
+admission goes through the allocator's ``PrefillBudget``; aborts and waiting
+timeouts go through one ``abort_request``. One ``step()`` is one iteration of
+``event_loop_normal`` (0.5.23 ``managers/scheduler.py``)::
+
+    process_input_requests: session_controller.maybe_reap(now=step number)
+                            _poll_timeout_aborts -> abort_request
+    get_next_batch_to_run:
+        process_pending_chunked_abort: _release_aborted_request,
+            release_kv_cache(checkpoint=False), chunked_req = None
+        chunked_req: stash_chunked_request -> checkpoint_kv_cache (if it extended)
+        last batch was extend: filter_batch(exclude chunked), merge into running
+        running_batch.filter_batch()
+        get_new_batch_prefill: PrefillAdder (create_prefill_budget); the chunked
+            request first; mamba_allocator.alloc_group_begin; per waiting req:
+            init_next_round_input(tree) (session slot lend, or tree match + mamba
+            copy-on-write), add_one_req (req.lock = tree.lock(last_node)); rejected:
+            clear the deferred copy, [no session] free the mamba slot; break;
+            alloc_group_end; ScheduleBatch.init_new(...).prepare_for_extend()
+        else update_running_batch: filter_batch; check_decode_mem() or a forced
+            retraction -> retract_decode (release_req: release_kv_cache(checkpoint=
+            False), evict, reset_for_retract) -> back to the queue; prepare_for_decode
+            (alloc_for_decode, or the release's eagle_prepare_for_decode)
+    forward: random tokens (spec: 1 + random accepted drafts)
+    process_batch_result_prefill / _decode inside allocator.free_group_begin/end:
+        output_ids += tokens; update_finish_state(); finished -> release_kv_cache(
+        checkpoint=True); unfinished prefill -> checkpoint_kv_cache; a middle chunk
+        -> inflight_middle_chunks -= 1
+
+``abort(rid)`` is ``abort_request(AbortReq(rid))`` (rid prefix match): the
+chunked request is marked for ``process_pending_chunked_abort``; a queued one
+is popped, ``_release_aborted_request`` (``tree.finish(handle, ABORT)``,
+``session.abort_req()``) and, holding a mamba slot, ``release_kv_cache``;
+running ones get ``to_finish = FINISH_ABORT()``.
+
+Where this differs from SGLang (besides what ``legacy_shim.py`` lists):
+``init_req_max_new_tokens`` and ``calc_priority`` are not called; spec
+decoding runs without overlap (the release supports that); the mamba
+"can cache finished req" rule is re-stated (``_can_cache_finished``).
+"""
+
+from __future__ import annotations
+
+from array import array
+from typing import Any
+
+import torch
+
+from kvwatch.targets.sglang import (
+    draft_decode,
+    kv_pools,
+    runtime_settings,
+    scheduler_traits,
+    tree_caches,
+)
+from kvwatch.targets.sglang.release_import import Release
+from kvwatch.targets.sglang.shim_parts import (
+    ABORTED,
+    ABORTED_BY_SGLANG,
+    ABORTED_IN_QUEUE,
+    FINISHED,
+    TIMED_OUT,
+    Incoming,
+    ModelConfig,
+    Params,
+    ShimConfig,
+    ShimLoop,
+    call_offered,
+)
+
+WAITING_TIMEOUT = "Request waiting timeout reached."
+
+
+class CheckpointScheduler(ShimLoop):
+    def __init__(self, release: Release, config: ShimConfig, seed: int = 0) -> None:
+        super().__init__(config, seed)
+        self.release = release
+        self.traits = scheduler_traits.read(release.root)
+        self.sb = release.module("schedule_batch")
+        self.policy = release.module("schedule_policy")
+        self.common = release.module("common")
+        runtime_settings.Holder.current = runtime_settings.run_settings(release.root, config)
+        self.pools = kv_pools.build(release, config.pools)
+        self.tree_cache = tree_caches.build(
+            release, self.pools, streaming=config.streaming, spec=config.spec is not None
+        )
+        self.sessions = release.cls("session_controller")(self.tree_cache)
+        self.algorithm = draft_decode.Algorithm(config.spec is not None)
+        self.enable_overlap = False
+        self.running_batch = self.sb.ScheduleBatch(reqs=[], batch_is_full=False)
+        self.pending_chunked_abort: Any = None
+        io_struct = release.root / "sglang" / "srt" / "managers" / "io_struct.py"
+        self.req_defaults = runtime_settings.class_defaults(io_struct, "TokenizedGenerateReqInput")
+        self.session_defaults = runtime_settings.class_defaults(io_struct, "SessionParams")
+
+    # -- requests and sessions -------------------------------------------------------------
+    def open_session(self, session_id: str) -> None:
+        streaming = self.config.streaming
+        self.sessions.open(
+            Incoming(session_id=session_id, capacity_of_str_len=1 << 20, streaming=streaming)
+        )
+
+    def close_session(self, session_id: str) -> None:
+        self.sessions.close(Incoming(session_id=session_id))
+
+    def submit(
+        self, rid: str, input_ids: list[int], max_new_tokens: int, session_id: str | None = None
+    ) -> Any:
+        """``handle_generate_request``: a request, or a streaming session's next turn, queued."""
+        params, ids = Params(max_new_tokens), array("q", input_ids)
+        vocab = ModelConfig.vocab_size
+        if session_id is None:
+            req = call_offered(self.sb.Req, rid, None, ids, params, vocab_size=vocab)
+        else:
+            ask = Incoming(
+                **{
+                    **self.req_defaults,
+                    "rid": rid,
+                    "input_ids": ids,
+                    "sampling_params": params,
+                    "stream": False,
+                    "session_params": Incoming(**{**self.session_defaults, "id": session_id}),
+                    "return_logprob": False,
+                    "top_logprobs_num": 0,
+                }
+            )
+            session = self.sessions.get(session_id)
+            req = call_offered(session.create_req, ask, None, vocab, req_factory=self.sb.Req)
+        req.tokenizer = None
+        req.logprob_start_len = -1
+        self.queue(req)
+        return req
+
+    def _release_aborted_request(self, req: Any) -> None:
+        req.release_mm_inputs_on_abort()
+        outcome = self.release.module("base").CacheRequestOutcome.ABORT
+        self.tree_cache.finish(req.cache_request_handle, outcome)
+        if req.session is not None and req.session.streaming:
+            req.session.abort_req()
+
+    def abort(self, rid: str, *, timed_out: bool = False) -> None:
+        """``abort_request(AbortReq(rid))``: the client's, or the waiting timeout's."""
+        self.notify()
+        self.asked_aborts.append(rid)
+        if self.chunked_req is not None and self.chunked_req.rid.startswith(rid):
+            self.pending_chunked_abort = self.chunked_req
+        for req in [r for r in self.waiting_queue if r.rid.startswith(rid)]:
+            self.waiting_queue.remove(req)
+            self._release_aborted_request(req)
+            self.ended(req.rid, TIMED_OUT if timed_out else ABORTED_IN_QUEUE)
+            if req.kv.holds_mamba:
+                self.common.release_kv_cache(req, self.tree_cache, checkpoint=False)
+        for req in self.running_requests():
+            if not req.finished() and req.rid.startswith(rid):
+                reason = self.sb.FINISH_ABORT(WAITING_TIMEOUT) if timed_out else None
+                req.to_finish = reason or self.sb.FINISH_ABORT()
+
+    # -- the event loop --------------------------------------------------------------------
+    def step(self) -> bool:
+        self.step_no += 1
+        # a clock that moves: SGLang reaps only when now - last reap > interval
+        call_offered(self.sessions.maybe_reap, now=float(self.step_no), interval=0.0)
+        for rid in [r.rid for r in self.late()]:  # _poll_timeout_aborts
+            self.abort(rid, timed_out=True)
+        batch, kind = self._next_batch()
+        if batch is not None:
+            allocator = self.pools.allocator
+            allocator.free_group_begin()
+            try:
+                if kind == "extend":
+                    self._process_prefill(batch)
+                else:
+                    self._process_decode(batch)
+            finally:
+                allocator.free_group_end()
+        self.last_batch, self.last_kind = batch, kind
+        self.notify()
+        return batch is not None
+
+    def _process_pending_chunked_abort(self) -> None:
+        req, self.pending_chunked_abort = self.pending_chunked_abort, None
+        if req is None:
+            return
+        if self.chunked_req is not req:
+            if not (req.finished() or not req.kv.holds_kv):
+                self.abort(req.rid)
+            return
+        req.finished_reason = self.sb.FINISH_ABORT("Aborted")  # prepare_abort
+        req.to_finish = None
+        self._release_aborted_request(req)
+        self.common.release_kv_cache(req, self.tree_cache, checkpoint=False)
+        self.chunked_req = None
+        self.ended(req.rid, ABORTED)
+
+    def _merge_last_extend(self, running: Any, exclude: list[Any]) -> Any:
+        last = self.last_batch
+        if last.chunked_req is not None:
+            exclude.append(last.chunked_req)
+        before = last.batch_size()
+        last.filter_batch(reqs_to_exclude=exclude)
+        if last.batch_size() < before:
+            running.batch_is_full = False
+        if last.is_empty() or last is running:
+            return running
+        if running.is_empty():
+            return last
+        running.merge_batch(last)
+        return running
+
+    def _next_batch(self) -> tuple[Any, str | None]:
+        self._process_pending_chunked_abort()
+        exclude = []
+        chunked = self.chunked_req
+        if chunked is not None:
+            exclude.append(chunked)
+            if chunked.extend_end > chunked.prefix_len:  # stash_chunked_request
+                self.common.checkpoint_kv_cache(chunked, self.tree_cache)
+        running = self.running_batch
+        if self.last_batch is not None and self.last_kind == "extend":
+            running = self._merge_last_extend(running, exclude)
+        before = running.batch_size()
+        running.filter_batch()
+        if running.batch_size() < before:
+            running.batch_is_full = False
+        self.running_batch = running
+        new_batch = self._new_prefill_batch()
+        if new_batch is not None:
+            return new_batch, "extend"
+        if not self.running_batch.is_empty():
+            decode = self._update_running_batch(self.running_batch)
+            if decode is not None and not decode.is_empty():
+                return decode, "decode"
+        return None, None
+
+    def _allocatable(self, held_rows: int = 0) -> int:
+        """``get_num_allocatable_reqs``: the batch cap and the free rows."""
+        rows = self.pools.req_to_token_pool.available_size() + held_rows
+        return min(self.config.max_running_requests - len(self.running_batch.reqs), rows)
+
+    def _adder(self) -> Any:
+        cfg = self.config
+        return call_offered(
+            self.policy.PrefillAdder,
+            cfg.pools.page_size,
+            self.tree_cache,
+            self.pools.allocator,
+            self.running_batch,
+            self.new_token_ratio,
+            cfg.max_prefill_tokens,
+            cfg.chunked_prefill_size,
+            0,
+            max_running_requests=cfg.max_running_requests,
+            waiting_queue_len=len(self.waiting_queue),
+        )
+
+    def _rejected(self, req: Any) -> None:
+        """A request the adder did not take gives back the deferred mamba copy and,
+        outside a session, the slot its match copied."""
+        req.kv.mamba_cow_src_index = None
+        req.kv.mamba_needs_clear = False
+        if req.kv.holds_mamba and not getattr(req, "session", None):
+            self.tree_cache.req_to_token_pool.mamba_allocator.free(
+                req.kv.mamba_pool_idx.unsqueeze(-1)
+            )
+            req.kv.mamba_pool_idx = None
+
+    def _admit(self, adder: Any) -> None:
+        running, result = self.running_batch, self.policy.AddReqResult
+        for req in self.waiting_queue:
+            if adder.budget_state() == result.OTHER:
+                break
+            held = sum(r.kv.holds_kv for r in adder.can_run_list)
+            if len(adder.can_run_list) >= self._allocatable(held):
+                running.batch_is_full = True
+            if running.batch_is_full:
+                break
+            req.init_next_round_input(self.tree_cache)
+            res = adder.add_one_req(
+                req, has_chunked_req=self.chunked_req is not None, truncation_align_size=None
+            )
+            if res == result.CONTINUE:
+                continue
+            if res == result.NO_TOKEN:
+                running.batch_is_full = bool(adder.can_run_list) or not running.is_empty()
+            if not (adder.can_run_list and req is adder.can_run_list[-1]):
+                self._rejected(req)
+            break
+
+    def _new_prefill_batch(self) -> Any:
+        running = self.running_batch
+        if running.is_empty():
+            running.batch_is_full = False
+        if (running.batch_is_full or not self.waiting_queue) and self.chunked_req is None:
+            return None
+        if self._allocatable() <= 0 and self.chunked_req is None:
+            running.batch_is_full = True
+            return None
+        adder = self._adder()
+        if self.chunked_req is not None:
+            self.chunked_req.init_next_round_input()
+            self.chunked_req = adder.add_chunked_req(self.chunked_req)
+        mamba = getattr(self.pools.req_to_token_pool, "mamba_allocator", None)
+        if mamba is not None:
+            mamba.alloc_group_begin(len(self.waiting_queue))
+        self._admit(adder)
+        if mamba is not None:
+            mamba.alloc_group_end()
+        can_run = adder.can_run_list
+        if can_run:
+            chosen = {id(r) for r in can_run}
+            self.waiting_queue = [r for r in self.waiting_queue if id(r) not in chosen]
+        for req in adder.preempt_list:
+            self.queue(req)
+        if not can_run:
+            return None
+        if adder.new_chunked_req is not None:
+            self.chunked_req = adder.new_chunked_req
+        if self.chunked_req is not None:
+            self.chunked_req.inflight_middle_chunks += 1
+        return self._extend_batch(can_run)
+
+    def _extend_batch(self, can_run: list[Any]) -> Any:
+        batch = self.sb.ScheduleBatch.init_new(
+            can_run,
+            self.pools.req_to_token_pool,
+            self.pools.allocator,
+            self.tree_cache,
+            ModelConfig(),
+            self.enable_overlap,
+            self.algorithm,
+            chunked_req=self.chunked_req,
+        )
+        batch.contains_last_prefill_chunk = self.chunked_req is None or len(can_run) != 1
+        batch.prepare_for_extend()
+        batch.decoding_reqs = None
+        return batch
+
+    def _retract(self, batch: Any) -> None:
+        retracted, self.new_token_ratio, to_abort = batch.retract_decode()
+        for req in to_abort:
+            self.ended(req.rid, ABORTED_BY_SGLANG)
+        self.retractions += len(retracted)
+        for req in retracted:
+            self.queue(req)
+
+    def _update_running_batch(self, batch: Any) -> Any:
+        initial = batch.batch_size()
+        batch.filter_batch(reqs_to_exclude=[])
+        if batch.is_empty():
+            batch.batch_is_full = False
+            return batch
+        self.decode_steps += 1
+        every = self.config.retract_every
+        if not batch.check_decode_mem() or (every and self.decode_steps % every == 0):
+            self._retract(batch)
+        else:
+            decayed = self.new_token_ratio - self.config.new_token_ratio_decay
+            self.new_token_ratio = max(decayed, self.config.min_new_token_ratio)
+        if batch.batch_size() < initial:
+            batch.batch_is_full = False
+        if batch.is_empty():
+            return batch
+        if self.config.spec is not None and not batch.spec_info:
+            batch.spec_info = draft_decode.DraftInput(self.common, 0)  # the worker's draft input
+        batch.prepare_for_decode()
+        return batch
+
+    # -- results ---------------------------------------------------------------------------
+    def _finish(self, req: Any) -> None:
+        self.common.release_kv_cache(req, self.tree_cache, checkpoint=True)
+        status = FINISHED
+        if isinstance(req.finished_reason, self.sb.FINISH_ABORT):
+            status = ABORTED if self.asked_to_abort(req.rid) else ABORTED_BY_SGLANG
+        self.ended(req.rid, status)
+
+    def _process_prefill(self, batch: Any) -> None:
+        for req in batch.reqs:
+            token = self.token()
+            if (req.finished() and req.inflight_middle_chunks <= 0) or req.is_retracted:
+                continue
+            if req.inflight_middle_chunks > 0:  # a middle chunk
+                req.inflight_middle_chunks -= 1
+                continue
+            req.output_ids.append(token)
+            req.update_finish_state()
+            if req.finished():
+                self._finish(req)
+            else:
+                self.common.checkpoint_kv_cache(req, self.tree_cache)
+        if self.config.spec is not None:
+            batch.spec_info = draft_decode.DraftInput(self.common, 0)
+
+    def _can_cache_finished(self, req: Any) -> bool:
+        """``_mamba_can_cache_finished_req``: after a spec step on a mamba tree the live
+        state may be donated only when it is exactly the committed length."""
+        tracked = req.kv.mamba_ping_pong_track_buffer is not None
+        if tracked or not self.tree_cache.supports_mamba():
+            return True
+        return req.owned_kv_len() == req.kv.kv_committed_len
+
+    def _process_decode(self, batch: Any) -> None:
+        spec = self.config.spec
+        for req in batch.reqs:
+            if spec is None:
+                run = [self.token()]
+            else:
+                run = [self.token() for _ in range(draft_decode.accept(self.rng, spec))]
+                if not (req.is_retracted or req.finished()):
+                    req.kv.kv_committed_len += len(run)  # _resolve_spec_v2_tokens
+            req.output_ids.extend(run)
+            req.update_finish_state(len(run))
+            if req.finished():
+                if spec is not None and not self._can_cache_finished(req):
+                    req.skip_radix_cache_insert = True
+                self._finish(req)
+        if spec is not None:
+            lens = [r.kv.kv_committed_len for r in batch.reqs]
+            batch.seq_lens = torch.tensor(lens, dtype=torch.int64)
+            batch.seq_lens_cpu = batch.seq_lens.clone()
