@@ -63,6 +63,7 @@ class Progress:
         self.plan, self.emit, self.clock = list(plan), emit, clock
         self.tell = tell or emit
         self.started = clock()
+        self.first_run: float | None = None  # the pace counts from here, not the gate's start
         self.done_weight = 0.0
         self.index = 0
         self.last_line = self.started
@@ -77,13 +78,17 @@ class Progress:
             self.say(f"    ... {doing} ({duration(self.clock() - self.started)} elapsed)")
 
     def left(self) -> float | None:
-        """Seconds the runs not yet finished should take, from the finished ones' pace."""
-        if self.done_weight == 0:
+        """Seconds the runs not yet finished should take, from the finished ones' pace.
+        The pace counts from the first run's start: what the gate did before it (vLLM
+        starting, once for the whole gate) is no run's time."""
+        if self.done_weight == 0 or self.first_run is None:
             return None
-        pace = (self.clock() - self.started) / self.done_weight
+        pace = (self.clock() - self.first_run) / self.done_weight
         return pace * sum(weight(c) for _, c in self.plan[self.index - 1 :])
 
     def run_started(self, profile: str, concurrency: int) -> None:
+        if self.first_run is None:
+            self.first_run = self.clock()
         self.index += 1
         elapsed = duration(self.clock() - self.started)
         left = self.left()
@@ -109,8 +114,9 @@ class Progress:
 
 def turn_line(progress: dict, turns: int) -> str:
     """A barrier the recorder reported (``recorder.py``'s progress file)."""
-    if progress["turn"] == "end":
-        return f"sessions closed, drained and flushed ({progress['elapsed']} s)"
+    if progress["turn"] == "end":  # what the end did, as the recorder says (older: all three)
+        ended = progress.get("ended") or "sessions closed, drained and flushed"
+        return f"{ended} ({progress['elapsed']} s)"
     probes = ""
     if progress["probes"]:
         probes = f", {progress['flagged']} of {progress['probes']} probes with findings"

@@ -20,7 +20,8 @@ HTTP probe endpoints)::
                             drained probe, drain gauges and the heap's growth
                             since the mark (what the judged turns left behind),
                             and which of the sessions the users opened the
-                            engine still holds open
+                            engine still holds open; ``ended`` says which of
+                            these it did (a black-box target has no flush)
     record()                the RunRecord so far
 
 A soak calls ``barrier(i, (), drain=False)`` for each probe it takes while the
@@ -36,7 +37,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from kvwatch.contracts import ProbeReport
+from kvwatch.contracts import OWNERSHIP, ProbeReport
 from kvwatch.gate.run_record import (
     Candidate,
     Counts,
@@ -137,6 +138,26 @@ def _timings(reports: Sequence[Mapping]) -> Timings | None:
     return merge_timings(last.values())
 
 
+def full_pools(probe: ProbeReport) -> str:
+    """``G is full: U of C pages in use (L held by no live holder), so requests wait
+    for pages that do not come back`` for the groups of ``probe`` with no page free or
+    evictable; empty when none is."""
+    full = []
+    for name, group in probe.groups.items():
+        if group.capacity > 0 and group.free + group.evictable <= 0:
+            lost = {
+                page
+                for f in probe.findings
+                if f.group == name and f.kind in OWNERSHIP
+                for page in f.pages
+            }
+            held = f" ({len(lost)} held by no live holder)" if lost else ""
+            full.append(f"{name} is full: {group.used} of {group.capacity} pages in use{held}")
+    if not full:
+        return ""
+    return f"{'; '.join(full)}, so requests wait for pages that do not come back"
+
+
 class TurnRecorder:
     def __init__(
         self,
@@ -165,6 +186,7 @@ class TurnRecorder:
         self.sessions_left: tuple[str, ...] = ()
         self.error: str | None = None
         self.stuck = False  # a drain timed out: later ones do not wait again
+        self.ended = ""  # what ``finish`` did, in words, for the progress line
 
     @property
     def white_box(self) -> bool:
@@ -237,11 +259,20 @@ class TurnRecorder:
         self.timings = _timings(reports)
         self.source.answering()
         deadline = time.monotonic() + self.options.drain_timeout
+        closed = "sessions closed, " if any(r.get("sessions") for r in reports) else ""
         if not self.white_box:
             self._drain()
+            self.ended = f"{closed}{self._settled()}; not flushed: a black-box target has no flush"
         else:
-            while not self.stuck and self._idle_by(deadline) and not self.source.flush():
-                pass  # a request arrived between idle and flush: wait again
+            flushed = False
+            while not self.stuck and self._idle_by(deadline):
+                if flushed := self.source.flush():
+                    break  # else a request arrived between idle and flush: wait again
+            self.ended = closed + (
+                "drained and flushed"
+                if flushed
+                else f"not idle in {self.options.drain_timeout:.0f} s: probed as it was"
+            )
             self.drained = self.source.probe()
             self._collect_finished(len(self.turns))
             self._sessions_left(reports)
@@ -251,9 +282,28 @@ class TurnRecorder:
                 self.heap_end = self.source.heap_sample(HEAP_SITES, HEAP_SINCE_MARK)
         self.gauges_drained = self._read(self.options.drain_gauges + self.options.settled_gauges)
 
+    def _settled(self) -> str:
+        """How a black-box run was let settle: its busy gauges at 0, or a pause."""
+        if self.options.busy_gauges:
+            return f"drained ({' + '.join(self.options.busy_gauges)} at 0)"
+        return "given 0.5 s to settle (no gauge says when it is idle)"
+
     def broke(self, reason: str) -> None:
-        """The run cannot go on; the first reason is the one kept."""
-        self.error = self.error or reason
+        """The run cannot go on; the first reason is the one kept, with any full pool
+        named: requests that wait for pages are what stops a load."""
+        if self.error is None:
+            self.error = reason + self._full_pools()
+
+    def _full_pools(self) -> str:
+        """``; `` and ``full_pools`` of a probe taken now; empty without one."""
+        if not self.white_box:
+            return ""
+        try:
+            probe = self.source.probe()
+        except Exception:  # the engine no longer answers: nothing to name
+            return ""
+        full = full_pools(probe)
+        return f"; {full}" if full else ""
 
     def record(self) -> RunRecord:
         return RunRecord(
@@ -317,6 +367,8 @@ class TurnRecorder:
                 return True
             self.source.sleep(0.05)
         self.stuck = True
+        if self._full_pools():  # requests that cannot get pages: the run cannot go on
+            self.broke(f"the engine did not get idle in {self.options.drain_timeout:.0f} s")
         return False
 
     def _drain(self) -> None:

@@ -38,6 +38,9 @@ class FindingKind(StrEnum):
     REGISTRY = "registry"
     # a request still running steps after its client hung up: nothing aborted it
     ABANDONED = "abandoned"
+    # a running request that holds pages and has work left was passed over by a
+    # step that had budget to spare (the scheduler's liveness)
+    STARVED = "starved"
 
 
 # who is wrong about a page's owner: the allocator detector's findings
@@ -50,22 +53,41 @@ class Finding(NamedTuple):
     group: str | None  # None: not about one pool group
     pages: tuple[int, ...]
     detail: str
+    # what makes it the same finding in a later probe where its detail also
+    # carries counts that move (an audit's rule and the requests it names);
+    # empty: the kind, group, pages and detail do
+    key: str = ""
+
+    @property
+    def identity(self) -> tuple:
+        """Equal for the same broken state seen by two probes (``gate``: a finding
+        already in a run's baseline probe is not that run's doing)."""
+        return (self.kind, self.group, self.pages, self.key or self.detail)
 
     def to_json(self) -> dict:
-        return {
+        out = {
             "kind": str(self.kind),
             "group": self.group,
             "pages": list(self.pages),
             "detail": self.detail,
         }
+        return {**out, "key": self.key} if self.key else out
 
     @classmethod
     def from_json(cls, data: dict) -> Finding:
-        return cls(FindingKind(data["kind"]), data["group"], tuple(data["pages"]), data["detail"])
+        return cls(
+            kind=FindingKind(data["kind"]),
+            group=data["group"],
+            pages=tuple(data["pages"]),
+            detail=data["detail"],
+            key=data.get("key", ""),
+        )
 
 
-def finding(kind: FindingKind, group: str | None, pages: list[int], detail: str) -> Finding:
-    return Finding(kind=kind, group=group, pages=tuple(pages[:MAX_PAGES]), detail=detail)
+def finding(
+    kind: FindingKind, group: str | None, pages: list[int], detail: str, key: str = ""
+) -> Finding:
+    return Finding(kind=kind, group=group, pages=tuple(pages[:MAX_PAGES]), detail=detail, key=key)
 
 
 class GroupReport(NamedTuple):

@@ -63,7 +63,7 @@ class Recorder:
                 self.recorder.start()
             elif turn == END:
                 self.recorder.finish(reports)
-                self._progress(turn="end", elapsed=self._elapsed())
+                self._progress(turn="end", ended=self.recorder.ended, elapsed=self._elapsed())
             else:
                 entry = self.recorder.barrier(turn, reports)
                 flagged = sum(bool(p.findings or p.exceeded()) for p in entry.probes)

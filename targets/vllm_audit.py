@@ -50,6 +50,17 @@ UNINDEXED_HASH = "unindexed-hash"
 ORPHAN = "orphan-holder"
 PENDING_COPY = "(pending copy)"
 HELD = "(held)"
+# the rules of vllm_checks.py: hashes against tokens, per-step scratch, liveness
+REQUEST_HASH_STALE = "request-hash-stale"
+BLOCK_HASH_VS_TOKENS = "block-hash-vs-tokens"
+BLOCK_BEYOND_TOKENS = "block-beyond-tokens"
+SHARED_BLOCK_TOKENS = "shared-block-tokens"
+HIT_ON_OTHER_TOKENS = "hit-on-other-tokens"
+SCRATCH_NOT_DRAINED = "scratch-not-drained"
+SCRATCH_OVER_POOL = "scratch-over-pool"
+DEAD_REQUEST_KEY = "dead-request-key"
+RUNNING_SKIPPED = "running-skipped"
+RUNNING_STARVED = "running-starved"
 # each rule as the finding kind whose detector owns that invariant
 KINDS = {
     REFCOUNT: FindingKind.REF_MISMATCH,  # refcount
@@ -59,6 +70,19 @@ KINDS = {
     FREE_COUNT: FindingKind.TREE,  # tree: the pool's own bookkeeping
     STALE_HASH: FindingKind.TREE,  # tree: the prefix index
     UNINDEXED_HASH: FindingKind.TREE,
+    # tree: the prefix index files KV under a hash its tokens do not make
+    REQUEST_HASH_STALE: FindingKind.TREE,
+    BLOCK_HASH_VS_TOKENS: FindingKind.TREE,
+    BLOCK_BEYOND_TOKENS: FindingKind.TREE,
+    SHARED_BLOCK_TOKENS: FindingKind.TREE,
+    HIT_ON_OTHER_TOKENS: FindingKind.TREE,
+    # quiescence: a container kept past its step or its request, or over its bound
+    SCRATCH_NOT_DRAINED: FindingKind.REGISTRY,
+    SCRATCH_OVER_POOL: FindingKind.REGISTRY,
+    DEAD_REQUEST_KEY: FindingKind.REGISTRY,
+    # requests: a running request passed over while it could run
+    RUNNING_SKIPPED: FindingKind.STARVED,
+    RUNNING_STARVED: FindingKind.STARVED,
 }
 
 
@@ -67,7 +91,11 @@ class Violation:
     """One broken invariant: which rule, in words, and what it involves.
 
     ``blocks`` are block ids in pool number ``pool`` (0 unless groups use
-    pools of their own); ``hash`` is the prefix hash in ``short_hash`` form."""
+    pools of their own); ``hash`` is the prefix hash in ``short_hash`` form;
+    ``subject`` what the finding is about where its detail also carries counts
+    that move while the broken state stays the same (the request an orphan is,
+    a block's surplus references): a later probe's finding with the same rule
+    and subject is the same finding. Empty: the detail says it."""
 
     rule: str
     detail: str
@@ -75,6 +103,7 @@ class Violation:
     requests: tuple[str, ...] = ()
     hash: str | None = None
     pool: int = 0
+    subject: str = ""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -147,7 +176,7 @@ class _PoolAudit:
         for block in held:
             self.holders[block.block_id].append(HELD)
 
-    def add(self, rule: str, detail: str, blocks, requests=(), key=None) -> None:
+    def add(self, rule: str, detail: str, blocks, requests=(), key=None, subject="") -> None:
         found = Violation(
             rule=rule,
             detail=detail,
@@ -155,6 +184,7 @@ class _PoolAudit:
             requests=tuple(requests),
             hash=short_hash(key),
             pool=self.index,
+            subject=subject,
         )
         self.found.append(found)
 
@@ -175,7 +205,8 @@ class _PoolAudit:
                 detail = f"block {block.block_id} has ref_cnt {block.ref_cnt} but "
                 detail += f"{len(refs)} holders ({named})"
                 key = block.block_hash
-                self.add(REFCOUNT, detail, [block.block_id], self.held_by(block), key)
+                surplus = f"block {block.block_id} {block.ref_cnt - len(refs):+d} references"
+                self.add(REFCOUNT, detail, [block.block_id], self.held_by(block), key, surplus)
 
     def accounting(self) -> int:
         """The free queue links exactly the non-null blocks with ``ref_cnt`` 0, as
@@ -188,7 +219,7 @@ class _PoolAudit:
         if cut or counter != len(queue):
             why = " (walk cut: a cycle or a dangling link)" if cut else ""
             detail = f"num_free_blocks is {counter}, the free list links {len(queue)} blocks"
-            self.add(FREE_COUNT, detail + why, [])
+            self.add(FREE_COUNT, detail + why, [], subject=f"off by {counter - len(queue)}")
         free_ids = {b.block_id for b in queue}
         for block in self.pool.blocks:
             free, at = block.block_id in free_ids, f"block {block.block_id}"
@@ -217,7 +248,8 @@ class _PoolAudit:
                 has = short_hash(block.block_hash) or "no hash"
                 detail = f"hash {short_hash(key)} maps to block {block.block_id}, which "
                 detail += f"carries {has}: a hit on it reads another prefix's KV"
-                self.add(STALE_HASH, detail, [block.block_id], self.held_by(block), key)
+                held, what = self.held_by(block), f"{short_hash(key)} on block {block.block_id}"
+                self.add(STALE_HASH, detail, [block.block_id], held, key, what)
         for block in pool.blocks:
             for key in [block.block_hash, *extra.get(block.block_id, ())]:
                 if key is not None and not pool.cached_block_hash_to_block.contain(
@@ -237,7 +269,7 @@ class _PoolAudit:
                 alone = len(ids - live_held)
                 detail = f"request {request_id} is not live but holds {len(ids)} blocks "
                 detail += f"({alone} held by no live request)"
-                self.add(ORPHAN, detail, sorted(ids), [request_id])
+                self.add(ORPHAN, detail, sorted(ids), [request_id], subject=f"request {request_id}")
 
 
 def audit(kv_cache_manager, live_request_ids: Iterable[str], held: Iterable = ()) -> Audit:

@@ -14,8 +14,11 @@ allocation half done::
 Endpoints, on loopback:
 
 ``GET /audit``
-    ``{"step": N, "waiting": W, "running": R, "audit": Audit as JSON}``
-    (``vllm_audit.py``; W and R: the scheduler's queues)
+    ``{"step": N, "waiting": W, "running": R, "audit": Audit as JSON,
+    "checks": [Violation as JSON, ...], "registries": {path: entries}}``
+    (``vllm_audit.py``; W and R: the scheduler's queues; ``checks`` and
+    ``registries``: ``vllm_checks.py``, the liveness findings among them those
+    of every ``schedule()`` since the previous call, at most ``KEEP``)
 ``POST /flush``
     ``reset_prefix_cache()``: drops every cached block no request holds;
     ``{"flushed": bool, "live_requests": N}`` (not flushed while blocks are
@@ -36,9 +39,15 @@ LOCK = threading.RLock()
 log = logging.getLogger("kvwatch.vllm")
 
 
+KEEP = 64  # liveness findings kept between two audits
+
+
 class _State:
     scheduler = None  # the engine core's scheduler, once built
     steps = 0
+    liveness = None  # vllm_checks.LivenessTracker, around every schedule()
+    ledger = None  # vllm_checks.HashLedger, over the audits
+    starved: tuple = ()  # liveness findings since the last audit
 
 
 def install(port: int) -> None:
@@ -59,6 +68,7 @@ def install(port: int) -> None:
         _State.scheduler = self
 
     Scheduler.__init__ = __init__
+    Scheduler.schedule = _watched(Scheduler.schedule)
     threading.Thread(target=_serve, args=(port,), name="kvwatch-probe", daemon=True).start()
 
 
@@ -72,12 +82,54 @@ def _guarded(method, counts_steps: bool):
     return call
 
 
+def _watched(schedule):
+    """``schedule`` with the liveness check around it (``vllm_checks.LivenessTracker``)."""
+    from kvwatch.targets.vllm_checks import HashLedger, LivenessTracker
+
+    _State.liveness, _State.ledger = LivenessTracker(), HashLedger()
+
+    @functools.wraps(schedule)
+    def call(self, *args, **kwargs):
+        _State.liveness.before(self)
+        out = schedule(self, *args, **kwargs)
+        found = _State.liveness.after(self, out)
+        _State.starved = (*_State.starved, *found)[:KEEP]
+        return out
+
+    return call
+
+
+def answer(scheduler, step: int, found) -> dict:
+    """``GET /audit``'s answer: the audit of ``scheduler`` now, the checks' findings
+    ``found``, the KV managers' registry sizes (the in-process driver answers alike)."""
+    from kvwatch.targets.vllm_audit import audit_scheduler
+    from kvwatch.targets.vllm_checks import registries
+
+    return {
+        "step": step,
+        "waiting": len(scheduler.waiting),
+        "running": len(scheduler.running),
+        "audit": asdict(audit_scheduler(scheduler)),
+        "checks": [asdict(f) for f in found],
+        "registries": registries(scheduler),
+    }
+
+
+def checked(scheduler) -> dict:
+    """``answer`` with the checks run now and the liveness findings since the last call."""
+    from kvwatch.targets import vllm_checks
+
+    found = vllm_checks.check_hashes(scheduler) + vllm_checks.check_scratch(scheduler)
+    found += _State.ledger.observe(scheduler) if _State.ledger is not None else []
+    found += list(_State.starved)
+    _State.starved = ()
+    return answer(scheduler, _State.steps, found)
+
+
 def _serve(port: int) -> None:
     import uvicorn
     from fastapi import FastAPI
     from fastapi.responses import JSONResponse
-
-    from kvwatch.targets.vllm_audit import audit_scheduler
 
     app = FastAPI()
 
@@ -91,13 +143,7 @@ def _serve(port: int) -> None:
         if (starting := ready()) is not None:
             return starting
         with LOCK:
-            scheduler = _State.scheduler
-            return {
-                "step": _State.steps,
-                "waiting": len(scheduler.waiting),
-                "running": len(scheduler.running),
-                "audit": asdict(audit_scheduler(scheduler)),
-            }
+            return checked(_State.scheduler)
 
     @app.post("/flush")
     def flush():

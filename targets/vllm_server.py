@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+from collections.abc import Mapping
 from pathlib import Path
 
 from kvwatch.processes import ServerError, free_port, stop, wait_healthy
@@ -65,10 +66,12 @@ class VllmServer:
         max_model_len: int = 4096,
         served_name: str = SERVED_NAME,
         extra: tuple[str, ...] = (),
+        env: Mapping[str, str] | None = None,
     ) -> None:
         """``probe``: the engine core serves kvwatch's audit (``vllm_probe.py``)
         at ``probe_url``. ``extra``: further arguments for vLLM's server (they
-        come last, so they win)."""
+        come last, so they win). ``env``: added to its environment (a release
+        unpacked in front of ``python``'s packages, ``vllm_release.py``)."""
         port = free_port()
         cmd = [
             *(python, "-m", "vllm.entrypoints.openai.api_server"),
@@ -79,7 +82,7 @@ class VllmServer:
             *extra,
         ]
         self.token = None  # vLLM's own API takes no probe token
-        env = {**os.environ, **ENV, FAULT_ENV: fault or ""}
+        env = {**os.environ, **ENV, **(env or {}), FAULT_ENV: fault or ""}
         self.probe_url = None
         if probe:
             probe_port = free_port()

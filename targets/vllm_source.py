@@ -17,7 +17,10 @@ so the allocator, refcount and tree detectors judge vLLM as they judge
 kvwatch's engine: one history group, ``vllm.kv``, whose used blocks are the
 referenced ones (cached blocks no request holds count as free, as vLLM's
 usage gauge counts them), and each audit finding as the finding kind whose
-detector owns that invariant. Nothing here imports vLLM.
+detector owns that invariant. The answer's ``checks`` (``vllm_checks.py``:
+hashes against tokens, per-step scratch, liveness) join the findings the same
+way, and its ``registries`` (the KV managers' container sizes) are the
+probe's, for the quiescence detector. Nothing here imports vLLM.
 """
 
 from __future__ import annotations
@@ -58,7 +61,8 @@ def probe_report(answer: dict) -> ProbeReport:
         host_capacity=0,
     )
     found = tuple(
-        finding(KINDS[f["rule"]], GROUP, list(f["blocks"]), _detail(f)) for f in audit["findings"]
+        finding(KINDS[f["rule"]], GROUP, list(f["blocks"]), _detail(f), key=_key(f))
+        for f in (*audit["findings"], *answer.get("checks", ()))
     )
     stats = EngineStats(
         step=answer["step"],
@@ -77,7 +81,15 @@ def probe_report(answer: dict) -> ProbeReport:
         ),
         record_bytes=0,
     )
-    return ProbeReport(stats=stats, findings=found, bounds={})
+    return ProbeReport(
+        stats=stats, findings=found, bounds={}, registries=answer.get("registries", {})
+    )
+
+
+def _key(f: dict) -> str:
+    """What makes it the same finding in a later probe: its rule and subject (the
+    request an orphan is, ...); empty where its detail says it."""
+    return f"{f['rule']}: {f['subject']}" if f.get("subject") else ""
 
 
 def _detail(f: dict) -> str:

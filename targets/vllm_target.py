@@ -3,9 +3,12 @@
 One vLLM server (``vllm_server.py``, from ``--vllm-python``) serves every
 profile of the gate, with kvwatch's probe in its engine core
 (``vllm_plugin.py`` -> ``vllm_probe.py``). Its records carry probes (the
-audit of its block pool, ``vllm_source.py``), gauges and request counts, so
-``allocator``, ``refcount``, ``tree``, ``requests`` and ``gauge-trend`` judge
-it; it has no heap sampler, no registries and no cache-off replay. The
+audit of its block pool and the checks of ``vllm_checks.py``,
+``vllm_source.py``), registries (the KV managers' container sizes), gauges
+and request counts, so ``allocator``, ``refcount``, ``tree``, ``quiescence``,
+``requests`` and ``gauge-trend`` judge it; it has no heap sampler and no
+cache-off replay. ``--vllm-version`` runs another release
+(``vllm_release.py``). The
 profiles that need only the OpenAI API run. ``--inject`` plants one of
 kvwatch's vLLM bugs (``vllm_plugin.FAULTS``).
 """
@@ -16,21 +19,25 @@ import contextlib
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
+import httpx
+
 from kvwatch.gate import outputs
 from kvwatch.gate.console import Progress
 from kvwatch.gate.locust_run import HANDOVER, run_turns
 from kvwatch.gate.plan import GaugePreset, ProbeSpec, RunPlan
 from kvwatch.gate.profiles import Profile, openai_only
+from kvwatch.gate.recorder import full_pools
 from kvwatch.gate.run_record import RunRecord, Signal
 from kvwatch.gate.target import RunSpec, Served, Target
 from kvwatch.processes import ServerError
+from kvwatch.targets.vllm_source import probe_report
 
 SOURCE = "kvwatch.targets.vllm_source:VllmProbeSource.for_plan"
 
 
 class VllmTarget(Target):
     name = "vllm"
-    signals = frozenset({Signal.PROBES, Signal.GAUGES, Signal.REQUESTS})
+    signals = frozenset({Signal.PROBES, Signal.REGISTRIES, Signal.GAUGES, Signal.REQUESTS})
 
     def __init__(
         self,
@@ -41,7 +48,9 @@ class VllmTarget(Target):
         *,
         faults: tuple[str, ...] = (),
         args: tuple[str, ...] = (),
+        env: Mapping[str, str] | None = None,
     ) -> None:
+        """``env``: added to vLLM's environment (a release's ``PYTHONPATH``)."""
         from kvwatch.targets.vllm_plugin import FAULTS
 
         if not (Path(model) / "config.json").is_file():
@@ -49,7 +58,7 @@ class VllmTarget(Target):
         if len(faults) > 1 or not set(faults) <= set(FAULTS):
             raise ValueError(f"--engine vllm injects one fault of {', '.join(FAULTS)}")
         self.out, self.python, self.model, self.gauges = out, python, Path(model), gauges
-        self.faults, self.args = tuple(faults), tuple(args)
+        self.faults, self.args, self.env = tuple(faults), tuple(args), dict(env or {})
         self.server = None
 
     def profiles(self) -> Mapping[str, Profile]:
@@ -71,6 +80,7 @@ class VllmTarget(Target):
             probe=True,
             served_name=self.model.name,
             extra=self.args,
+            env=self.env,
         )
         try:
             yield
@@ -95,6 +105,8 @@ class VllmServed(Served):
     def run(self, spec: RunSpec) -> RunRecord:
         if gone := self.server.exited():
             return RunRecord(turns=(), error=f"not run: {gone}")
+        if full := self.full():
+            return RunRecord(turns=(), error=f"not run: {full}, left by the runs before")
         plan = RunPlan(
             profile=self.profile.name,
             concurrency=spec.concurrency,
@@ -117,3 +129,15 @@ class VllmServed(Served):
         if gone := self.server.exited():
             return RunRecord(turns=(), error=gone)  # a partial record is not judged
         return run
+
+    def full(self) -> str:
+        """Why no run can go on, when the pool vLLM shares between runs is already full
+        before this one (an earlier run's leak filled it): each would wait out the turn
+        timeout for pages that never come back. Empty when there is room."""
+        try:
+            answer = httpx.get(f"{self.server.probe_url}/audit", timeout=60)
+            answer.raise_for_status()
+        except httpx.HTTPError:
+            return ""  # the run itself will say what is wrong
+        probe = probe_report(answer.json())
+        return full_pools(probe) if probe.live_requests == 0 else ""

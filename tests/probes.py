@@ -31,6 +31,7 @@ def make_probe(
     interior: int = 0,
     live_requests: int = 0,
     cached_tokens: int = 0,
+    step: int = 0,
 ) -> ProbeReport:
     """Every group of capacity 100 with ``used`` pages in the tree; the ``exceeded``
     group pins 5 pages where its holder justifies 4."""
@@ -53,7 +54,7 @@ def make_probe(
         tokens=cached_tokens,
     )
     stats = EngineStats(
-        step=0,
+        step=step,
         live_requests=live_requests,
         live_sessions=0,
         groups=groups,

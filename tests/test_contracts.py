@@ -65,6 +65,7 @@ def test_the_json_has_the_documented_fields():
         "listener",
         "registry",
         "abandoned",
+        "starved",
     }
     assert {k.value for k in OWNERSHIP} == {"orphan", "double_owned", "free_and_owned"}
 

@@ -150,3 +150,28 @@ def test_the_white_box_gate_names_a_hash_left_on_a_reused_block_that_usage_canno
     evidence = caught[0]["detectors"]["tree"]["evidence"]
     # the hash and the block it points at (requests are named when they hold it)
     assert re.search(r"stale-hash-entry: hash [0-9a-f]+@g0 maps to block \d+", evidence)
+
+
+def test_each_white_box_run_answers_only_for_the_leaks_it_made(tmp_path, model):
+    """One vLLM serves every run of a gate: the orphans run c=1 left are in run
+    c=2's baseline probe, and run c=2 fails on its own leaks, never on those."""
+    out = tmp_path / "out"
+    cmd = [
+        *(sys.executable, "-m", "kvwatch", "gate", "--out", str(out), "--no-report"),
+        *("--engine", "vllm", "--model", str(model), "--vllm-python", PYTHON),
+        *("--profile", "agentic-trie", "-c", "1,2", "--inject", "free-skipped"),
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=2400)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert [r["detectors"]["allocator"]["verdict"] for r in summary["runs"]] == ["fail", "fail"]
+    record = json.loads((out / "runs" / "agentic-trie-c2" / "record.json").read_text())
+    orphan = "orphan-holder: request "
+    left = [
+        f["key"][len(orphan) :]
+        for f in record["baseline"]["findings"]
+        if f.get("key", "").startswith(orphan)
+    ]
+    assert left and record["baseline"]["step"] > 0  # c=1's orphans, on a vLLM that has served
+    blamed = summary["runs"][1]["detectors"]["allocator"]["details"]
+    assert blamed and not any(rid in d["detail"] for d in blamed for rid in left)

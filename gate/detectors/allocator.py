@@ -25,8 +25,11 @@ from kvwatch.gate.detectors.verdict import (
     Verdict,
     fail,
     fail_after_drain,
+    new_findings,
     not_back,
     passed,
+    skipped,
+    unjudged,
 )
 from kvwatch.gate.run_record import RunRecord, Signal
 
@@ -38,6 +41,8 @@ def detect(run: RunRecord) -> Verdict:
     for rule in (probe_rule, state_rule if run.soak is None else usage_rule, drain_rule):
         if (verdict := rule(run)) is not None:
             return verdict
+    if why := unjudged(run):
+        return skipped(ID, why)
     if run.soak is not None:
         return passed(ID, f"{len(run.turns)} probes within bounds, usage bounded, drained")
     return passed(ID, f"{len(run.turns)} turns within bounds, state flat, drained to baseline")
@@ -47,7 +52,7 @@ def probe_rule(run: RunRecord) -> Verdict | None:
     """Ownership findings and exceeded bounds, at the first probe that has them."""
     for turn in run.turns:
         for probe in turn.probes:
-            hits = [f for f in probe.findings if f.kind in OWNERSHIP]
+            hits = [f for f in new_findings(run, probe) if f.kind in OWNERSHIP]
             if hits:
                 ev = [Evidence(group=f.group, pages=f.pages, detail=f.detail) for f in hits]
                 story = finding_story(run, hits[0].kind, hits[0].group)
@@ -155,7 +160,7 @@ def drain_rule(run: RunRecord) -> Verdict | None:
     # who last owned what is left: the drained probe's ownership findings name them
     left += [
         Evidence(group=f.group, pages=f.pages, detail=f"after the run: {f.detail}")
-        for f in after.findings
+        for f in new_findings(run, after)
         if f.kind in OWNERSHIP
     ]
     live = ("live_requests", "live_sessions")

@@ -37,6 +37,7 @@ from kvwatch.gate.detectors.verdict import (
     not_back,
     passed,
     skipped,
+    unjudged,
 )
 from kvwatch.gate.run_record import RunRecord, Signal
 
@@ -51,6 +52,8 @@ def detect(run: RunRecord) -> Verdict:
         return listeners
     if run.drained is None or run.baseline is None:
         return skipped(ID, "no probes before and after the run")
+    if why := unjudged(run):
+        return skipped(ID, why)
     base, after = run.baseline, run.drained
     left = [
         Evidence(

@@ -12,7 +12,9 @@ as an error, not as a leak.
 Where the run has probes, a request still running many steps after its
 client hung up (an ``abandoned`` finding: nothing aborted it, and it spends
 the engine's time on tokens nobody reads) fails it too, at the first turn
-whose probe shows one.
+whose probe shows one; so does a running request that holds pages and has
+work left but was passed over by a step with budget to spare (a ``starved``
+finding: the scheduler's liveness, vLLM's white-box checks).
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ NEEDS = frozenset({Signal.REQUESTS})
 
 
 def detect(run: RunRecord) -> Verdict:
-    abandoned = findings_detector(ID, {FindingKind.ABANDONED}, run)
+    abandoned = findings_detector(ID, {FindingKind.ABANDONED, FindingKind.STARVED}, run)
     if abandoned.failed:
         return abandoned
     sent = run.requests

@@ -17,6 +17,7 @@ import re
 from collections.abc import Callable, Sequence
 
 from kvwatch.contracts import MAX_PAGES, FindingKind, ProbeReport
+from kvwatch.gate.detectors.verdict import new_findings
 from kvwatch.gate.run_record import RunRecord
 
 ProbeCount = Callable[[ProbeReport], float]
@@ -72,7 +73,11 @@ WORDS = {
 
 
 def finding_story(run: RunRecord, kind: FindingKind, group: str | None) -> str:
+    """The pages the run's own findings of ``kind`` name (``verdict.new_findings``:
+    not those an earlier run on the same engine left)."""
     words = WORDS.get(kind, f"{kind} findings")
-    return probe_story(
-        f"{group} {words}" if group else words, run, lambda p: pages_found(p, kind, group)
-    )
+
+    def own(probe: ProbeReport) -> int:
+        return pages_found(probe._replace(findings=new_findings(run, probe)), kind, group)
+
+    return probe_story(f"{group} {words}" if group else words, run, own)

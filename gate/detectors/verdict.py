@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping
 from typing import NamedTuple
 
-from kvwatch.contracts import FindingKind
+from kvwatch.contracts import Finding, FindingKind, ProbeReport
 from kvwatch.gate.run_record import RunRecord
 
 PASS, FAIL, SKIPPED = "pass", "fail", "skipped"
@@ -153,21 +153,56 @@ def skipped(detector: str, note: str) -> Verdict:
     return Verdict(detector=detector, verdict=SKIPPED, first_turn=None, evidence=(), note=note)
 
 
+def new_findings(run: RunRecord, probe: ProbeReport) -> tuple[Finding, ...]:
+    """The findings of ``probe`` that are the run's doing.
+
+    One engine may serve several runs (kvwatch's server serves a profile's
+    concurrencies, vLLM the whole gate): what its probe before the load (the
+    run's ``baseline``) already carried was left by an earlier run, which
+    answers for it, so a later run is judged on what it added. A finding is
+    the same finding when its ``identity`` is (kind, group, pages, and its
+    ``key``: an audit's rule and the requests it names). An engine that had
+    not stepped before the run (``inherited`` is False) served no earlier
+    run: what it carried from its start is this run's to report."""
+    if not inherited(run) or not run.baseline.findings:
+        return probe.findings
+    before = {f.identity for f in run.baseline.findings}
+    return tuple(f for f in probe.findings if f.identity not in before)
+
+
+def inherited(run: RunRecord) -> bool:
+    """Whether the run's engine served work before it: its baseline probe was taken
+    after some engine step, so what it shows may be an earlier run's."""
+    return run.baseline is not None and run.baseline.step > 0
+
+
+def unjudged(run: RunRecord) -> str | None:
+    """Why nothing of the run's load could be judged (no turn was recorded), or None.
+    A detector that judged nothing says so (skipped); it never passes."""
+    if run.turns:
+        return None
+    why = f": {run.error}" if run.error else ""
+    return f"no turn was recorded, so nothing was judged{why}"
+
+
 def findings_detector(detector: str, kinds: Collection[FindingKind], run: RunRecord) -> Verdict:
-    """Fail at the first turn whose probes carry a finding of one of ``kinds``."""
+    """Fail at the first turn whose probes carry a finding of one of ``kinds`` that the
+    run made (``new_findings``)."""
     for turn in run.turns:
         for probe in turn.probes:
-            hits = [f for f in probe.findings if f.kind in kinds]
+            hits = [f for f in new_findings(run, probe) if f.kind in kinds]
             if hits:
                 ev = [Evidence(group=f.group, pages=f.pages, detail=f.detail) for f in hits]
                 return fail(detector, turn.turn, ev)
     if run.drained is not None:
-        hits = [f for f in run.drained.findings if f.kind in kinds]
+        hits = [f for f in new_findings(run, run.drained) if f.kind in kinds]
         if hits:
             return fail_after_drain(
                 detector,
                 run,
                 [Evidence(group=f.group, pages=f.pages, detail=f.detail) for f in hits],
             )
+    if why := unjudged(run):
+        return skipped(detector, why)
     names = ", ".join(sorted(str(k) for k in kinds))
     return passed(detector, f"no {names} findings in {len(run.turns)} turns")
