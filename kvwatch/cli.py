@@ -115,6 +115,10 @@ NOT_FOR_SOAK = {
     "engine": "--engine",
     "vllm_python": "--vllm-python",
     "vllm_arg": "--vllm-arg",
+    "vllm_version": "--vllm-version",
+    "sglang_version": "--sglang-version",
+    "sglang_cache": "--sglang-cache",
+    "page_size": "--page-size",
     "no_report": "--no-report",  # a soak writes no report.html to skip
     "grafana_token": "--grafana-token",  # a soak annotates no Grafana
 }
@@ -147,7 +151,13 @@ def _soak(args: argparse.Namespace) -> int:
         seed=args.seed,
     )
     try:
-        target = KvwatchTarget(args.out, faults=tuple(args.inject), model=args.model)
+        target = KvwatchTarget(
+            args.out,
+            faults=tuple(args.inject),
+            model=args.model,
+            seed=args.seed,
+            engine_sets=tuple(args.engine_set),
+        )
     except ValueError as exc:
         streams.err(f"kvwatch gate: {exc}")
         return 2
@@ -185,6 +195,12 @@ def _gate(args: argparse.Namespace) -> int:
         max_replays=args.max_replays,
         vllm_python=args.vllm_python or os.environ.get(VLLM_PYTHON_ENV) or sys.executable,
         vllm_args=tuple(args.vllm_arg),
+        vllm_version=args.vllm_version,
+        sglang_version=args.sglang_version,
+        sglang_cache=args.sglang_cache,
+        page_size=args.page_size,
+        seed=args.seed,
+        engine_sets=tuple(args.engine_set),
     )
     try:
         target = choose(flags, args.out)

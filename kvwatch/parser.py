@@ -173,6 +173,7 @@ def _add_gate(sub: argparse._SubParsersAction) -> None:
     _add_gate_target(gate)
     _add_gate_locust(gate)
     _add_gate_engine(gate)
+    _add_gate_sglang(gate)
     _add_gate_publishing(gate)
     gate.set_defaults(handler="gate")
 
@@ -235,9 +236,11 @@ def _add_gate_engine(gate: argparse.ArgumentParser) -> None:
     )
     gate.add_argument(
         "--engine",
-        choices=("kvwatch", "vllm"),
+        choices=("kvwatch", "vllm", "vllm-scheduler", "sglang-cache"),
         default=None,
-        help="the engine to start and probe (default: kvwatch); vllm: from --model DIR",
+        help="the engine to start and probe (default: kvwatch); vllm: from --model DIR; "
+        "vllm-scheduler: vLLM's own scheduler in process, with no model; "
+        "sglang-cache: SGLang's caches in process, from --sglang-version",
     )
     gate.add_argument(
         "--vllm-python",
@@ -253,11 +256,47 @@ def _add_gate_engine(gate: argparse.ArgumentParser) -> None:
         help="an argument for vLLM's server, e.g. --vllm-arg=--num-gpu-blocks-override=512",
     )
     gate.add_argument(
+        "--vllm-version",
+        default=None,
+        metavar="V",
+        help="the vLLM release to run: --vllm-python's, .venv-vllm-V or .vllm-releases/V "
+        "(make vllm-venv V=..., make vllm-release V=...)",
+    )
+    gate.add_argument(
+        "--engine-set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="set a field of kvwatch's engine config in every profile, a JSON value, e.g. "
+        "cache.full_kv.page_size=8, scheduler.prefix_waits=false, scheduler.spec=null "
+        "(cache.failpoints=null: no failpoints)",
+    )
+    gate.add_argument(
         "--max-replays",
         type=int,
         default=None,
         metavar="N",
         help="replay at most N comparable requests per run, spread over the run (default: all)",
+    )
+
+
+def _add_gate_sglang(gate: argparse.ArgumentParser) -> None:
+    """``--engine sglang-cache``: which SGLang release, which of its caches, which page size."""
+    gate.add_argument(
+        "--sglang-version",
+        default=None,
+        metavar="V",
+        help="the SGLang release whose caches run (its wheel is downloaded once), e.g. 0.5.23",
+    )
+    gate.add_argument(
+        "--sglang-cache",
+        choices=("radix", "mamba", "swa"),
+        default=None,
+        help="the cache SGLang builds for a full-attention (radix, default), hybrid SSM "
+        "(mamba) or hybrid sliding-window (swa) model",
+    )
+    gate.add_argument(
+        "--page-size", type=int, default=None, metavar="N", help="SGLang's page size (default: 1)"
     )
 
 

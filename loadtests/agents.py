@@ -240,8 +240,8 @@ class SlotCacheUser(TurnUser):
             self.chat([{"role": "user", "content": sentence(self.rng, 1, 2)}], name="tiny chat")
             return
         lo, hi = (1, 3) if self.rng.random() < 0.5 else (12, 28)
-        self.chats[0].step(self, sentence(self.rng, lo, hi), name="follow-up")
-        if t % 2 == 1:
+        answered = self.chats[0].step(self, sentence(self.rng, lo, hi), name="follow-up")
+        if t % 2 == 1 and answered is not None:  # a failpoint may have refused the follow-up
             self.chat(self.chats[0].messages[:-1], name="retried follow-up")
 
     def conversations(self) -> int:

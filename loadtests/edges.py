@@ -36,7 +36,7 @@ import gevent
 
 from kvwatch.loadtests.agents import SessionUser
 from kvwatch.loadtests.turns import parallel
-from kvwatch.loadtests.users import failure_text, sentence
+from kvwatch.loadtests.users import mark_failed, sentence
 
 IDLE_TIMEOUT_S = 4  # the edges server's --session-idle-timeout (profiles.py)
 SHARED = 32  # tokens of the shared prefix S: two pages, so every prompt here is on its path
@@ -91,7 +91,7 @@ class EdgeUser(SessionUser):
         body |= {"temperature": 0.0, "return_token_ids": True, **extra}
         with self.client.post("/v1/completions", json=body, name=name, catch_response=True) as r:
             if r.status_code != 200:
-                r.failure(failure_text(r))
+                mark_failed(r)
                 return {}
             return r.json()
 

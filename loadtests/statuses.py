@@ -39,6 +39,14 @@ SAMPLES = frozenset({"TTFT", "ITL", "E2E"})
 BROKEN_TURN = "TURN"
 
 
+def failpoint_refusal(status: int, message: str) -> bool:
+    """True for the answer to a request the server failed at a failpoint: the
+    cache failed an allocation on purpose (the gate turns failpoints on), and
+    a request that could not go on answers 400 (or, streamed, an error event)
+    naming it. Expected, not a failure; anything else that goes wrong still is."""
+    return status in (200, 400) and "(failpoint " in message
+
+
 class StatusCounts:
     def __init__(self, path: str | Path | None = None) -> None:
         self.path = Path(path) if path is not None else None  # written when Locust quits

@@ -24,6 +24,7 @@ import requests
 from locust import HttpUser, between, task
 
 from kvwatch import MODEL_NAME
+from kvwatch.loadtests.statuses import failpoint_refusal
 
 WORDS = [
     "pool",
@@ -51,6 +52,14 @@ def failure_text(resp) -> str:
 
 def sentence(rng: random.Random, lo: int = 4, hi: int = 12) -> str:
     return " ".join(rng.choice(WORDS) for _ in range(rng.randint(lo, hi)))
+
+
+def mark_failed(resp) -> None:
+    """Mark an answer other than 200: a failure, unless a failpoint refused it."""
+    if failpoint_refusal(resp.status_code, resp.text or ""):
+        resp.success()
+    else:
+        resp.failure(failure_text(resp))
 
 
 def _sse_data(resp) -> Iterator[str]:
@@ -87,7 +96,11 @@ def _read_stream(
             return True
         chunk = json.loads(data)
         if "error" in chunk:
-            resp.failure(chunk["error"]["message"])
+            message = chunk["error"]["message"]
+            if failpoint_refusal(200, message):
+                resp.success()
+            else:
+                resp.failure(message)
             return False
         usage.update(chunk.get("usage") or {})
         delta = chunk["choices"][0]["delta"].get("content") if chunk["choices"] else None
@@ -143,7 +156,7 @@ class StreamingChatUser(HttpUser):
             "/v1/chat/completions", json=body, name=name, stream=True, catch_response=True
         ) as resp:
             if resp.status_code != 200:
-                resp.failure(failure_text(resp))
+                mark_failed(resp)
                 return ""
             if not _read_stream(resp, stamps, text, cut_after, stall, on_start, usage):
                 return ""
@@ -208,7 +221,7 @@ class StreamingChatUser(HttpUser):
                 resp.success()
                 return None
             if resp.status_code != 200:
-                resp.failure(failure_text(resp))
+                mark_failed(resp)
                 return None
             data = resp.json()
         self._answered(name, start, data.get("usage") or {})

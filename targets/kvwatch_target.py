@@ -24,11 +24,12 @@ from pathlib import Path
 
 from kvwatch import MODEL_NAME
 from kvwatch.engine.faults import parse_faults
+from kvwatch.engine.overrides import apply_overrides, assignment
 from kvwatch.gate import outputs
 from kvwatch.gate.console import Progress
 from kvwatch.gate.locust_run import HANDOVER, run_turns
 from kvwatch.gate.plan import GaugePreset, ProbeSpec, RunPlan, preset
-from kvwatch.gate.profiles import PROFILES, Profile
+from kvwatch.gate.profiles import PROFILES, Profile, merge
 from kvwatch.gate.replay import spread
 from kvwatch.gate.run_record import RunRecord, Signal
 from kvwatch.gate.sources import HttpSource
@@ -56,15 +57,38 @@ class KvwatchTarget(Target):
         model: str = MODEL_NAME,
         max_replays: int | None = None,
         gauges: GaugePreset | None = None,
+        seed: int = 0,
+        engine_sets: tuple[str, ...] = (),
     ) -> None:
         parse_faults(faults)  # ValueError: an unknown fault
         if max_replays is not None and max_replays < 1:
             raise ValueError("--max-replays must be >= 1")
         self.out, self.faults, self.model, self.max_replays = out, tuple(faults), model, max_replays
         self.gauges = gauges or preset("kvwatch")
+        self.seed = seed
+        self.sets = tuple(assignment(s) for s in engine_sets)  # ValueError: not KEY=VALUE
+        for profile in PROFILES.values():  # ValueError: a set that no engine config takes
+            self.engine(profile)
 
     def profiles(self) -> Mapping[str, Profile]:
         return PROFILES
+
+    def engine_config(self, profile: Profile) -> dict:
+        """What ``profile`` is served with: its engine config, the failpoints seeded
+        with the gate's seed, then every ``--engine-set`` in order."""
+        config = profile.engine_config()
+        if config.get("cache", {}).get("failpoints") is not None:
+            config = merge(config, {"cache": {"failpoints": {"seed": self.seed}}})
+        for assigned in self.sets:
+            config = merge(config, assigned)
+        return config
+
+    def engine(self, profile: Profile):
+        """``engine_config(profile)`` as the ``EngineConfig`` it builds (ValueError
+        when it builds none)."""
+        from kvwatch.engine import EngineConfig
+
+        return apply_overrides(EngineConfig(), self.engine_config(profile))
 
     @contextlib.contextmanager
     def serving(self, profile: Profile, progress: Progress) -> Iterator[KvwatchServed]:
@@ -79,17 +103,9 @@ class KvwatchTarget(Target):
         where = outputs.child(self.out, "servers", profile.name)
         where.mkdir(parents=True, exist_ok=True)
         config = where / "engine.json"
-        config.write_text(json.dumps(profile.engine_config(), indent=2))
+        config.write_text(json.dumps(self.engine_config(profile), indent=2))
         spans = outputs.child(self.out, "spans", profile.name)
         return EngineServer(config, self.faults, where / "server.log", spans, profile.serve_flags)
-
-
-def profile_engine(profile: Profile):
-    """The engine config the gate serves ``profile`` with (its overrides on the defaults)."""
-    from kvwatch.engine import EngineConfig
-    from kvwatch.engine.overrides import apply_overrides
-
-    return apply_overrides(EngineConfig(), profile.engine_config())
 
 
 class KvwatchServed(Served):
@@ -103,7 +119,7 @@ class KvwatchServed(Served):
         if self._reference is None:
             from kvwatch.gate.replay import Reference  # torch: only once a run needs it
 
-            self._reference = Reference(profile_engine(self.profile))
+            self._reference = Reference(self.target.engine(self.profile))
         return self._reference
 
     def exited(self) -> str | None:

@@ -33,6 +33,7 @@ from types import MappingProxyType
 
 from kvwatch.engine.events import (
     EventBus,
+    FailpointFired,
     NodeEvicted,
     RequestAborted,
     RequestAdded,
@@ -120,6 +121,7 @@ class CombinationCounter:
             SessionBusy: self._busy,
             SessionRolledBack: self._rolled_back,
             SessionClosed: self._closed,
+            FailpointFired: self._failpoint,
         }
 
     def taken(self) -> dict[str, dict[str, int]]:
@@ -138,6 +140,9 @@ class CombinationCounter:
     def _count(self, machine: str, edge: str) -> None:
         with self._lock:
             self.counts[machine, edge] += 1
+
+    def _failpoint(self, e: FailpointFired) -> None:
+        self._count(combos.FAILPOINT, combos.failed(e.site))
 
     # -- requests -------------------------------------------------------------------------
     def _added(self, e: RequestAdded) -> None:

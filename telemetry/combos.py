@@ -45,6 +45,8 @@ Boundaries (P = page size, W = sliding window, the gate's geometry)::
 
 from __future__ import annotations
 
+from kvwatch.engine.cache.failpoints import Site
+
 # The gate's geometry: CacheConfig's default full.kv page size and window (a
 # test checks they agree). A server with another geometry counts its offsets
 # all the same; they show as unlisted.
@@ -58,6 +60,7 @@ PAGE_OFFSET = "page offset"
 WINDOW_OFFSET = "window offset"
 PROMPT_END = "prompt end"
 SIBLINGS = "siblings"
+FAILPOINT = "failpoint"
 
 TURN_STAGES = ("queued", "prefilling", "decoding", "verifying", "retracted", "paused", "recovering")
 MOVERS = ("retracted", "recovered", "evicted")
@@ -95,6 +98,10 @@ def offset(b: int, modulus: int) -> str:
     return f"branch at {b % modulus} mod {modulus}"
 
 
+def failed(site: str) -> str:
+    return f"{site} failed"
+
+
 def prompt_end(residue: int, modulus: int) -> str:
     return f"prompt ends at {residue} mod {modulus}"
 
@@ -126,4 +133,5 @@ MACHINES: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...] = (
         tuple(prompt_end(r, m) for m, rs in ENDS.items() for r in rs),
     ),
     (SIBLINGS, ("equal length",), (EQUAL_LENGTH,)),
+    (FAILPOINT, tuple(str(s) for s in Site), tuple(failed(s) for s in Site)),
 )

@@ -10,6 +10,7 @@ the engine's events). Transitions are ``"from -> to"``::
                                     aborted      retracted -> recovering -> decoding
                                                  (decoding ->) paused -> recovering
                                                               ... -> finished | aborted
+             queued | prefilling -> failed (no pages for it even alone)
     session  new -> open -> running -> parked | cut -> running | rolled back
                                                      -> closed | timed out
     slot     empty -> prepared -> filled | aborted;  filled -> prepared (reused),
@@ -60,7 +61,7 @@ _LIVE = (
 )
 REQUEST = Machine(
     "request",
-    (NEW, *_LIVE, "finished", "aborted"),
+    (NEW, *_LIVE, "finished", "aborted", "failed"),
     _edges(
         (NEW, "queued"),
         ("queued", "waiting"),  # behind a sharer that computes its prefix
@@ -81,6 +82,10 @@ REQUEST = Machine(
         ("recovering", "decoding"),
         ("decoding", "finished"),
         *((s, "aborted") for s in _LIVE),  # an abort at each stage
+        # a request that cannot go on even alone (its admission into an idle
+        # cache, or its lone chunk, found no pages): a 400 to its client
+        ("queued", "failed"),
+        ("prefilling", "failed"),
     ),
 )
 

@@ -104,3 +104,14 @@ def test_the_parser_walk_sees_nested_subcommands():
     assert ("dashboards",) not in COMMANDS
     assert {"-c", "--soak", "--target"} <= COMMANDS[("gate",)]
     assert "--help" not in COMMANDS[("faults",)]
+
+
+def test_the_readme_counts_and_lists_the_detectors_the_gate_runs():
+    from kvwatch.gate.detectors import IDS
+
+    text = (ROOT / "README.md").read_text()
+    line = next(x for x in text.splitlines() if "leak detectors:" in x)
+    count, _, names = line.partition(" leak detectors: ")
+    assert int(count.strip("| ")) == len(IDS)
+    assert re.findall(r"`([a-z-]+)`", names.split(";")[0]) == list(IDS)
+    assert f"passes all {len(IDS)} detectors" in text

@@ -56,6 +56,7 @@ ENGINE_API = {
     "kvwatch.engine.overrides",
     "kvwatch.engine.request",
     "kvwatch.engine.model.tokenizer",
+    "kvwatch.engine.cache.failpoints",  # the failpoint sites' names, for coverage
 }
 
 

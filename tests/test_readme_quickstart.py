@@ -94,3 +94,22 @@ def stop_group(pgid: int) -> None:
             return
         time.sleep(0.1)
     os.killpg(pgid, signal.SIGKILL)
+
+
+def engine_example() -> str:
+    """The first Python block under the README's "The engine in Python" heading."""
+    text = README.read_text()
+    after = text[text.index("\n## The engine in Python\n") :]
+    return re.search(r"^```python\n(.*?)^```", after, flags=re.S | re.M)[1]
+
+
+def test_the_engine_example_runs_as_written_and_its_follow_up_hits_the_cache():
+    proc = subprocess.run(
+        [sys.executable, "-c", engine_example()], capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0].endswith(" length"), lines[0]  # sixteen token ids, then the reason
+    cached = int(lines[-1])
+    promised = re.search(r"# (\d+): six 16-token pages", engine_example())
+    assert cached == int(promised[1]) == 96  # the comment says what it prints

@@ -35,7 +35,6 @@ Off (``None``), a site costs one attribute test and counts nothing.
 from __future__ import annotations
 
 import random
-from collections import Counter
 from collections.abc import Iterable, Mapping
 from enum import StrEnum
 from types import MappingProxyType
@@ -118,8 +117,11 @@ class Failpoints:
     def __init__(self, config: FailpointConfig | None, events: EventBus) -> None:
         self.on = config is not None
         self.events = events
-        self.hits: Counter[Site] = Counter()
-        self.fired: Counter[Site] = Counter()
+        # one tally per site, every site's key there from the start: a fixed-size
+        # table, which a registry walk sees the same size before and after a run
+        sites = Site if self.on else ()
+        self.hits: dict[Site, int] = dict.fromkeys(sites, 0)
+        self.fired: dict[Site, int] = dict.fromkeys(sites, 0)
         self._plan: dict[Site, tuple[int, int]] = {}
         if config is not None:
             for site in config.sites or Site:
