@@ -1,12 +1,15 @@
 """Is a mutant alive? Run the engine and server programs on it, in process.
 
-    PYTHONPATH=<mutant tree> python -m kvwatch.mutation.alive
+    PYTHONPATH=<mutant tree> python -m kvwatch.mutation.alive [PROGRAM]...
 
 Prints one JSON line: ``{"alive": bool, "oracle": ..., "detail": ...}``. A
 mutant is alive when an oracle that does not know its name sees it (the
 audit, a usage bound, quiescence, the cache-off replay, a failed request),
-or when the engine raises; the first observation ends the check. A mutant
-none of them sees is reported as equivalent, as far as these programs reach.
+or when the engine raises; the first observation ends the check. With no
+argument the programs are ``fuzz.PROGRAMS`` and ``serverfuzz.PROGRAMS``;
+named ones (``radix-pressure-failpoints/3``) are ``fuzz.DIRECTED`` programs,
+which ``score.py`` picks for a mutant's line (``reach.py``). A mutant none
+of them sees is reported as equivalent, as far as these programs reach.
 """
 
 from __future__ import annotations
@@ -14,17 +17,21 @@ from __future__ import annotations
 import json
 import sys
 import traceback
+from collections.abc import Sequence
 
 from kvwatch.mutation import fuzz, serverfuzz
 
 
-def check() -> dict:
+def check(names: Sequence[str] = ()) -> dict:
+    if names:
+        directed = {p.name: p for p in fuzz.DIRECTED}
+        runs = [(fuzz.run, directed[name]) for name in names]
+    else:
+        runs = [(fuzz.run, p) for p in fuzz.PROGRAMS]
+        runs += [(serverfuzz.run, p) for p in serverfuzz.PROGRAMS]
     try:
-        for program in fuzz.PROGRAMS:
-            if seen := fuzz.run(program):
-                return {"alive": True, "oracle": seen[0].oracle, "detail": str(seen[0])}
-        for program in serverfuzz.PROGRAMS:
-            if seen := serverfuzz.run(program):
+        for run, program in runs:
+            if seen := run(program):
                 return {"alive": True, "oracle": seen[0].oracle, "detail": str(seen[0])}
     except Exception as exc:  # the mutant breaks the engine outright
         where = traceback.extract_tb(exc.__traceback__)[-1]
@@ -34,7 +41,7 @@ def check() -> dict:
 
 
 def main() -> int:
-    print(json.dumps(check()))
+    print(json.dumps(check(sys.argv[1:])))
     return 0
 
 

@@ -13,6 +13,7 @@ editable install's finder comes after ``sys.path``.
 
 from __future__ import annotations
 
+import ast
 import random
 import shutil
 import subprocess
@@ -151,18 +152,43 @@ def sample(mutants: list[Mutant], size: int | None, seed: int) -> list[Mutant]:
     return [m for m in mutants if m in keep]
 
 
-def materialize(mutant: Mutant, root: Path, source: Path = REPO) -> Path:
-    """A copy of the package under ``root`` (from ``source``'s folders) with the
-    mutant's file changed; the directory to put on ``PYTHONPATH``."""
+def copy_packages(root: Path, source: Path = REPO) -> Path:
+    """A copy of the package under ``root`` (from ``source``'s folders); the
+    directory to put on ``PYTHONPATH``."""
     for package, folder in PACKAGES.items():
         shutil.copytree(source / folder, root / package, ignore=_IGNORED)
-    package_file = _package_path(mutant.file)
-    text = (source / mutant.file).read_text()
-    (root / package_file).write_text(mutate(text, mutant.ordinal))
     return root
 
 
-def _package_path(file: str) -> str:
+def materialize(mutant: Mutant, root: Path, source: Path = REPO) -> Path:
+    """``copy_packages`` with the mutant's file changed."""
+    copy_packages(root, source)
+    text = (source / mutant.file).read_text()
+    (root / package_path(mutant.file)).write_text(mutate(text, mutant.ordinal))
+    return root
+
+
+def enclosing_function(path: Path, line: int) -> str:
+    """The innermost function (``Class.method``) whose lines hold ``line`` in
+    the file at ``path``; ``module level`` outside any."""
+    best, span = "module level", None
+    stack: list[tuple[ast.AST, str]] = [(ast.parse(path.read_text()), "")]
+    while stack:
+        node, prefix = stack.pop()
+        for child in ast.iter_child_nodes(node):
+            name = prefix
+            if isinstance(child, ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
+                name = f"{prefix}{child.name}"
+                end = child.end_lineno or child.lineno
+                inside = child.lineno <= line <= end and not isinstance(child, ast.ClassDef)
+                if inside and (span is None or end - child.lineno < span):
+                    best, span = name, end - child.lineno
+                name += "."
+            stack.append((child, name))
+    return best
+
+
+def package_path(file: str) -> str:
     folder, _, rest = file.partition("/")
     for package, repo_folder in PACKAGES.items():
         if repo_folder == folder:

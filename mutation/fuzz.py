@@ -13,7 +13,8 @@ under pool pressure, roomy radix, the snapshot-slot backend). It observes:
   engine and its span listener hold back at its size when built (quiescence);
 * every request that finished (stop or length) equal, token for token, to
   the same prompt on a cache-off engine (equivalence);
-* no request failed, and the engine drained.
+* no request failed (but for one a failpoint failed, in the setups that have
+  them), and the engine drained.
 
 The same seed gives the same program, so a mutant is judged on exactly the
 operations the clean engine passes.
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import NamedTuple
 
 from opentelemetry.sdk.trace import TracerProvider
@@ -35,7 +37,7 @@ from kvwatch.engine import (
     SchedulerConfig,
     SpecConfig,
 )
-from kvwatch.engine.config import PrefixCacheMode
+from kvwatch.engine.config import FailpointConfig, PrefixCacheMode
 from kvwatch.engine.model.tokenizer import USER
 from kvwatch.engine.request import Status
 from kvwatch.gate.replay import Reference
@@ -68,13 +70,54 @@ SETUPS: dict[str, EngineConfig] = {
 }
 
 
+# Setups the programs above do not run, for lines they never reach (``reach.py``):
+# every allocation failing on a schedule (failpoints), and the settings of the
+# gate's configuration sweep (shared-prefix waits off, another page size,
+# speculation off).
+_PRESSURE = SETUPS["radix-pressure"]
+_FAILPOINTS = FailpointConfig(first=2, every=5)
+DIRECTED_SETUPS: dict[str, EngineConfig] = {
+    "radix-pressure-failpoints": replace(
+        _PRESSURE, cache=replace(_PRESSURE.cache, failpoints=_FAILPOINTS)
+    ),
+    "slots-failpoints": replace(
+        SETUPS["slots"], cache=replace(SETUPS["slots"].cache, failpoints=_FAILPOINTS)
+    ),
+    "radix-pressure-no-waits": replace(
+        _PRESSURE, scheduler=replace(_PRESSURE.scheduler, prefix_waits=False)
+    ),
+    "radix-pressure-page-8": replace(
+        _PRESSURE,
+        cache=replace(
+            _PRESSURE.cache,
+            full_kv=replace(_PRESSURE.cache.full_kv, page_size=8, capacity=96),
+            swa_kv=replace(_PRESSURE.cache.swa_kv, page_size=8, capacity=80),
+        ),
+    ),
+    "radix-pressure-no-spec": replace(_PRESSURE, scheduler=replace(_PRESSURE.scheduler, spec=None)),
+}
+
+
+def setup_of(name: str) -> EngineConfig:
+    """A program's engine config, from SETUPS or DIRECTED_SETUPS."""
+    return SETUPS[name] if name in SETUPS else DIRECTED_SETUPS[name]
+
+
 class Program(NamedTuple):
-    setup: str
+    setup: str  # a SETUPS or DIRECTED_SETUPS key
     seed: int
     operations: int = 90
 
+    @property
+    def name(self) -> str:
+        return f"{self.setup}/{self.seed}"
+
 
 PROGRAMS = tuple(Program(setup, seed) for seed in (0, 1) for setup in SETUPS)
+# What a mutant no program saw runs next, where it reaches the mutant's line.
+DIRECTED = tuple(
+    Program(setup, seed) for setup in [*SETUPS, *DIRECTED_SETUPS] for seed in (2, 3, 4)
+)
 
 
 class Observation(NamedTuple):
@@ -97,7 +140,7 @@ class _Run:
     def __init__(self, program: Program) -> None:
         self.program = program
         self.rng = random.Random(program.seed)
-        self.engine = Engine(SETUPS[program.setup])
+        self.engine = Engine(setup_of(program.setup))
         # the span listener rides along: its per-request maps must drain too
         self.spans = RequestSpans(TracerProvider().get_tracer(__name__), self.engine.events)
         self.baseline = registry_sizes({"engine": self.engine})
@@ -147,7 +190,7 @@ class _Run:
 
     def _room(self) -> int:
         """Tokens full.kv holds."""
-        cache = SETUPS[self.program.setup].cache
+        cache = setup_of(self.program.setup).cache
         return cache.full_kv.capacity * cache.page_size
 
     def oversize(self) -> None:
@@ -158,7 +201,7 @@ class _Run:
         stays parked until the end: pressure has to make it let go.
         """
         length = self._room() + self.rng.randint(1, 64)
-        if length >= SETUPS[self.program.setup].model.max_model_len:
+        if length >= setup_of(self.program.setup).model.max_model_len:
             return
         params = SamplingParams(max_tokens=self.rng.randint(1, 4))
         if not self._idle_sessions() or self.rng.random() < 0.5:
@@ -242,7 +285,8 @@ class _Run:
                         f"{rid}: a prompt longer than the pools hold ended {done.finish_reason!r}"
                     )
                     yield Observation(self.program, "failure", detail)
-            elif done.error is not None:
+            elif done.error is not None and "(failpoint " not in done.error:
+                # a failpoint may fail a request that cannot go on even alone
                 yield Observation(self.program, "failure", f"{rid}: {done.error}")
             elif done.finish_reason in ("stop", "length"):
                 prompt, output = tuple(done.prompt_token_ids), tuple(done.token_ids)
@@ -293,7 +337,7 @@ class _Run:
         yield from self.equivalence()
 
     def equivalence(self) -> Iterator[Observation]:
-        replays = Reference(SETUPS[self.program.setup]).replay(self.done)
+        replays = Reference(setup_of(self.program.setup)).replay(self.done)
         for r in replays:
             if r.cached != r.reference:
                 detail = f"{len(r.prompt)}-token prompt: {list(r.cached)} != cache-off {list(r.reference)}"

@@ -11,6 +11,12 @@ profile and the detector that must fail; every fault must fail the gate with
 that detector at every concurrency, and every clean cell (each profile a fault
 names, at every concurrency, two seeds) must pass.
 
+The configuration sweep runs the same through ``--engine-set``, on engine
+settings a user can change that move which paths run (``SWEEP``: shared-prefix
+waits off, another page size, speculative decoding off): every fault at
+c = 1 and 8 under each setting (less the faults a setting takes the path of
+away, ``NOT_REACHED``), and the clean engine on each profile a fault names.
+
 The cells go to ``docs/mutation-matrix.json``; ``docs/mutation-matrix.md`` is
 rendered from that file alone, so the test that checks the document reads the
 same cells.
@@ -35,6 +41,17 @@ from kvwatch.gate.profiles import CATCHES
 
 CONCURRENCY = (1, 2, 4, 8)
 CLEAN_SEEDS = (0, 1)
+# Engine settings besides the default, each as ``--engine-set`` values.
+SWEEP: dict[str, tuple[str, ...]] = {
+    "prefix-waits-off": ("scheduler.prefix_waits=false",),
+    "page-8": ("cache.full_kv.page_size=8", "cache.swa_kv.page_size=8"),
+    "spec-off": ("scheduler.spec=null",),
+}
+SWEEP_CONCURRENCY = (1, 8)
+# Faults whose code path a setting removes: not run under it, and why.
+NOT_REACHED: dict[str, dict[str, str]] = {
+    "spec-off": {"spec-overalloc-leak": "no verify step allocates drafts without speculation"},
+}
 CELL_TIMEOUT_S = 3600
 DOC = Path(__file__).resolve().parents[1] / "docs" / "mutation-matrix.md"
 
@@ -44,14 +61,18 @@ class Job(NamedTuple):
     profile: str
     concurrency: int
     seed: int = 0
+    config: str = ""  # a SWEEP key; "": the default engine
 
     @property
     def name(self) -> str:
-        return f"{self.fault or 'clean'}-{self.profile}-c{self.concurrency}-s{self.seed}"
+        name = f"{self.fault or 'clean'}-{self.profile}-c{self.concurrency}-s{self.seed}"
+        return f"{name}-{self.config}" if self.config else name
 
     def argv(self, out: Path) -> list[str]:
         args = ["gate", "--profile", self.profile, "-c", str(self.concurrency)]
         args += ["--seed", str(self.seed), "--out", str(out), "--no-report"]
+        for setting in SWEEP.get(self.config, ()):
+            args += ["--engine-set", setting]
         return args + (["--inject", self.fault] if self.fault else [])
 
 
@@ -89,6 +110,7 @@ class Cell(NamedTuple):
             profile=data["profile"],
             concurrency=data["concurrency"],
             seed=data["seed"],
+            config=data.get("config", ""),
         )
         verdicts = {k: (v[0], v[1]) for k, v in data["verdicts"].items()}
         return cls(job, data["exit_code"], verdicts, data["requests"], data["elapsed_s"])
@@ -98,20 +120,37 @@ def jobs(
     faults: Iterable[str] = CATCHES,
     concurrency: Sequence[int] = CONCURRENCY,
     clean: bool = True,
+    sweep: bool = True,
 ) -> list[Job]:
     """Every fault at every concurrency, then the clean engine on each profile a
-    fault names, at every concurrency, with each clean seed."""
+    fault names, at every concurrency, with each clean seed; then (``sweep``)
+    the same at c = 1 and 8 under each setting of ``SWEEP``, one clean seed."""
+    faults = list(faults)
+    profiles = sorted({catch.profile for catch in CATCHES.values()})
     out = [
         Job(fault=f, profile=CATCHES[f].profile, concurrency=c) for f in faults for c in concurrency
     ]
     if clean:
-        profiles = sorted({catch.profile for catch in CATCHES.values()})
         out += [
             Job(fault=None, profile=p, concurrency=c, seed=s)
             for p in profiles
             for c in concurrency
             for s in CLEAN_SEEDS
         ]
+    for config in SWEEP if sweep else ():
+        left_out = NOT_REACHED.get(config, {})
+        out += [
+            Job(fault=f, profile=CATCHES[f].profile, concurrency=c, config=config)
+            for f in faults
+            if f not in left_out
+            for c in SWEEP_CONCURRENCY
+        ]
+        if clean:
+            out += [
+                Job(fault=None, profile=p, concurrency=c, config=config)
+                for p in profiles
+                for c in SWEEP_CONCURRENCY
+            ]
     return out
 
 
@@ -173,8 +212,18 @@ def problems(cells: Sequence[Cell]) -> list[str]:
             failed = [d for d, (v, _) in cell.verdicts.items() if v == "fail"]
             what = f"expected {cell.expected} to fail" if cell.expected else "expected a pass"
             out.append(f"{cell.job.name}: exit {cell.exit_code}, failed {failed}; {what}")
-    covered = {(c.job.fault, c.job.concurrency) for c in cells}
-    out += [f"{f} at c={c}: no cell" for f in CATCHES for c in CONCURRENCY if (f, c) not in covered]
+    covered = {(c.job.fault, c.job.concurrency, c.job.config) for c in cells}
+    out += [
+        f"{f} at c={c}: no cell" for f in CATCHES for c in CONCURRENCY if (f, c, "") not in covered
+    ]
+    out += [
+        f"{f} at c={c} under {config}: no cell"
+        for config in SWEEP
+        for f in CATCHES
+        if f not in NOT_REACHED.get(config, {})
+        for c in SWEEP_CONCURRENCY
+        if (f, c, config) not in covered
+    ]
     return out
 
 
@@ -188,15 +237,29 @@ def render(cells: Sequence[Cell]) -> str:
         "",
         "Generated by `make matrix` (`python -m kvwatch.mutation.matrix`) from",
         "`docs/mutation-matrix.json`, and checked by `tests/test_mutation_matrix.py`.",
-        "Each row is one `kvwatch gate --profile P -c C --seed S [--inject FAULT]` run on a",
+        "Each row is one `kvwatch gate --profile P -c C --seed S [--inject FAULT]",
+        "[--engine-set KEY=VALUE]...` run on a",
         "fresh server. A cell is the first turn (0-based) at which that detector failed:",
         "`-` passed, `s` skipped (the heap detector runs on profiles that trace the heap).",
         "The detector that must catch the fault is **bold**; every fault row must exit 1",
         "and every clean row exit 0. `sent`: requests the users sent. Turn 6 is the",
         "check after the last turn (sessions closed, cache drained and flushed).",
+        "Every engine runs with the gate's failpoints on (seeded with S).",
         "",
-        "| fault | profile | c | seed | exit | sent | " + " | ".join(ids) + " |",
-        "|---|---|---|---|---|---|" + "---|" * len(ids),
+        "`engine`: `default`, or a setting of the configuration sweep, passed as",
+        "`--engine-set` values:",
+        "",
+        *(f"- `{name}`: `{' '.join(sets)}`" for name, sets in SWEEP.items()),
+        *(
+            f"- not run under `{config}`: {fault} ({why})"
+            for config, faults in NOT_REACHED.items()
+            for fault, why in faults.items()
+        ),
+        "",
+        *_tally(cells),
+        "",
+        "| fault | profile | engine | c | seed | exit | sent | " + " | ".join(ids) + " |",
+        "|---|---|---|---|---|---|---|" + "---|" * len(ids),
     ]
     for cell in cells:
         marks = []
@@ -206,10 +269,27 @@ def render(cells: Sequence[Cell]) -> str:
             marks.append(f"**{mark}**" if name == cell.expected else mark)
         job = cell.job
         lines.append(
-            f"| {job.fault or '(clean)'} | {job.profile} | {job.concurrency} | {job.seed} "
+            f"| {job.fault or '(clean)'} | {job.profile} | {job.config or 'default'} "
+            f"| {job.concurrency} | {job.seed} "
             f"| {cell.exit_code} | {cell.requests} | " + " | ".join(marks) + " |"
         )
     return "\n".join(lines) + "\n"
+
+
+def _tally(cells: Sequence[Cell]) -> list[str]:
+    """One line per engine: faults caught of fault cells, clean runs passed."""
+    out = []
+    for config in ("", *SWEEP):
+        mine = [c for c in cells if c.job.config == config]
+        faults = [c for c in mine if c.job.fault]
+        clean = [c for c in mine if not c.job.fault]
+        if mine:
+            out.append(
+                f"- `{config or 'default'}`: {sum(c.holds for c in faults)} of {len(faults)} "
+                f"fault cells caught by their detector, {sum(c.holds for c in clean)} of "
+                f"{len(clean)} clean cells passed"
+            )
+    return out
 
 
 def load(path: Path) -> list[Cell]:
@@ -235,8 +315,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         choices=sorted(CATCHES),
         help="rerun only these faults' cells and keep the other cells of --out",
     )
+    parser.add_argument(
+        "--no-sweep", action="store_true", help="leave out the configuration sweep's cells"
+    )
     args = parser.parse_args(argv)
-    todo = jobs(args.fault or CATCHES, clean=not args.fault)
+    todo = jobs(args.fault or CATCHES, clean=not args.fault, sweep=not args.no_sweep)
     cells = run_matrix(todo, args.runs, args.workers)
     if args.fault:
         fresh = {c.job: c for c in cells}

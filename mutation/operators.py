@@ -18,6 +18,17 @@ always yields the same list, in the same order.
                    its trailing ``raise``/``return``
     skip-branch    in an abort, error, close or finish path, one ``if``
                    branch is never taken (its test becomes ``False``)
+    finally-to-except  a ``finally:`` block runs only when something raised
+                   (``except Exception: ...; raise``): the normal path skips
+                   the cleanup
+    narrow-if      in such a path, an ``if`` also needs the test of the
+                   ``if`` before it in the function (``if a:`` becomes
+                   ``if a and b:``): a condition narrowed by an extra ``and``
+    remove-early   a release-type statement swaps places with the call before
+                   it: the registry entry goes before a call that can fail
+    mutate-copy    ``x.append(v)`` (``add``, ``update``, ``extend``, ``insert``,
+                   ``setdefault``) becomes ``x.copy().append(v)``: a copy is
+                   changed where the original was meant
 """
 
 from __future__ import annotations
@@ -31,6 +42,7 @@ RELEASE_NAMES = frozenset(
 )
 RELEASE_PREFIXES = ("close", "drop_", "release_", "free_", "evict", "forget_")
 PAGED = re.compile(r"page|token|slot", re.IGNORECASE)
+MUTATORS = frozenset({"append", "add", "update", "extend", "insert", "setdefault", "appendleft"})
 # Functions whose branches are an abort, error or teardown path.
 ERROR_PATH = re.compile(r"abort|cancel|fail|error|close|finish|release|retract|reap|disconnect")
 
@@ -68,6 +80,7 @@ class _Mutator(ast.NodeTransformer):
         self.target = target
         self.sites: list[Site] = []
         self._functions: list[str] = []
+        self._tests: list[list[ast.expr]] = []  # the if-tests seen so far, per function
 
     def _site(self, operator: str, node: ast.AST, before: str, after: str) -> bool:
         """Record a site; True when it is the one to change."""
@@ -77,7 +90,9 @@ class _Mutator(ast.NodeTransformer):
     # -- scopes ---------------------------------------------------------------
     def visit_FunctionDef(self, node: ast.FunctionDef) -> ast.AST:
         self._functions.append(node.name)
+        self._tests.append([])
         self.generic_visit(node)
+        self._tests.pop()
         self._functions.pop()
         return node
 
@@ -90,6 +105,27 @@ class _Mutator(ast.NodeTransformer):
     def visit_Expr(self, node: ast.Expr) -> ast.AST:
         if _is_release_call(node.value) and self._site("release-call", node, _text(node), "pass"):
             return ast.copy_location(ast.Pass(), node)
+        call = node.value
+        if (
+            isinstance(call, ast.Call)
+            and isinstance(call.func, ast.Attribute)
+            and call.func.attr in MUTATORS
+            and isinstance(call.func.value, ast.Name | ast.Attribute)
+        ):
+            owner = call.func.value
+            copied = f"{_text(owner)}.copy().{call.func.attr}("
+            if self._site(
+                "mutate-copy",
+                node,
+                _text(node),
+                _text(node).replace(f"{_text(owner)}.{call.func.attr}(", copied, 1),
+            ):
+                call.func.value = ast.Call(
+                    func=ast.Attribute(value=owner, attr="copy", ctx=ast.Load()),
+                    args=[],
+                    keywords=[],
+                )
+                return node
         self.generic_visit(node)
         return node
 
@@ -150,6 +186,14 @@ class _Mutator(ast.NodeTransformer):
         return None
 
     def visit_Try(self, node: ast.Try) -> ast.AST:
+        if node.finalbody and not node.handlers:
+            first = node.finalbody[0]
+            if self._site(
+                "finally-to-except", first, "finally: ...", "except Exception: ...; raise"
+            ):
+                cleanup = [*node.finalbody, ast.copy_location(ast.Raise(), first)]
+                handler = ast.ExceptHandler(type=ast.Name("Exception", ast.Load()), body=cleanup)
+                node.handlers, node.finalbody = [ast.copy_location(handler, first)], []
         for handler in node.handlers:
             what = f"except {_text(handler.type) if handler.type else ''}: ...".replace(" :", ":")
             skipped = self._skip_body(handler.body, handler, what)
@@ -164,10 +208,39 @@ class _Mutator(ast.NodeTransformer):
 
     def visit_If(self, node: ast.If) -> ast.AST:
         lifecycle = self._in_error_path() and not _is_fault_switch(node.test)
+        before = self._tests[-1][-1] if self._tests and self._tests[-1] else None
+        if self._tests:
+            self._tests[-1].append(node.test)
         if lifecycle and self._site("skip-branch", node, f"if {_text(node.test)}:", "if False:"):
             node.test = ast.copy_location(ast.Constant(False), node.test)
+        elif lifecycle and before is not None and _text(before) != _text(node.test):
+            narrowed = ast.BoolOp(op=ast.And(), values=[node.test, before])
+            if self._site("narrow-if", node, f"if {_text(node.test)}:", f"if {_text(narrowed)}:"):
+                node.test = ast.copy_location(narrowed, node.test)
         self.generic_visit(node)
         return node
+
+    # -- remove-early -----------------------------------------------------------
+    def generic_visit(self, node: ast.AST) -> ast.AST:
+        """Statement lists first get their remove-early sites (a release-type
+        statement right after a statement that calls something), then the walk."""
+        for field in ("body", "orelse", "finalbody"):
+            stmts = getattr(node, field, None)
+            if isinstance(stmts, list) and stmts and isinstance(stmts[0], ast.stmt):
+                self._remove_early(stmts)
+        return super().generic_visit(node)
+
+    def _remove_early(self, stmts: list[ast.stmt]) -> None:
+        for i in range(1, len(stmts)):
+            removal, call = stmts[i], stmts[i - 1]
+            releases = isinstance(removal, ast.Delete) or (
+                isinstance(removal, ast.Expr) and _is_release_call(removal.value)
+            )
+            calls = any(isinstance(n, ast.Call) for n in ast.walk(call))
+            if releases and calls and not isinstance(call, ast.Return | ast.Raise):
+                moved = f"{_text(removal)}; {_text(call)}"
+                if self._site("remove-early", removal, f"{_text(call)}; {_text(removal)}", moved):
+                    stmts[i - 1], stmts[i] = removal, call
 
 
 def _is_fault_switch(test: ast.expr) -> bool:
@@ -199,4 +272,8 @@ OPERATORS: tuple[str, ...] = (
     "slice-bound",
     "skip-cleanup",
     "skip-branch",
+    "finally-to-except",
+    "narrow-if",
+    "remove-early",
+    "mutate-copy",
 )

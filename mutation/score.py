@@ -4,13 +4,20 @@
 
 For every mutant (``catalog.py``), on its own copy of the package:
 
-  1. alive?   the engine and server programs (``alive.py``); a mutant no
-              oracle sees is counted equivalent and goes no further;
+  1. alive?   the engine and server programs (``alive.py``). A mutant no
+              oracle sees whose line those programs ran (on the clean code,
+              ``reach.py``) is equivalent; one whose line they never ran
+              gets the directed programs that do run it (failpoints on, the
+              sweep's settings, more seeds): seen there, it is alive; not
+              seen, equivalent; run by none of them, **unreached**;
   2. fast     ``kvwatch gate --profile P -c 2`` (6 turns) profile by
               profile, stopping at the first that fails (exit 1, or 3 when
               the run itself broke);
   3. default  a mutant the fast gate missed gets the default gate's
-              concurrency extremes, every profile at c = 1 and 8.
+              concurrency extremes, every profile at c = 1 and 8;
+  4. sweep    a mutant the default gate missed gets every profile at c = 2
+              under each setting of the configuration sweep
+              (``matrix.SWEEP``), one gate per setting.
 
 Mutants are made from a snapshot of the repository taken when the run
 starts (``WORK/source``, kept while the run resumes): the code can change
@@ -36,7 +43,18 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import NamedTuple
 
-from kvwatch.mutation.catalog import REPO, Mutant, catalog, materialize, sample, snapshot
+from kvwatch.mutation.catalog import (
+    REPO,
+    Mutant,
+    catalog,
+    copy_packages,
+    enclosing_function,
+    materialize,
+    sample,
+    snapshot,
+)
+from kvwatch.mutation.matrix import SWEEP
+from kvwatch.mutation.reach import reaching
 from kvwatch.mutation.score_report import DOC, save
 
 ALIVE_TIMEOUT_S = 600  # a mutant that hangs the programs is alive (it hangs the engine)
@@ -52,6 +70,9 @@ FAST_PROFILES = (
 )
 FAST_FLAGS = ("-c", "2", "--max-replays", "16")
 DEFAULT_FLAGS = ("-c", "1,8", "--max-replays", "24")
+SWEEP_FLAGS = ("-c", "2", "--max-replays", "16")
+REACH_TIMEOUT_S = 3600
+DIRECTED_TRIES = 3  # directed programs run on a mutant whose line only they reach
 
 
 class MutantVerdict(NamedTuple):
@@ -61,14 +82,17 @@ class MutantVerdict(NamedTuple):
     alive: bool
     oracle: str | None  # the oracle that showed it alive
     detail: str
-    caught_by: str | None  # "fast: <profile>" or "default"; None: the gate missed it
+    caught_by: str | None  # "fast: <profile>", "default" or "sweep: <setting>"; None: missed
     detectors: tuple[str, ...]  # the detectors that failed, or ("run broke",)
     elapsed_s: float
+    # what ran the mutant's line: "programs", "directed: <program>, ...", "none"
+    # (unreached), or "" (not measured)
+    reach: str = ""
 
     @property
     def outcome(self) -> str:
         if not self.alive:
-            return "equivalent"
+            return "unreached" if self.reach == "none" else "equivalent"
         return "caught" if self.caught_by else "survived"
 
     def to_json(self) -> dict:
@@ -80,6 +104,7 @@ class MutantVerdict(NamedTuple):
             "caught_by": self.caught_by,
             "detectors": list(self.detectors),
             "elapsed_s": self.elapsed_s,
+            "reach": self.reach,
         }
 
     @classmethod
@@ -94,7 +119,7 @@ class MutantVerdict(NamedTuple):
         )
         return cls(
             mutant, d["alive"], d["oracle"], d["detail"], d["caught_by"],
-            tuple(d["detectors"]), d["elapsed_s"],
+            tuple(d["detectors"]), d["elapsed_s"], d.get("reach", ""),
         )  # fmt: skip
 
 
@@ -102,8 +127,8 @@ def _env(tree: Path) -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": str(tree), "PYTHONDONTWRITEBYTECODE": "1"}
 
 
-def _alive(tree: Path) -> dict:
-    cmd = [sys.executable, "-m", "kvwatch.mutation.alive"]
+def _alive(tree: Path, programs: Sequence[str] = ()) -> dict:
+    cmd = [sys.executable, "-m", "kvwatch.mutation.alive", *programs]
     try:
         proc = subprocess.run(
             cmd, cwd=tree, env=_env(tree), capture_output=True, text=True, timeout=ALIVE_TIMEOUT_S
@@ -115,6 +140,34 @@ def _alive(tree: Path) -> dict:
         tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
         return {"alive": True, "oracle": "raised", "detail": tail[:300]}
     return json.loads(lines[-1])
+
+
+def reach_of(source: Path, work: Path) -> dict:
+    """``reach.py``'s lines for the clean code of ``source``, measured once per run
+    (``work/reach.json``, kept while the run resumes)."""
+    path = work / "reach.json"
+    if not path.exists():
+        tree = work / "clean"
+        shutil.rmtree(tree, ignore_errors=True)
+        copy_packages(tree, source)
+        cmd = [sys.executable, "-m", "kvwatch.mutation.reach", str(path)]
+        subprocess.run(cmd, cwd=tree, env=_env(tree), check=True, timeout=REACH_TIMEOUT_S)
+        shutil.rmtree(tree, ignore_errors=True)
+    return json.loads(path.read_text())
+
+
+def _unseen(mutant: Mutant, src: Path, source: Path, reach: dict) -> tuple[dict, str]:
+    """For a mutant the programs did not see: what the directed programs that run
+    its line saw, and what ran it (``MutantVerdict.reach``)."""
+    base, directed = reaching(reach, mutant.file, mutant.line)
+    unseen = {"alive": False, "oracle": None, "detail": "no oracle saw it"}
+    if base:
+        return unseen, "programs"
+    if not directed:
+        where = enclosing_function(source / mutant.file, mutant.line)
+        return {**unseen, "detail": f"no program runs line {mutant.line} (in {where})"}, "none"
+    picked = directed[:DIRECTED_TRIES]
+    return _alive(src, picked), "directed: " + ", ".join(picked)
 
 
 def _gate(tree: Path, out: Path, flags: Sequence[str]) -> tuple[int, tuple[str, ...]]:
@@ -143,14 +196,20 @@ def _gate(tree: Path, out: Path, flags: Sequence[str]) -> tuple[int, tuple[str, 
     return proc.returncode, tuple(dict.fromkeys(failed))
 
 
-def judge(mutant: Mutant, work: Path, source: Path = REPO) -> MutantVerdict:
-    """Steps 1-3 for one mutant (made from ``source``), in its own directory under ``work``."""
+def judge(
+    mutant: Mutant, work: Path, source: Path = REPO, reach: dict | None = None
+) -> MutantVerdict:
+    """Steps 1-4 for one mutant (made from ``source``), in its own directory under
+    ``work``; ``reach``: the clean code's lines (``reach_of``), or None to skip
+    the directed attempt."""
     started = time.monotonic()
     tree = work / mutant.id.replace("/", "_").replace(":", "-")
     shutil.rmtree(tree, ignore_errors=True)
     materialize(mutant, tree / "src", source)
     src = tree / "src"
-    alive = _alive(src)
+    alive, reached = _alive(src), "programs"
+    if not alive["alive"] and reach is not None:
+        alive, reached = _unseen(mutant, src, source, reach)
 
     def verdict(caught_by: str | None, detectors: tuple[str, ...] = ()) -> MutantVerdict:
         elapsed = round(time.monotonic() - started, 1)
@@ -162,6 +221,7 @@ def judge(mutant: Mutant, work: Path, source: Path = REPO) -> MutantVerdict:
             caught_by=caught_by,
             detectors=detectors,
             elapsed_s=elapsed,
+            reach=reached,
         )
 
     try:
@@ -172,7 +232,14 @@ def judge(mutant: Mutant, work: Path, source: Path = REPO) -> MutantVerdict:
             if code in (1, 3):
                 return verdict(f"fast: {profile}", failed)
         code, failed = _gate(src, tree / "default", DEFAULT_FLAGS)
-        return verdict("default" if code in (1, 3) else None, failed)
+        if code in (1, 3):
+            return verdict("default", failed)
+        for setting, sets in SWEEP.items():
+            flags = [*SWEEP_FLAGS, *(a for s in sets for a in ("--engine-set", s))]
+            code, failed = _gate(src, tree / f"sweep-{setting}", flags)
+            if code in (1, 3):
+                return verdict(f"sweep: {setting}", failed)
+        return verdict(None, failed)
     finally:
         shutil.rmtree(src, ignore_errors=True)
 
@@ -183,10 +250,12 @@ def run_all(
     workers: int = 2,
     progress: Callable[[str], None] | None = None,
     source: Path = REPO,
+    reach: dict | None = None,
 ) -> list[MutantVerdict]:
     """Every mutant's verdict, in ``mutants`` order. Each verdict is appended to
     ``work/verdicts.jsonl`` as it comes; a mutant already there is not run again,
-    so a run that was stopped resumes where it was."""
+    so a run that was stopped resumes where it was. ``reach``: the clean code's
+    lines (``reach_of``), for the directed attempt on mutants no program saw."""
     progress = progress or functools.partial(print, flush=True)
     work = work.resolve()  # the gates run from the mutant's tree
     work.mkdir(parents=True, exist_ok=True)
@@ -199,7 +268,7 @@ def run_all(
     lock = threading.Lock()
 
     def one(mutant: Mutant) -> None:
-        v = judge(mutant, work, source)
+        v = judge(mutant, work, source, reach)
         with lock:
             done[mutant] = v
             with journal.open("a") as f:
@@ -236,7 +305,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.only
         else sample(every, args.sample, args.seed)
     )
-    verdicts = run_all(chosen, args.work, args.workers, source=source)
+    reach = reach_of(source, args.work.resolve())
+    verdicts = run_all(chosen, args.work, args.workers, source=source, reach=reach)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     save(verdicts, args.out, sites=len(every), sample=args.sample, seed=args.seed, commit=commit)
     caught = sum(v.outcome == "caught" for v in verdicts)

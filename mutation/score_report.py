@@ -15,12 +15,31 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kvwatch.mutation.operators import OPERATORS
-from kvwatch.mutation.survivors import NOTES
+from kvwatch.mutation.survivors import NOTES, UNREACHED
 
 if TYPE_CHECKING:
     from kvwatch.mutation.score import MutantVerdict
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "mutation-score.md"
+
+
+LEGEND = (
+    "- **alive**: an oracle that does not know the mutant showed it to be a bug",
+    "  (`mutation/alive.py`: the engine and server programs, with the audit after every",
+    "  operation, usage bounds, quiescence after drain and flush, and the cache-off replay",
+    "  of every finished request). A mutant those programs did not see, whose line they",
+    "  never ran on the clean code (`mutation/reach.py`, coverage.py), gets the directed",
+    "  programs that do run it (failpoints on, the configuration sweep's settings, more",
+    "  seeds; at most three): what they see is alive too.",
+    "- **equivalent**: no oracle saw it, and a program ran its line: the change leaves",
+    "  behaviour as the oracles see it. **unreached**: no program, directed or not, runs",
+    "  its line; not counted as equivalent, listed below with why.",
+    "- **caught**: an alive mutant failed `kvwatch gate` (exit 1, or exit 3 when the run",
+    "  itself broke): first the fast configuration, profile by profile at c = 2, then",
+    "  every profile at c = 1 and 8 (the default gate's concurrency extremes), then every",
+    "  profile at c = 2 under each setting of the configuration sweep (`--engine-set`:",
+    "  shared-prefix waits off, page size 8, speculative decoding off).",
+)
 
 
 def _pct(part: int, whole: int) -> str:
@@ -31,6 +50,10 @@ def render(verdicts: Sequence[MutantVerdict], meta: dict) -> str:
     alive = [v for v in verdicts if v.alive]
     caught = [v for v in alive if v.caught_by]
     fast = sum(v.caught_by.startswith("fast") for v in caught)
+    sweep = sum(v.caught_by.startswith("sweep") for v in caught)
+    default = len(caught) - fast - sweep
+    unreached = [v for v in verdicts if v.outcome == "unreached"]
+    directed = sum(v.reach.startswith("directed") for v in alive)
     chosen = (
         f"a sample of {len(verdicts)} of the {meta['sites']} mutants (`--sample "
         f"{meta['sample']} --seed {meta['seed']}`, in proportion per operator)"
@@ -46,23 +69,18 @@ def render(verdicts: Sequence[MutantVerdict], meta: dict) -> str:
         "`mutation/catalog.py`. This run judged " + chosen + ", made from the code at",
         f"commit `{meta.get('commit', 'unknown')}`.",
         "",
-        "- **alive**: an oracle that does not know the mutant showed it to be a bug",
-        "  (`mutation/alive.py`: the engine and server programs, with the audit after every",
-        "  operation, usage bounds, quiescence after drain and flush, and the cache-off replay",
-        "  of every finished request). The rest are counted **equivalent**: no oracle saw",
-        "  them, because the change leaves behaviour as it was or because no program reaches",
-        "  the changed line (the table at the end names each one; reaching more of them is",
-        "  how the programs grow).",
-        "- **caught**: an alive mutant failed `kvwatch gate` (exit 1, or exit 3 when the run",
-        "  itself broke): first the fast configuration, profile by profile at c = 2, then",
-        "  every profile at c = 1 and 8.",
+        *LEGEND,
         "",
         f"**Score: {len(caught)} of {len(alive)} alive mutants caught "
-        f"({_pct(len(caught), len(alive))})**; {fast} by the fast configuration, "
-        f"{len(caught) - fast} only at c = 1 and 8; {len(verdicts) - len(alive)} equivalent.",
+        f"({_pct(len(caught), len(alive))})**: {fast} by the fast configuration, "
+        f"{default} by the default gate at c = 1 and 8, {sweep} only by the configuration "
+        f"sweep; the default engine's share of what was caught: "
+        f"{_pct(fast + default, len(caught))}. {directed} of the alive were found by "
+        f"directed programs; {len(verdicts) - len(alive) - len(unreached)} equivalent, "
+        f"{len(unreached)} unreached.",
         "",
-        "| operator | mutants | alive | caught | survived | equivalent |",
-        "|---|---|---|---|---|---|",
+        "| operator | mutants | alive | caught | survived | equivalent | unreached |",
+        "|---|---|---|---|---|---|---|",
     ]
     for op in OPERATORS:
         mine = [v for v in verdicts if v.mutant.operator == op]
@@ -71,9 +89,29 @@ def render(verdicts: Sequence[MutantVerdict], meta: dict) -> str:
         n = Counter(v.outcome for v in mine)
         alive_n = n["caught"] + n["survived"]
         lines.append(
-            f"| {op} | {len(mine)} | {alive_n} | {n['caught']} | {n['survived']} | {n['equivalent']} |"
+            f"| {op} | {len(mine)} | {alive_n} | {n['caught']} | {n['survived']} "
+            f"| {n['equivalent']} | {n['unreached']} |"
         )
-    return "\n".join(lines + _survivors(alive) + _every_mutant(verdicts)) + "\n"
+    parts = lines + _survivors(alive) + _unreached(unreached) + _every_mutant(verdicts)
+    return "\n".join(parts) + "\n"
+
+
+def _unreached(unreached: Sequence[MutantVerdict]) -> list[str]:
+    """Each line no program runs, by function, with why (``survivors.UNREACHED``)."""
+    lines = ["", "## Unreached lines", ""]
+    if not unreached:
+        return [*lines, "None: every mutant's line ran in some program."]
+    lines.append(
+        f"{len(unreached)} mutants on {len({(v.mutant.file, v.mutant.line) for v in unreached})} "
+        "lines that no program runs, with or without failpoints and the sweep's settings:"
+    )
+    lines.append("")
+    for v in unreached:
+        m = v.mutant
+        where = v.detail.rpartition("(in ")[2].rstrip(")")
+        why = UNREACHED.get(f"{m.file}:{where}", "(not yet written)")
+        lines.append(f"- `{m.id}` ({m.file} line {m.line}, `{where}`, {m.operator}): {why}")
+    return lines
 
 
 def _survivors(alive: Sequence[MutantVerdict]) -> list[str]:

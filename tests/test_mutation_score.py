@@ -28,6 +28,13 @@ def release(self, holder, pages):
     del self.table[holder.id]
     node = self.owners.pop(holder.id)
     self.tree.unlock(node)
+    try:
+        self.hand_back(node)
+    finally:
+        self.ledger.update(node)
+    if holder.parked:
+        self.notify(holder)
+        self.waiting.remove(holder)
 """
 
 
@@ -46,6 +53,12 @@ def test_every_operator_finds_its_sites():
     cleanup = mutate(SOURCE, by_op["skip-cleanup"][0])
     assert "self.log(holder)" not in cleanup and "raise" in cleanup
     assert "if False:" in mutate(SOURCE, by_op["skip-branch"][0])
+    narrowing = mutate(SOURCE, by_op["finally-to-except"][0])
+    assert "finally:" not in narrowing and "except Exception:" in narrowing
+    assert "if holder.parked and holder.aborted:" in mutate(SOURCE, by_op["narrow-if"][0])
+    early = mutate(SOURCE, by_op["remove-early"][-1])
+    assert early.index("self.waiting.remove(holder)") < early.index("self.notify(holder)")
+    assert "self.ledger.copy().update(node)" in mutate(SOURCE, by_op["mutate-copy"][0])
     for i in range(len(sites(SOURCE))):  # every mutant is valid Python
         ast.parse(mutate(SOURCE, i))
     with pytest.raises(IndexError):
@@ -131,7 +144,7 @@ def test_a_stopped_run_resumes_from_its_journal(tmp_path, monkeypatch):
     mutants = catalog()[:3]
     judged = []
 
-    def judge(mutant, work, source):
+    def judge(mutant, work, source, reach=None):
         assert work.is_absolute()  # the gates run from the mutant's tree, not from here
         judged.append(mutant.id)
         return score.MutantVerdict(
