@@ -34,9 +34,11 @@ from kvwatch.gate.run_record import RunRecord, Signal
 
 
 class Profile(Protocol):
-    """A load a target can run; the gate reads only its name."""
+    """A load a target can run; the gate reads its name and its turns per run
+    (used when ``--turns`` is not given)."""
 
     name: str
+    turns: int
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -52,6 +52,7 @@ class CacheProfile(NamedTuple):
     name: str
     summary: str
     workload: type[Workload]
+    turns: int = 6
 
 
 PROFILES: Mapping[str, CacheProfile] = {

@@ -50,6 +50,7 @@ PLAN, RECORD, PROGRESS = "scheduler-plan.json", "scheduler-record.json", "schedu
 class SchedulerProfile(NamedTuple):
     name: str
     summary: str
+    turns: int = 6
 
 
 PROFILES = {name: SchedulerProfile(name, w.summary) for name, w in WORKLOADS.items()}
