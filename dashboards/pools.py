@@ -2,7 +2,7 @@
 refs, snapshots and session-held pages.
 
     capacity ──────────────────────────────  (line)
-    host │ pinned_session │ pinned_request │ evictable   (stacked, per group)
+    host_evictable │ host │ pinned_session │ pinned_request │ evictable   (stacked, per group)
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from kvwatch.telemetry import names as n
 
 UID = "kvwatch-pools"
 TITLE = "kvwatch / Prefix-cache pools"
-OWNERS = 'state=~"evictable|pinned_request|pinned_session|host"'
+OWNERS = 'state=~"evictable|pinned_request|pinned_session|host|host_evictable"'
 USED = 'state="used"'
 STATE_FAMILY = 'family="state"'
 

@@ -96,7 +96,9 @@ class GroupReport(NamedTuple):
     family: str  # history or state
     capacity: int
     free: int
-    by_owner: dict[str, int]  # tree, request, session, slot; host: pages in the host tier
+    # tree, request, session, slot; host: pages in the host tier; host_evictable: those of
+    # them no retracted request will recover from (cache)
+    by_owner: dict[str, int]
     evictable: int  # tree pages eviction or pruning may take back
     host_capacity: int
 

@@ -63,7 +63,9 @@ def _pool_pages(stats: EngineStats) -> Iterable[Observation]:
             "evictable": g.evictable,
             "pinned_request": g.by_owner.get("request", 0),
             "pinned_session": g.by_owner.get("session", 0),
-            "host": g.by_owner.get("host", 0),
+            # the host tier: pinned for a retracted request's recovery, or cache
+            "host": g.by_owner.get("host", 0) - g.by_owner.get("host_evictable", 0),
+            "host_evictable": g.by_owner.get("host_evictable", 0),
         }
         for state in n.POOL_STATES:
             yield Observation(values[state], {n.GROUP: group, n.FAMILY: g.family, n.STATE: state})

@@ -13,7 +13,15 @@ TRACER = "kvwatch"
 # -- pool and cache gauges ------------------------------------------------------------------
 POOL_PAGES = "kvwatch.pool.pages"  # {group, family, state}
 POOL_CAPACITY = "kvwatch.pool.capacity"  # {group, family}
-POOL_STATES = ("free", "used", "evictable", "pinned_request", "pinned_session", "host")
+POOL_STATES = (
+    "free",
+    "used",
+    "evictable",
+    "pinned_request",
+    "pinned_session",
+    "host",
+    "host_evictable",
+)
 ROOT_REFS = "kvwatch.tree.root_refs"
 ROOT_REFS_EXPECTED = "kvwatch.tree.root_refs_expected"
 TREE_NODES = "kvwatch.tree.nodes"
@@ -143,7 +151,9 @@ _BY_MODEL = "labelled by operation and model (gen_ai.operation.name, gen_ai.requ
 HELP = {
     POOL_PAGES: "Pages of each cache group by state: free, used (capacity less free), "
     "evictable (tree pages eviction may take back), pinned_request, pinned_session, "
-    "and host (in the host tier); in pages, labelled by group, family and state.",
+    "host (host-tier pages a retracted request will recover from) and host_evictable "
+    "(host-tier pages caching a snapshot nobody will recover from); in pages, labelled by "
+    "group, family and state.",
     POOL_CAPACITY: "Pages each cache group's pool holds; in pages, labelled by group and family.",
     ROOT_REFS: "References the prefix tree's root holds, as the tree counts them.",
     ROOT_REFS_EXPECTED: "References the prefix tree's root should hold: one per live holder "

@@ -299,11 +299,41 @@ def test_retract_parks_the_recovery_snapshot_on_the_host():
         "session": 0,
         "slot": 0,
         "host": 1,
+        "host_evictable": 0,  # the retracted request recovers from it: pinned
     }
     holder_of(h).tokens.append(7)
     assert cache.match(h).resume_len == 20
     assert anchor.snapshot.tier is Tier.DEVICE and anchor.host_refs == 0
     sim.check_holder(h)
+    assert audit(cache).clean
+
+
+def test_a_host_snapshot_no_request_will_recover_from_is_host_evictable():
+    """Aborted while retracted, a request leaves its recovery snapshot on the host tier
+    as cache: still host pages, but evictable ones, and the pool gauge's ``host``
+    state (what a black-box gate wants back at its level) no longer counts them."""
+    from kvwatch.telemetry.metrics import _pool_pages
+
+    cache = build_cache(small_config(), INT_LAYOUTS)
+    sim = SimRunner(cache)
+    h = cache.open(list(range(20)))
+    cache.match(h)
+    run_turn(sim, h, [], chunk=6, decode=[])
+    cache.retract(h)
+    anchor = holder_of(h).anchor
+    pinned = group_usage(cache)[LINEAR_STATE].by_owner
+    assert (pinned["host"], pinned["host_evictable"]) == (1, 0)
+    cache.release(h, commit=False)
+    assert anchor.snapshot.tier is Tier.HOST and anchor.host_refs == 0
+    cached = group_usage(cache)[LINEAR_STATE].by_owner
+    assert (cached["host"], cached["host_evictable"]) == (1, 1)
+    stats = take_stats(cache, 0, QueueReport(waiting=0, running=0, retracted=0, paused=0))
+    gauge = {
+        o.attributes["state"]: o.value
+        for o in _pool_pages(stats)
+        if o.attributes["group"] == LINEAR_STATE
+    }
+    assert (gauge["host"], gauge["host_evictable"]) == (0, 1)
     assert audit(cache).clean
 
 

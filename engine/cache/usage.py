@@ -46,7 +46,9 @@ class GroupUsage(NamedTuple):
     family: str
     capacity: int
     free: int
-    by_owner: dict[str, int]  # tree, request, session, slot, and host (host-tier pages)
+    # tree, request, session, slot; host: every host-tier page, and host_evictable: those
+    # of them that cache a snapshot no retracted request will recover from
+    by_owner: dict[str, int]
     evictable: int  # tree-held pages that eviction or pruning may take back
     host_capacity: int
 
@@ -66,6 +68,7 @@ def group_usage(cache: CacheBase) -> dict[str, GroupUsage]:
     pages eviction or pruning may take back (one walk over the tree)."""
     anchored = _anchored(cache)
     evictable = dict.fromkeys(cache.store.pools, 0)
+    host_cached = dict.fromkeys(cache.store.pools, 0)
     for node in cache.store.tree.nodes()[1:]:
         locked = node.refs > 0
         if not locked and node not in anchored:
@@ -74,12 +77,18 @@ def group_usage(cache: CacheBase) -> dict[str, GroupUsage]:
         if snap is not None and snap.tier is Tier.DEVICE and not locked and not node.host_refs:
             for group, pages in snap.pages.items():
                 evictable[group] += len(pages)
+        elif snap is not None and snap.tier is Tier.HOST and not node.host_refs:
+            # cache on the host tier: a request whose recovery failed, or that was
+            # aborted while retracted, leaves it there for a later match to load
+            for group, pages in snap.pages.items():
+                host_cached[group] += len(pages)
     out = {}
     for group, pool in cache.store.pools.items():
         counts = np.bincount(pool.owner_kind, minlength=len(OwnerKind)).tolist()
         by_owner = {label: counts[int(kind)] for kind, label in OWNER_LABEL.items()}
         host = cache.store.host_pools.get(group)
         by_owner["host"] = host.used_count if host else 0
+        by_owner["host_evictable"] = host_cached[group]
         spec = cache.config.group(group)
         out[group] = GroupUsage(
             group=group,
