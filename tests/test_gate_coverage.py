@@ -61,7 +61,9 @@ def test_the_edges_profile_at_c8_takes_every_combination_and_boundary_edge(tmp_p
     assert code == 0, err[-3000:]
     assert summary["verdict"] == "pass" and failing(summary) == set()
     total = summary["coverage"]["total"]
-    assert_all_taken(total, [m[0] for m in combos.MACHINES])
+    # the failpoints of the slot backend and of sessions fire in the profiles that
+    # run them: that machine is the whole default gate's to complete (above)
+    assert_all_taken(total, [m[0] for m in combos.MACHINES if m[0] != combos.FAILPOINT])
     for name in ("request", "session", "slot"):
         assert total[name]["unlisted"] == {}, (name, total[name]["unlisted"])
     (run,) = summary["runs"]
