@@ -132,6 +132,34 @@ def test_heap_judges_per_cached_token_when_the_cache_holds_more_than_the_context
     assert DETECTORS["heap"](RunRecord(turns=blind, warmup=2)).failed
 
 
+def test_heap_judges_per_context_token_too_when_the_cache_grows_slower():
+    """rl-rollout at c = 1 with failpoints on (figures of one run): a session's last
+    two routed-expert blobs scale with its context, while cold sampled prompts keep
+    the cache ahead of the context and growing slower. Per held token the clean
+    blobs climb; per context token they are flat. Keeping every blob climbs on both."""
+    context = [41, 94, 159, 219, 304, 363, 406]
+    cached = [192, 288, 336, 400, 480, 592, 640]
+    clean = [784, 2416, 4352, 6352, 8672, 10976, 12608]
+    leak = [784, 2416, 5088, 8720, 13712, 19648, 26272]
+
+    def run(kept: list[int]) -> RunRecord:
+        turns = tuple(
+            Turn(
+                turn=i + 1,
+                probes=(make_probe(cached_tokens=c),),
+                conversations=1,
+                context_tokens=x,
+                heap=HeapSample(traced_bytes=60_000 + b, top=(), by_site={"records.py:159": b}),
+            )
+            for i, (x, c, b) in enumerate(zip(context, cached, kept, strict=True))
+        )
+        return RunRecord(turns=turns, warmup=2)
+
+    assert DETECTORS["heap"](run(clean)).verdict == PASS
+    v = DETECTORS["heap"](run(leak))
+    assert v.failed and "records.py:159" in v.evidence[0].detail
+
+
 def test_heap_needs_a_site_to_grow_by_more_than_a_few_kilobytes():
     def run(scale: int) -> RunRecord:
         kept = [640, 640, 640, 2432, 3136, 3648]  # a monotone run of chance at one small site

@@ -34,7 +34,7 @@ def test_every_profile_is_served_with_failpoints_seeded_by_the_gate(tmp_path):
         config = target.engine(profile)
         assert config.cache.failpoints is not None, profile.name
         assert config.cache.failpoints.seed == 7
-        assert config.cache.failpoints.first == 2
+        assert config.cache.failpoints.first == 8
     # the cache-off reference replays without them
     assert reference_engine(target.engine(PROFILES["agentic-trie"])).config.cache.failpoints is None
 

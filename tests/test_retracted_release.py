@@ -57,7 +57,7 @@ def test_an_aborted_retracted_holder_releases_its_superseded_anchor_at_once():
 def test_a_recovering_holder_still_finds_its_anchor():
     """The release is for the aborted case only: a holder that comes back resumes
     from the anchor it kept."""
-    cache, sim, a, b, anchor = anchored_below_a_runner()
+    cache, sim, a, _b, anchor = anchored_below_a_runner()
     holder_of(a).tokens.append(7)
     assert cache.match(a).resume_len == anchor.depth
     sim.check_holder(a)

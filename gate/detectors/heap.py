@@ -234,31 +234,43 @@ def moved_from(site: str, grown: int, first, last) -> tuple[str, ...]:
     )
 
 
+def _rise(run: RunRecord, numbers: list[int], sizes: list[float], tokens: list[int]):
+    """``first_rise`` of ``sizes`` per token of ``tokens``, and that ratio."""
+    ratio = [b / n for b, n in zip(sizes, tokens, strict=True)]
+    rise = first_rise(numbers, ratio, run.warmup, MIN_RELATIVE_SLOPE, MIN_BYTES_PER_TOKEN_TURN)
+    return rise, ratio
+
+
 def token_rule(run: RunRecord, turns: list) -> Verdict:
+    """A site (or the total) rises per held token and per token of live context
+    alike. Memory that scales with the context is flat per context token but
+    climbs per held token while the cache holds more than the context and grows
+    slower (cold prompts cached by the page); memory that scales with the cache
+    is the other way round; a leak of turns x prefix climbs against both."""
     numbers = [t.turn for t in turns]
     judged = turns[min(run.warmup, max(0, len(turns) - 4)) :]
-    tokens = [held_tokens(t) for t in turns]
-    series = {TOTAL: [t.heap.traced_bytes / n for t, n in zip(turns, tokens, strict=True)]}
+    held = [held_tokens(t) for t in turns]
+    context = [t.context_tokens for t in turns]
+    sizes = {TOTAL: [float(t.heap.traced_bytes) for t in turns]}
     # a site is followed only if every judged sample saw it (the samples keep the top sites)
     common = set.intersection(*(set(t.heap.by_site or {}) for t in judged))
     for site in common:
         grown = judged[-1].heap.by_site[site] - judged[0].heap.by_site[site]
         if grown >= MIN_SITE_GROWTH:
             together = (site, *moved_from(site, grown, judged[0], judged[-1]))
-            series[site] = [
-                sum((t.heap.by_site or {}).get(s, 0) for s in together) / n
-                for t, n in zip(turns, tokens, strict=True)
-            ]
+            sizes[site] = [sum((t.heap.by_site or {}).get(s, 0) for s in together) for t in turns]
     worst = None
-    for site, ratio in series.items():
-        rise = first_rise(numbers, ratio, run.warmup, MIN_RELATIVE_SLOPE, MIN_BYTES_PER_TOKEN_TURN)
+    for site, size in sizes.items():
+        rise, ratio = _rise(run, numbers, size, held)
+        also, _ = _rise(run, numbers, size, context)
+        if rise is None or also is None:
+            continue
+        rise = (max(rise[0], also[0]), rise[1])
         # the earliest rise wins; on a tie, a named site says more than the total
-        if rise is not None and (
-            worst is None or (rise[0], site == TOTAL) < (worst[1], worst[0] == TOTAL)
-        ):
+        if worst is None or (rise[0], site == TOTAL) < (worst[1], worst[0] == TOTAL):
             worst = (site, rise[0], rise[1], ratio)
     if worst is None:
-        total = series[TOTAL]
+        total = [b / n for b, n in zip(sizes[TOTAL], held, strict=True)]
         return passed(
             ID, f"{total[-1]:.0f} bytes per held token, no site rising over {len(turns)} turns"
         )
@@ -268,8 +280,8 @@ def token_rule(run: RunRecord, turns: list) -> Verdict:
         Evidence(
             group=None,
             pages=(),
-            detail=f"{site}: retained bytes per held token rise {ratio[0]:.1f} -> {ratio[-1]:.1f} "
-            f"(O(turns x prefix)): {trend.describe}",
+            detail=f"{site}: retained bytes per held token rise {ratio[0]:.1f} -> {ratio[-1]:.1f}, "
+            f"and per context token too (O(turns x prefix)): {trend.describe}",
             traceback=(site,),
         )
     ]
