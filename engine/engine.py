@@ -457,6 +457,13 @@ class Engine:
             sessions_closed=self._sessions.closed_total,
         )
 
+    def arm_failpoints(self, armed: bool) -> None:
+        """With ``CacheConfig.failpoints`` set, make the cache's sites count and fail
+        (True, as it starts) or neither (False); between steps."""
+        if self._in_step:
+            raise RuntimeError("failpoints are armed between steps")
+        self._cache.arm_failpoints(armed)
+
     def flush_cache(self) -> None:
         """Evict every unreferenced node, snapshot and slot."""
         if self._in_step:

@@ -170,6 +170,10 @@ class HttpSource:
         resp.raise_for_status()
         return read_series(resp.text, tuple(series))
 
+    def arm_failpoints(self, armed: bool) -> None:
+        """Arm or disarm the server engine's failpoints (``POST /debug/failpoints``)."""
+        self._call("POST", f"/debug/failpoints?armed={str(armed).lower()}")
+
     def census(self) -> dict[str, int]:
         """Live instances of each kvwatch class in the server (``GET /debug/census``)."""
         return self._call("GET", "/debug/census")["census"]

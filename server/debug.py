@@ -110,6 +110,15 @@ async def flush_cache(request: Request):
     return await worker.run(flush)
 
 
+@router.post("/failpoints")
+async def failpoints(request: Request, armed: bool = True):
+    """Arm the engine's failpoints (the default) or disarm them: disarmed, no site
+    counts or fails. Nothing happens where the engine has none configured."""
+    worker = _worker(request)
+    await worker.run(worker.engine.arm_failpoints, armed)
+    return {"armed": armed}
+
+
 @router.post("/watch")
 async def watch(request: Request, on: bool = True):
     """Probe after every engine step and keep the probes with findings or exceeded

@@ -129,6 +129,9 @@ class KvwatchServed(Served):
         if gone := self.server.exited():
             return RunRecord(turns=(), error=f"not run: {gone}")
         counted = HttpSource(self.server.url, white_box=True, token=self.server.token)
+        # c = 1 runs the load as written (a seed's sequence, step by step); the
+        # cache's failure paths are taken at c >= 2, on the schedule's next hits
+        counted.arm_failpoints(spec.concurrency > 1)
         before = counted.coverage()
         run = run_turns(self.plan(spec), spec, self.profile.user)
         if gone := self.server.exited():

@@ -98,6 +98,38 @@ def test_off_counts_nothing_and_fails_nothing():
     assert not fp.hits and not fp.fired
 
 
+def test_disarmed_counts_nothing_and_fails_nothing_and_arming_goes_on_with_the_schedule():
+    config = FailpointConfig(seed=5, first=4, every=3)
+    k, n = schedule(5, Site.ALLOCATE_PREFILL, 4, 3)
+    fp = Failpoints(config, EventBus())
+    assert firings(fp, Site.ALLOCATE_PREFILL, 5) == [h for h in range(k, 6, n)]
+    fp.arm(False)
+    assert not any(fp.fires(site, FULL_KV) for site in Site for _ in range(50))
+    assert fp.failing_group(Site.ADMIT_WORKING, {FULL_KV: 3}) is None
+    assert fp.hits[Site.ALLOCATE_PREFILL] == 5 and fp.hits[Site.ADMIT_WORKING] == 0
+    fp.arm(True)  # hit 6 onwards, as if the disarmed ones never happened
+    resumed = [h + 5 for h in firings(fp, Site.ALLOCATE_PREFILL, 20)]
+    assert resumed == [h for h in range(k, 26, n) if h > 5]
+
+
+def test_an_engine_armed_and_disarmed_between_steps_fails_only_while_armed():
+    config = EngineConfig(cache=small_cache(failpoints=FailpointConfig(first=1, every=2)))
+    engine = Engine(config)
+    seen: list[FailpointFired] = []
+    engine.events.subscribe(FailpointFired, seen.append)
+    engine.arm_failpoints(False)
+    for prompt in ("a clean first request", "and a second one"):
+        engine.add_request(prompt, SamplingParams(max_tokens=4))
+    while engine.has_unfinished():
+        engine.step()
+    assert seen == []
+    engine.arm_failpoints(True)
+    engine.add_request("now it fails somewhere", SamplingParams(max_tokens=4))
+    while engine.has_unfinished():
+        engine.step()
+    assert seen
+
+
 # -- config ------------------------------------------------------------------------------
 def test_failpoints_are_off_by_default_and_a_json_override_switches_them_on():
     assert EngineConfig().cache.failpoints is None

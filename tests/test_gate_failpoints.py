@@ -142,3 +142,37 @@ def test_a_request_a_failpoint_failed_is_an_expected_answer_and_nothing_else_is(
         events = [line[6:] for line in r.iter_lines() if line.startswith("data: ")]
     errors = [json.loads(e)["error"] for e in events if e != "[DONE]" and "error" in e]
     assert errors and failpoint_refusal(200, errors[0]["message"]), events
+
+
+def test_the_server_arms_and_disarms_its_failpoints_on_request():
+    config = apply_overrides(EngineConfig(), {"cache": {"failpoints": {"first": 1, "every": 2}}})
+    engine = Engine(config)
+    seen: list[FailpointFired] = []
+    engine.events.subscribe(FailpointFired, seen.append)
+    body = {
+        "model": MODEL,
+        "max_tokens": 4,
+        "messages": [{"role": "user", "content": "hello there"}],
+    }
+    app = create_app(EngineWorker(engine), ServerSettings(enable_probe=True))
+    with TestClient(app) as client:
+        answer = client.post("/debug/failpoints?armed=false")
+        assert answer.status_code == 200 and answer.json() == {"armed": False}
+        for _ in range(3):
+            assert client.post("/v1/chat/completions", json=body).status_code == 200
+        assert seen == []
+        assert client.post("/debug/failpoints").json() == {"armed": True}
+        client.post("/v1/chat/completions", json=body)
+    assert seen
+
+
+@pytest.mark.e2e
+def test_a_run_at_c1_runs_the_load_as_written_and_c2_takes_failure_paths(tmp_path):
+    """One server serves both runs: disarmed for c = 1, armed for c = 2."""
+    cmd = [sys.executable, "-m", "kvwatch", "gate", "--out", str(tmp_path), "--no-report"]
+    cmd += ["--profile", "agentic-trie", "-c", "1,2"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    one, two = json.loads((tmp_path / "summary.json").read_text())["runs"]
+    assert one["coverage"].get(combos.FAILPOINT, {}) == {}
+    assert sum(two["coverage"][combos.FAILPOINT].values()) > 0

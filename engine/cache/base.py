@@ -296,6 +296,10 @@ class CacheBase(ServedCache):
         holder.status = HolderStatus.RELEASED
         self.holders.pop(holder.id, None)
 
+    def arm_failpoints(self, armed: bool) -> None:
+        """Failpoints on or off between steps (a testing aid; nothing if none are set)."""
+        self.store.failpoints.arm(armed)
+
     def drop_everything(self, holder: Holder, *, free_pending: bool = True) -> None:
         """Unlock the path and free every page the holder owns."""
         path = list(holder.lock_node.path()) if holder.lock_node is not None else []

@@ -116,6 +116,8 @@ class Failpoints:
 
     def __init__(self, config: FailpointConfig | None, events: EventBus) -> None:
         self.on = config is not None
+        # disarmed, no site counts a hit or fails: the schedule waits (``arm``)
+        self.armed = True
         self.events = events
         # one tally per site, every site's key there from the start: a fixed-size
         # table, which a registry walk sees the same size before and after a run
@@ -129,7 +131,7 @@ class Failpoints:
 
     def fires(self, site: Site, group: str) -> bool:
         """Count a hit of ``site`` (one that asks for pages of ``group``); True if it fails."""
-        if not self.on:
+        if not self.on or not self.armed:
             return False
         self.hits[site] += 1
         hit = self.hits[site]
@@ -143,10 +145,15 @@ class Failpoints:
         self.events.emit(FailpointFired(site=site.value, hit=hit, group=group))
         return True
 
+    def arm(self, armed: bool) -> None:
+        """Count and fail from now on (True), or neither until armed again (False):
+        the schedule goes on from the hits counted while armed."""
+        self.armed = armed
+
     def failing_group(self, site: Site, counts: Mapping[str, int]) -> str | None:
         """One hit of ``site`` for an allocation of ``counts`` pages by group: the
         group that must fail (the last one asked for), or None."""
-        if not self.on:
+        if not self.on or not self.armed:
             return None
         wanted = [group for group, n in counts.items() if n > 0]
         if wanted and self.fires(site, wanted[-1]):
