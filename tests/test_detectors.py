@@ -160,6 +160,32 @@ def test_heap_judges_per_context_token_too_when_the_cache_grows_slower():
     assert v.failed and "records.py:159" in v.evidence[0].detail
 
 
+def test_heap_does_not_pair_a_rising_site_with_a_buffer_seen_once():
+    """session-blob-retention at c = 1 (one run's figures): a span file's write
+    buffer held 26 KB at the first judged sample only; judged together with it,
+    the leaking blob site looked flat and the leak passed."""
+    context = [169, 210, 263, 328, 388, 473, 532, 575]
+    cached = [112, 192, 288, 336, 400, 480, 592, 640]
+    blobs = [2832, 6320, 10656, 16032, 22368, 30064, 38704, 48032]
+    buffer = [0, 0, 26896, 0, 0, 0, 0, 0]
+    turns = tuple(
+        Turn(
+            turn=i,
+            probes=(make_probe(cached_tokens=c),),
+            conversations=1,
+            context_tokens=x,
+            heap=HeapSample(
+                traced_bytes=80_000 + b + f,
+                top=(),
+                by_site={"records.py:159": b, **({"spanfile.py:25": f} if f else {})},
+            ),
+        )
+        for i, (x, c, b, f) in enumerate(zip(context, cached, blobs, buffer, strict=True))
+    )
+    v = DETECTORS["heap"](RunRecord(turns=turns, warmup=2))
+    assert v.failed and "records.py:159" in v.evidence[0].detail
+
+
 def test_heap_needs_a_site_to_grow_by_more_than_a_few_kilobytes():
     def run(scale: int) -> RunRecord:
         kept = [640, 640, 640, 2432, 3136, 3648]  # a monotone run of chance at one small site

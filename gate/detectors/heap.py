@@ -219,18 +219,22 @@ def held_tokens(turn) -> int:
     return max(turn.context_tokens, cached)
 
 
-def moved_from(site: str, grown: int, first, last) -> tuple[str, ...]:
-    """The sites that lost a good share of what ``site`` gained from ``first``
-    to ``last``: it is judged together with them. tracemalloc files a block
-    under the line that last (re)allocated it, so a list one line builds and
-    another extends (a session's tokens: decoded by the scheduler, extended by
-    the next turn) moves from one site to the other as it grows; one site
-    rises while the other falls, and nothing new was kept."""
-    before, after = first.heap.by_site or {}, last.heap.by_site or {}
+def moved_from(site: str, grown: int, judged: list) -> tuple[str, ...]:
+    """The sites that lost a good share of what ``site`` gained over the
+    ``judged`` turns, and held memory all along until the last of them: it is
+    judged together with them. tracemalloc files a block under the line that
+    last (re)allocated it, so a list one line builds and another extends (a
+    session's tokens: decoded by the scheduler, extended by the next turn)
+    moves from one site to the other as it grows; one site rises while the
+    other falls, and nothing new was kept. A site that held memory at one
+    sample only (a buffer in flight, as a span file's) lent none to it."""
+    samples = [t.heap.by_site or {} for t in judged]
+    before, after = samples[0], samples[-1]
     return tuple(
         name
         for name in sorted(set(before) - {site})
         if before[name] - after.get(name, 0) >= MOVED_SHARE * grown
+        and all(s.get(name, 0) > 0 for s in samples[:-1])
     )
 
 
@@ -257,7 +261,7 @@ def token_rule(run: RunRecord, turns: list) -> Verdict:
     for site in common:
         grown = judged[-1].heap.by_site[site] - judged[0].heap.by_site[site]
         if grown >= MIN_SITE_GROWTH:
-            together = (site, *moved_from(site, grown, judged[0], judged[-1]))
+            together = (site, *moved_from(site, grown, judged))
             sizes[site] = [sum((t.heap.by_site or {}).get(s, 0) for s in together) for t in turns]
     worst = None
     for site, size in sizes.items():
