@@ -15,9 +15,10 @@ from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 # The gate's engine: the reference model with pools small enough to feel pressure,
-# and failpoints on (engine/cache/failpoints.py): every allocation site fails one
-# of its first 8 hits and about one hit in 32-64 after, so a run takes the cache's
-# failure paths whatever the load; the gate seeds them with its --seed. (Failing
+# and failpoints (engine/cache/failpoints.py): every allocation site fails one of
+# its first 8 hits and about one hit in 32-64 after, so a run takes the cache's
+# failure paths whatever the load; the gate seeds them with its --seed and arms
+# them in runs at c >= 2 (targets/kvwatch_target.py; c = 1 runs the load as written). (Failing
 # the first or second hit, the first turns of a small profile were all refusals:
 # no answer before the warm-up's end, so its series and heap had no level.)
 BASE_ENGINE: Mapping[str, Any] = {

@@ -33,9 +33,14 @@ def test_the_cells_are_the_planned_ones():
 
 def test_every_fault_fails_the_gate_with_its_detector_and_every_clean_run_passes():
     assert matrix.problems(CELLS) == []
+    ran = {(c.job.fault, c.job.config, c.job.concurrency) for c in CELLS}
+    assert set(matrix.KNOWN_MISSES) <= ran  # a known miss is a cell that was run
     for cell in CELLS:
         assert cell.requests > 0, cell.job
-        if cell.job.fault:
+        job = cell.job
+        if (job.fault, job.config, job.concurrency) in matrix.KNOWN_MISSES:
+            assert not cell.holds, f"{job.name} is caught now: take it off KNOWN_MISSES"
+        elif cell.job.fault:
             verdict, turn = cell.verdicts[cell.expected]
             assert (verdict, cell.exit_code) == ("fail", 1) and turn is not None, cell
         else:
