@@ -339,14 +339,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="rerun only the cells at this concurrency and keep the other cells of --out",
     )
     parser.add_argument(
+        "--profile",
+        action="append",
+        help="rerun only the cells of this profile and keep the other cells of --out",
+    )
+    parser.add_argument(
         "--no-sweep", action="store_true", help="leave out the configuration sweep's cells"
     )
     args = parser.parse_args(argv)
     todo = jobs(args.fault or CATCHES, clean=not args.fault, sweep=not args.no_sweep)
     if args.concurrency:
         todo = [j for j in todo if j.concurrency in args.concurrency]
+    if args.profile:
+        todo = [j for j in todo if j.profile in args.profile]
     cells = run_matrix(todo, args.runs, args.workers)
-    if args.fault or args.concurrency:
+    if args.fault or args.concurrency or args.profile:
         fresh = {c.job: c for c in cells}
         cells = [fresh.get(c.job, c) for c in load(args.out.with_suffix(".json"))]
     args.out.parent.mkdir(parents=True, exist_ok=True)
