@@ -8,6 +8,17 @@ Written by hand after reading the runs: the parts of
 from __future__ import annotations
 
 NOTES: dict[str, str] = {
+    "engine/cache/radix_cache.py:7": (
+        "A recovery that must load a host-tier snapshot, where the load fails (the tier.load "
+        "failpoint, or a full device pool) and no shallower snapshot on the path is usable: "
+        "the root keeps one ref too many (seed 002's leak, on the load path). The directed "
+        "program with failpoints on (radix-pressure-failpoints, seed 2) reaches it and the "
+        "audit sees the root's refs. The gate's runs do fail tier.load (its failpoint "
+        "machine counts it), but none met a failed load with nothing usable above it: most "
+        "retracted requests share a prefix whose snapshot stays on the device. A profile "
+        "that retracts requests with cold, unshared prompts, keeping only their own "
+        "snapshot, at the moment tier.load fails would take it, and refcount would fail."
+    ),
     "engine/scheduler.py:10": (
         "When a placement in the middle of a step retracts a victim that was already given "
         "work in that step, the victim's work stays in the batch and the model runner meets "
@@ -27,4 +38,35 @@ NOTES: dict[str, str] = {
 }
 
 
-UNREACHED: dict[str, str] = {}
+UNREACHED: dict[str, str] = {
+    "engine/cache/slots.py:SlotTable.findings": (
+        "The text of a slot-table finding: the line runs only when an entry disagrees with "
+        "its slot, which only a broken table (the stale-slot-entry fault) makes, and the "
+        "programs run the clean engine. The slice shortens a key in the message; the "
+        "finding, and the verdict, stay."
+    ),
+    "server/idle.py:close_if_idle": (
+        "The idle reaper runs only in a server started with --session-idle-timeout, and the "
+        "server programs (mutation/serverfuzz.py) start theirs without one. The gate's chaos "
+        "and edges profiles serve with a timeout (15 s and 4 s) and reap sessions; the "
+        "branch for a session closed some other way between the reaper's listing and its "
+        "close needs a client's close to land in that window."
+    ),
+    "engine/engine.py:Engine._run": (
+        "The branch for a model runner that raises. The runner raises only on an engine "
+        "bug (a piece with no pages, an index out of range): no load on a correct engine "
+        "runs it, so no program can. tests/test_runner_failure.py plants a runner that "
+        "raises on one request and checks that it fails alone; the skip-cleanup mutant is "
+        "equivalent there too, since the piece-by-piece loop below it reruns a lone piece "
+        "and fails it the same way."
+    ),
+    "engine/cache/commit.py:release_for_sharers": (
+        "Runs when a holder leaves a path on which exactly one other running holder "
+        "still locks a node that keeps a snapshot: that snapshot is now the other's alone "
+        "and, if superseded, goes at once. The line-reach programs (mutation/fuzz.py) end "
+        "sharers together or never branch below a snapshot while another conversation runs "
+        "there; a program in which two conversations branch below a kept snapshot and the "
+        "first ends while the second still decodes would reach it. (An aborted retracted "
+        "request now leaves its anchor this way too, tests/test_retracted_release.py.)"
+    ),
+}

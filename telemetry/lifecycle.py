@@ -48,7 +48,10 @@ class LifecycleCounter:
     # one count per transition the machines list (and a few unlisted ones), one state
     # per snapshot slot (registry walks check both bounds)
     __bounded__ = MappingProxyType(
-        {"counts": sum(len(m.transitions) for m in MACHINES.values()) + 32, "slots": 64}
+        {
+            "counts": sum(len(m.transitions) + len(m.also) for m in MACHINES.values()) + 32,
+            "slots": 64,
+        }
     )
 
     def __init__(self, events: EventBus) -> None:

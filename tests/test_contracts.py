@@ -52,7 +52,8 @@ def test_the_json_has_the_documented_fields():
     )
     group = data["groups"]["full.kv"]
     assert {"family", "capacity", "free", "by_owner"} <= set(group)
-    assert set(group["by_owner"]) == {"tree", "request", "session", "slot", "host"}
+    owners = {"tree", "request", "session", "slot", "host", "host_evictable"}
+    assert set(group["by_owner"]) == owners
     assert set(data["root_refs"]) == {"actual", "expected"}
     assert {"pinned", "limit", "exceeded"} <= set(data["bounds"]["full.kv"])
     assert {k.value for k in FindingKind} == {

@@ -452,7 +452,9 @@ OWNER_STATES = {
     "evictable": lambda g: g["evictable"],
     "pinned_request": lambda g: g["by_owner"].get("request", 0),
     "pinned_session": lambda g: g["by_owner"].get("session", 0),
-    "host": lambda g: g["by_owner"].get("host", 0),
+    # the host tier: pinned for a recovery, and the cache nobody will recover from
+    "host": lambda g: g["by_owner"].get("host", 0) - g["by_owner"].get("host_evictable", 0),
+    "host_evictable": lambda g: g["by_owner"].get("host_evictable", 0),
 }
 
 
