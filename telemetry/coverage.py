@@ -64,9 +64,9 @@ _LIVE = (
     "recovering",
 )
 REQUEST = Machine(
-    "request",
-    (NEW, *_LIVE, "finished", "aborted", "failed"),
-    _edges(
+    name="request",
+    states=(NEW, *_LIVE, "finished", "aborted", "failed"),
+    transitions=_edges(
         (NEW, "queued"),
         ("queued", "waiting"),  # behind a sharer that computes its prefix
         ("queued", "prefilling"),
@@ -97,9 +97,9 @@ REQUEST = Machine(
 )
 
 SESSION = Machine(
-    "session",
-    (NEW, "open", "running", "parked", "cut", "rolled back", "closed", "timed out"),
-    _edges(
+    name="session",
+    states=(NEW, "open", "running", "parked", "cut", "rolled back", "closed", "timed out"),
+    transitions=_edges(
         (NEW, "open"),
         ("open", "running"),
         ("running", "parked"),  # the turn finished; the session keeps its cache slot
@@ -119,9 +119,9 @@ SESSION = Machine(
 )
 
 SLOT = Machine(
-    "slot",
-    ("empty", "prepared", "filled", "aborted", "restored", "missed", "evicted"),
-    _edges(
+    name="slot",
+    states=("empty", "prepared", "filled", "aborted", "restored", "missed", "evicted"),
+    transitions=_edges(
         ("empty", "prepared"),
         ("filled", "prepared"),  # a filled slot handed out again
         ("prepared", "filled"),
