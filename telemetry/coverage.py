@@ -10,8 +10,8 @@ the engine's events). Transitions are ``"from -> to"``::
                                     aborted      retracted -> recovering -> decoding
                                                  (decoding ->) paused -> recovering
                                                               ... -> finished | aborted
-             queued | prefilling -> failed (no pages for it even alone)
-             recovering -> failed (the same, rare: listed, not owed)
+             queued | prefilling | recovering -> failed (no pages for it even
+             alone; listed, but no load can be sure to take them: not owed)
     session  new -> open -> running -> parked | cut -> running | rolled back
                                                      -> closed | timed out
     slot     empty -> prepared -> filled | aborted;  filled -> prepared (reused),
@@ -86,14 +86,12 @@ REQUEST = Machine(
         ("recovering", "decoding"),
         ("decoding", "finished"),
         *((s, "aborted") for s in _LIVE),  # an abort at each stage
-        # a request that cannot go on even alone (its admission into an idle
-        # cache, or its lone chunk, found no pages): a 400 to its client
-        ("queued", "failed"),
-        ("prefilling", "failed"),
     ),
-    # a retracted request whose recovery finds no pages even alone: a failpoint on
-    # its admission, or a full pool, at the moment nothing else can be unpinned
-    also=_edges(("recovering", "failed")),
+    # a request that cannot go on even alone (its admission into an idle cache,
+    # its lone chunk, or its recovery found no pages): a 400 to its client. They
+    # follow a failpoint, or a full pool, at a moment nothing else can be unpinned,
+    # which no load can time; the failpoint machine owes the failures themselves
+    also=_edges(("queued", "failed"), ("prefilling", "failed"), ("recovering", "failed")),
 )
 
 SESSION = Machine(
