@@ -39,6 +39,21 @@ NOTES: dict[str, str] = {
 
 
 UNREACHED: dict[str, str] = {
+    "engine/scheduler.py:Scheduler._forced_retract": (
+        "Runs only with SchedulerConfig.retract_every set, the forced retraction the gate's "
+        "agentic-trie and streaming-session profiles turn on (every 6th and 5th step); the "
+        "line-reach programs leave it off and retract by pool pressure alone."
+    ),
+    "engine/scheduler.py:Scheduler._fail_hard": (
+        "The branch for a holder that raises while it is given back after a failure: only "
+        "a cache whose state is already broken raises there, and the programs run the "
+        "clean engine. The audit then reports what the holder still holds."
+    ),
+    "server/worker.py:EngineWorker._after_step": (
+        "A test-control script (retract_after, pause_after_output) whose request ended "
+        "before the script came due. The gate's profiles script requests that live long "
+        "enough; the server programs script none that end first."
+    ),
     "engine/cache/slots.py:SlotTable.findings": (
         "The text of a slot-table finding: the line runs only when an entry disagrees with "
         "its slot, which only a broken table (the stale-slot-entry fault) makes, and the "
