@@ -126,8 +126,11 @@ SLOT = Machine(
         ("prepared", "aborted"),
         ("filled", "restored"),
         ("filled", "evicted (pressure)"),
-        ("filled", "evicted (flush)"),
     ),
+    # the flush after the drain finds a filled slot only if the run's last stagings
+    # went through: with the gate's failpoints on slot.stage, at c = 8, not every
+    # run ends so (taken in two default gates of three); listed, not owed
+    also=_edges(("filled", "evicted (flush)")),
 )
 
 # The lifecycles, then the combination and boundary machines (combos.py).
