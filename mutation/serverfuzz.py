@@ -16,6 +16,7 @@ input of every kind, through FastAPI's test client. It observes:
 from __future__ import annotations
 
 import random
+import time
 from collections.abc import Iterator
 
 from fastapi.testclient import TestClient
@@ -132,6 +133,21 @@ class _Traffic:
             self._check("close", self.client.delete(f"/v1/sessions/{sid}").status_code)
 
 
+DRAIN_S = 60  # the engine ends what cut streams left running; a busy machine is slow
+
+
+def _drained(worker: EngineWorker) -> bool:
+    """Whether the engine ran out of live requests within ``DRAIN_S`` seconds: an
+    aborted stream is ended by the engine after its client has gone, so the traffic's
+    last call can return before its request does (the flush would answer 409)."""
+    deadline = time.monotonic() + DRAIN_S
+    while worker.call(worker.engine.has_unfinished).result(60):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
 def run(program: Program) -> list[Observation]:
     """One program's traffic, then the end-state oracles."""
     config = SETUPS[program.setup]
@@ -149,6 +165,8 @@ def run(program: Program) -> list[Observation]:
         traffic = _Traffic(program, client)
         traffic.run()
         seen = traffic.seen
+        if not _drained(worker):
+            return [*seen, Observation(program, "drain", f"requests still live {DRAIN_S} s on")]
         flush = client.post("/debug/flush_cache")
         if flush.status_code != 200:
             return [*seen, Observation(program, "drain", f"flush answered {flush.status_code}")]
