@@ -46,7 +46,7 @@ def _ours(obj: object) -> bool:
     return module.startswith(PACKAGE) and not isinstance(obj, type)
 
 
-def _fields(obj: object) -> list[tuple[str, object]]:
+def object_fields(obj: object) -> list[tuple[str, object]]:
     """An object's attributes: its ``__dict__`` and its filled ``__slots__``."""
     out = list(getattr(obj, "__dict__", {}).items())
     for cls in type(obj).__mro__:
@@ -143,7 +143,7 @@ def walk(roots: Mapping[str, object]) -> Walk:
             bounded = getattr(type(obj), "__bounded__", {})
             if not isinstance(bounded, Mapping):
                 raise TypeError(f"{type(obj).__qualname__}.__bounded__ maps names to bounds")
-            for name, value in _fields(obj):
+            for name, value in object_fields(obj):
                 if name in bounded:
                     if (breach := _breach(f"{path}.{name}", value, bounded[name])) is not None:
                         breaches.append(breach)

@@ -30,7 +30,8 @@ import sys
 from collections import deque
 from typing import Any, NamedTuple
 
-CONTAINERS = (dict, list, set, deque)
+from kvwatch.registries import CONTAINERS, object_fields
+
 MAX_OBJECTS = 4000
 PACKAGE = "sglang."
 # (class, attribute) -> the constant in the class's module that bounds it
@@ -51,15 +52,6 @@ def _bound(obj: object, name: str) -> int | None:
 def _sglang_object(obj: object) -> bool:
     module = getattr(type(obj), "__module__", "") or ""
     return module.startswith(PACKAGE) and not isinstance(obj, type)
-
-
-def _fields(obj: object) -> list[tuple[str, object]]:
-    out = list(getattr(obj, "__dict__", {}).items())
-    for cls in type(obj).__mro__:
-        for name in getattr(cls, "__slots__", ()):
-            if name != "__dict__" and hasattr(obj, name):
-                out.append((name, getattr(obj, name)))
-    return out
 
 
 def _size(path: str, obj: Any, sizes: dict[str, int]) -> None:
@@ -94,7 +86,7 @@ def walk(roots: dict[str, object]) -> Walk:
             continue
         if not _sglang_object(obj):
             continue
-        for name, value in _fields(obj):
+        for name, value in object_fields(obj):
             if (bound := _bound(obj, name)) is not None:
                 if breach := _breach(path, obj, name, value, bound):
                     breaches.append(breach)
