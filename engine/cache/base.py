@@ -133,14 +133,22 @@ class CacheBase(ServedCache):
         return holder.handle
 
     # -- a holder's own pages -----------------------------------------------------------
+    # Whether holders keep a working state: a linear state page and the last W
+    # positions of swa.kv (a backend for a full-attention model keeps neither).
+    keeps_state = True
+
+    def _swa_page_range(self, start: int, end: int) -> range:
+        """The swa.kv page indices a holder needs for positions [start, end)."""
+        return self.working.swa_page_range(start, end) if self.keeps_state else range(0)
+
     def _give_working_pages(
         self, holder: Holder, d: int, full_pages: int = 0, *, site: Site = Site.ADMIT_WORKING
     ) -> None:
         """A working state, the window below ``d`` and ``full_pages`` own full.kv pages."""
-        swa_idx = self.working.swa_page_range(max(0, d - self.config.window), d)
-        counts = {LINEAR_STATE: 1, SWA_KV: len(swa_idx), FULL_KV: full_pages}
+        swa_idx = self._swa_page_range(max(0, d - self.config.window), d)
+        counts = {LINEAR_STATE: int(self.keeps_state), SWA_KV: len(swa_idx), FULL_KV: full_pages}
         got = self.store.alloc_groups(counts, holder.owner, site=site)
-        holder.working = {LINEAR_STATE: got[LINEAR_STATE]}
+        holder.working = {LINEAR_STATE: got[LINEAR_STATE]} if self.keeps_state else {}
         holder.swa_pages = dict(zip(swa_idx, got[SWA_KV].tolist(), strict=True))
         holder.full_pages = got[FULL_KV].tolist()
 
@@ -150,7 +158,7 @@ class CacheBase(ServedCache):
         holder = self._active(h)
         start, end = holder.allocated_len, holder.allocated_len + n
         need_full = math.ceil(end / self.page_size) - len(holder.full_pages)
-        swa_idx = [j for j in self.working.swa_page_range(start, end) if j not in holder.swa_pages]
+        swa_idx = [j for j in self._swa_page_range(start, end) if j not in holder.swa_pages]
         counts = {FULL_KV: need_full, SWA_KV: len(swa_idx)}
         got = self.store.alloc_groups(counts, holder.owner, site=_allocate_site(holder, n))
         holder.full_pages.extend(got[FULL_KV].tolist())

@@ -48,7 +48,7 @@ class RadixPrefixCache(CacheBase):
         """
         holder = self._matchable(h)
         tree = self.store.tree
-        walk = tree.walk(holder.tokens, holder.extra_key, len(holder.tokens) - 1)
+        walk = self._walk(holder)
         anchor = self._lock_on_descent(walk)
         try:
             self._activate(holder, anchor)
@@ -64,6 +64,10 @@ class RadixPrefixCache(CacheBase):
         holder.branch_at = walk.hit_len if walk.hit_len > holder.cached_len else 0
         reach = tree.reach(holder.tokens, holder.extra_key, walk, len(holder.tokens))
         return Match(walk.hit_len, holder.cached_len, reach)
+
+    def _walk(self, holder: Holder) -> Walk:
+        """The tree's walk along the holder's tokens but the last (pure here)."""
+        return self.store.tree.walk(holder.tokens, holder.extra_key, len(holder.tokens) - 1)
 
     def _lock_on_descent(self, walk: Walk) -> Node | None:
         """Take refs top-down along the walk, then trim back to a usable snapshot.
