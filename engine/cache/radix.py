@@ -153,12 +153,26 @@ class RadixTree:
             best = max(best, _agreeing(node.tokens, pos - node.start, tokens, pos, end))
         return pos + best
 
-    def path_key(self, node: Node) -> int:
-        """``paths.path_key`` of the path ``node`` lies on: its top ancestor's first page."""
-        top = node
-        while top.parent is not None and not top.parent.is_root:
+    def path_key(self, node: Node, known: dict[Node, int] | None = None) -> int:
+        """``paths.path_key`` of the path ``node`` lies on: its top ancestor's first page.
+
+        ``known`` (node -> key) remembers the keys found so far for a caller that
+        asks about many nodes while the tree above them does not change (an
+        eviction walk): the climb stops at the first node it holds, and every
+        node climbed through joins it, so the walk climbs each node once.
+        """
+        if known is None:
+            known = {}
+        climbed, top = [], node
+        while top not in known and top.parent is not None and top.parent.parent is not None:
+            climbed.append(top)
             top = top.parent
-        return path_key(top.tokens, top.extra_key, self.page_size)
+        key = known.get(top)
+        if key is None:
+            key = known[top] = path_key(top.tokens, top.extra_key, self.page_size)
+        for n in climbed:
+            known[n] = key
+        return key
 
     def tick(self) -> int:
         return next(self._clock)
@@ -330,7 +344,7 @@ class RadixTree:
         the candidates, so a whole cold branch can go in one call.
         """
         if wanted > self.page_count + sum(self.state_pages.values()):
-            return self._evict_all(release)
+            return self.evict_all(release)
         evictable, pop, push = self.evictable, heapq.heappop, heapq.heappush
         heap = [(n.last_access, n.id, n) for n in evictable]
         heapq.heapify(heap)
@@ -349,9 +363,9 @@ class RadixTree:
                 push(heap, (parent.last_access, parent.id, parent))
         return got
 
-    def _evict_all(self, release: Callable[[Node], int]) -> int:
-        """``evict`` of more than the tree holds: every evictable leaf goes, and
-        every parent that becomes one, so the order does not matter (no heap)."""
+    def evict_all(self, release: Callable[[Node], int]) -> int:
+        """Every evictable leaf goes, and every parent that becomes one (``evict``
+        of more than the tree holds), so the order does not matter (no heap)."""
         evictable = self.evictable
         work, got = list(evictable), 0
         while work:

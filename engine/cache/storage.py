@@ -161,10 +161,11 @@ class CacheStorage:
         """
         parents: list[Node] = []
         freed: Released = defaultdict(list)
+        keys: dict[Node, int] = {}
 
         def release(node: Node) -> int:
             parents.append(node.parent)
-            return self._release_node(node, group, freed)
+            return self._release_node(node, group, freed, keys)
 
         got = self.tree.evict(wanted, release)
         self._free_released(freed)
@@ -189,9 +190,9 @@ class CacheStorage:
 
     def flush(self) -> None:
         """Evict every unreferenced node and prune every unreferenced snapshot."""
-        everything = self.pools[FULL_KV].capacity + 1
         freed: Released = defaultdict(list)
-        self.tree.evict(everything, lambda node: self._release_node(node, FULL_KV, freed))
+        keys: dict[Node, int] = {}
+        self.tree.evict_all(lambda node: self._release_node(node, FULL_KV, freed, keys))
         self._free_released(freed)
         for tier in (Tier.DEVICE, Tier.HOST):
             for group in STATE_GROUPS:
@@ -202,10 +203,11 @@ class CacheStorage:
         return pools[group].capacity if group in pools else 0
 
     # -- node pages ---------------------------------------------------------------
-    def _release_node(self, node: Node, group: str, freed: Released) -> int:
+    def _release_node(self, node: Node, group: str, freed: Released, keys: dict) -> int:
         """Release an eviction victim and count its pages of ``group``. Its pages,
         history and state, join ``freed``, which the caller frees in one call per
-        group once the walk is over (nothing allocates during it)."""
+        group once the walk is over (nothing allocates during it); ``keys`` holds
+        the walk's path keys found so far (``RadixTree.path_key``)."""
         pages, snap = node.pages, node.snapshot
         counted = len(pages) if group == FULL_KV else 0
         if snap is not None and snap.pages:  # not history-only
@@ -217,7 +219,7 @@ class CacheStorage:
                 node_id=node.id,
                 depth=node.depth,
                 page_ids=tuple(pages.tolist()),
-                path_key=self.tree.path_key(node),
+                path_key=self.tree.path_key(node, keys),
             )
         )
         return counted
