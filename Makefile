@@ -112,6 +112,15 @@ bench: $(STAMP)
 	$(BENCH_ENV) $(PY) -m pytest -q -m bench --benchmark-enable --benchmark-json=benchmarks.json tests
 	$(PY) tests/benchmarks_md.py benchmarks.json > BENCHMARKS.md
 
+# Only the peer benchmark against SGLang's caches (tests/test_bench_peer.py, a few minutes):
+# its section of BENCHMARKS.md is replaced in place (tests/peer_md.py), the rest is kept.
+.PHONY: bench-peer
+bench-peer: $(STAMP)
+	mkdir -p .benchmarks
+	$(PY) -m pytest -q -m bench --benchmark-enable --benchmark-json=.benchmarks/peer.json \
+		tests/test_bench_peer.py
+	$(PY) tests/peer_md.py .benchmarks/peer.json BENCHMARKS.md
+
 # Regenerate docs/mutation-matrix.{json,md}: every fault through `kvwatch gate` at
 # c = 1, 2, 4, 8, and clean runs (84 gate runs, two at a time; about half an hour).
 matrix: $(STAMP)

@@ -3,7 +3,9 @@
     python tests/benchmarks_md.py benchmarks.json > BENCHMARKS.md
 
 Every figure comes from the JSON of one run; ratios (c = 8 against c = 1,
-OTel on against off) were measured inside that same run.
+OTel on against off) were measured inside that same run. The peer section
+(kvwatch against SGLang's caches) is peer_md.py's, which ``make bench-peer``
+also writes on its own.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
+
+import peer_md
 
 MUTATION_SCORE = Path(__file__).resolve().parents[1] / "docs" / "mutation-score.json"
 
@@ -28,10 +32,7 @@ TARGETS = {
     "audit_1m": Target("full audit of a 1M-page pool", "<= 100 ms", lambda v: v <= 100.0),
     "efficiency": Target("prefill computed / unique tokens", "<= 1.1", lambda v: v <= 1.1),
     "batching": Target("tokens/s at c = 8 / c = 1", ">= 3", lambda v: v >= 3.0),
-    "peer": Target("SGLang time / kvwatch time", ">= 1.0x SGLang", lambda v: v >= 1.0),
 }
-PEER = "test_prefix_cache_ops_against_sglang"
-PEER_OPS = {"match": "match + lock", "insert": "insert", "evict": "evict-all"}
 
 
 def _by_name(data: dict) -> dict[str, dict]:
@@ -63,47 +64,6 @@ def _prefill_notes(effs: list[dict]) -> list[str]:
             f"without shared-prefix waits it computed {eff.get('computed_without_waits')}.",
         ]
     return out
-
-
-def _peer_rows(b: dict[str, dict]) -> list[str]:
-    """One target row per op and trace: SGLang's time over kvwatch's (test_bench_peer.py)."""
-    out = []
-    for size in ("small", "large"):
-        info = b.get(f"{PEER}[{size}]", {}).get("extra_info", {})
-        for op, what in PEER_OPS.items():
-            target = TARGETS["peer"]._replace(what=f"{what}, SGLang / kvwatch time, {size} trace")
-            ratio = info.get(f"{op}_ratio")
-            out.append(_row(target, ratio, f"{ratio}x"))
-    return out
-
-
-def _peer_section(b: dict[str, dict]) -> list[str]:
-    runs = [
-        b[f"{PEER}[{size}]"]["extra_info"] for size in ("small", "large") if f"{PEER}[{size}]" in b
-    ]
-    if not runs:
-        return []
-    lines = [
-        "",
-        "## Against SGLang's RadixCache",
-        "",
-        "Both trees in one process, the same agentic trace, interleaved request by request; "
-        "thread CPU time summed over the replays (what each side times: tests/test_bench_peer.py).",
-        "",
-        "| trace | requests | prompt tokens | op | kvwatch | SGLang | SGLang / kvwatch |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for i in runs:
-        for op, what in PEER_OPS.items():
-            lines.append(
-                f"| {i['trace']} ({i['replays']} replays) | {i['requests']} | {i['prompt_tokens']} "
-                f"| {what} | {i[f'{op}_kvwatch_s']} s | {i[f'{op}_sglang_s']} s | {i[f'{op}_ratio']}x |"
-            )
-    profile = next((i["profile"] for i in runs if i.get("profile")), None)
-    if profile:
-        lines += ["", "What kvwatch's timed ops spend on one large replay (cProfile, by own time):"]
-        lines += ["", "```", *profile, "```"]
-    return lines
 
 
 def render(data: dict) -> str:
@@ -140,7 +100,7 @@ def render(data: dict) -> str:
         lines.append(_row(target, eff.get("ratio"), str(eff.get("ratio"))))
     batch = b.get("test_continuous_batching_c8_against_c1", {}).get("extra_info", {})
     lines.append(_row(TARGETS["batching"], batch.get("ratio"), f"{batch.get('ratio')}x"))
-    lines += _peer_rows(b)
+    lines += ["", f"Against SGLang's prefix caches: see {peer_md.HEADING[3:]!r} below."]
     lines += _prefill_notes(effs)
     lines += [
         "",
@@ -164,7 +124,7 @@ def render(data: dict) -> str:
             f"{radix['prompt_tokens']} prompt tokens): match {radix['match_ops_per_s']} ops/s, "
             f"insert (commit_chunk) {radix['insert_ops_per_s']} ops/s.",
         ]
-    lines += _peer_section(b)
+    lines += ["", *peer_md.section(data)]
     lines += ["", "## Engine", "", "| benchmark | figures |", "|---|---|"]
     for name in (
         "test_decode_throughput[1]",

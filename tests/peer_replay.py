@@ -1,168 +1,112 @@
-"""One trace through two prefix caches, request by request: kvwatch's radix
-backend and SGLang's RadixCache, each op timed in thread CPU time.
+"""One trace through kvwatch's cache and an SGLang cache, request by request.
 
-Both sides see the same prompts in the same order and do what a server does
-around each op, untimed: compute the prompt's new tokens (pages only, no
-model), then release the request. Which calls each side times is listed in
-test_bench_peer.py: ``match`` (match + lock), ``insert`` (kvwatch
-``commit_chunk``; SGLang ``_insert_cache``, its insert and duplicate free),
-``evict`` (everything, once every request has been released).
+A ``Pairing`` names the two sides and what their hit tokens must agree on:
+
+full
+    kvwatch's tree for a full-attention model (``FullAttentionPrefixCache``)
+    against SGLang 0.5.23's ``RadixCache``, 16-token pages. Every cached page
+    resumes on both sides: hit and resumed tokens agree.
+mamba
+    kvwatch's hybrid cache (window, linear state, snapshots as the engine
+    captures them) against SGLang 0.5.11's ``MambaRadixCache``, 1-token pages
+    (the only size that release's cache takes without its extra buffer).
+swa
+    kvwatch's hybrid cache against SGLang 0.5.11's ``SWARadixCache``,
+    16-token pages.
+
+In the hybrid pairings the history the trees match agrees where both keep
+every matched page (``swa``); where each may resume differs by design:
+kvwatch resumes at its deepest snapshot (every 256 tokens, branch points,
+where a request ended), SGLang's SWA cache wherever the window is cached,
+its mamba cache only where a request ended. Each side's hit and resumed
+tokens are kept (``Replay``) and the benchmark publishes them.
+
+Both sides get pools of the same number of pages: what the trace's tree
+holds once every prompt is in it, the longest prompt, and ``SLACK``.
+``replay`` runs the trace ``repeats`` times on fresh caches, the side that
+goes first alternating every request and every replay, with the cyclic
+garbage collector off inside a replay (neither side pays for the other's
+garbage); thread CPU time per op is summed over the replays.
 """
 
 from __future__ import annotations
 
 import gc
-import math
-import time
-from array import array
-from types import SimpleNamespace
-from typing import NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
-import torch
-from cachesim import cache_config
-from peer_sglang import PagedAllocator, RowPool, Sglang
+from peer_kvwatch import KvwatchSide
+from peer_timing import OPS
 
-from kvwatch.engine.cache.audit import audit
-from kvwatch.engine.cache.backends import build_cache
-from kvwatch.engine.cache.pool import PageLayout
-from kvwatch.engine.cache.protocol import Capture
-from kvwatch.engine.config import FULL_KV, GROUP_NAMES
-
-PAGE = 16
-INTERVAL = 256
-OPS = ("match", "insert", "evict")
+SLACK = 4096  # pages beyond what the tree and the longest request need, both sides
+Side = Any  # request(tokens), finish(), spent, hits, resumed
 
 
-def _clock(fn, *args, **kw):
-    start = time.thread_time()
-    out = fn(*args, **kw)
-    return out, time.thread_time() - start
+class Pairing(NamedTuple):
+    name: str  # full, mamba, swa
+    peer: str  # the SGLang cache and release
+    page: int  # tokens per page, both sides
+    hybrid: bool  # kvwatch's hybrid cache (else the full-attention one)
+    sglang: Callable[[list[tuple[int, ...]], int], Side]  # SGLang's side: trace, pool pages
+    same_hits: bool  # both trees match the same history tokens
+    same_resume: bool  # and resume the same tokens
 
 
-class KvwatchSide:
-    """kvwatch's radix backend, built the way the engine builds it, through its protocol."""
+class Replay(NamedTuple):
+    """Both sides' figures summed over the replays of one run."""
 
-    def __init__(self, prompts: list[tuple[int, ...]], profile=None) -> None:
-        tokens = sum(len(p) for p in prompts)
-        snapshots = sum(len(p) // INTERVAL + 3 for p in prompts)
-        config = cache_config(
-            window=32,
-            interval=INTERVAL,
-            page=PAGE,
-            full=tokens // PAGE + 4096,
-            swa=8192,
-            snapshots=snapshots,
-        )
-        self.cache = build_cache(config, {g: PageLayout((), torch.float16) for g in GROUP_NAMES})
-        self.spent = dict.fromkeys(OPS, 0.0)
-        self.profile = profile  # a cProfile.Profile to run inside the timed ops only
-        self.hits = 0
-        self.state = torch.zeros((), dtype=torch.float16)
-
-    def _clock(self, fn, *args):
-        if self.profile is None:
-            return _clock(fn, *args)
-        return _clock(self.profile.runcall, fn, *args)
-
-    def request(self, prompt: list[int]) -> None:
-        cache = self.cache
-        h = cache.open(prompt)
-        m, dt = self._clock(cache.match, h)
-        self.spent["match"] += dt
-        self.hits += m.hit_len
-        start, end = h.computed_len, len(prompt)
-        cache.allocate(h, end - start)
-        points = cache.capture_points(h, start, end)
-        cache.advance(h, end, [Capture(b, kind, self.state) for b, kind in points])
-        _, dt = self._clock(cache.commit_chunk, h, True)
-        self.spent["insert"] += dt
-        cache.release(h, commit=True)
-
-    def finish(self) -> None:
-        assert audit(self.cache).clean
-        _, self.spent["evict"] = self._clock(self.cache.flush)
-        assert self.cache.pools[FULL_KV].used_count == 0, "flush left pages in the tree"
-        assert audit(self.cache).clean
-
-
-class SglangSide:
-    """SGLang's RadixCache with a host-side paged allocator and request table."""
-
-    def __init__(self, sg: Sglang, prompts: list[tuple[int, ...]]) -> None:
-        self.sg = sg
-        self.pages = sum(len(p) for p in prompts) // PAGE + 4096
-        self.allocator = PagedAllocator(self.pages, PAGE)
-        self.rows = RowPool(1, max(len(p) for p in prompts) + PAGE)
-        params = sg.params.CacheInitParams(
-            disable=False,
-            req_to_token_pool=self.rows,
-            token_to_kv_pool_allocator=self.allocator,
-            page_size=PAGE,
-        )
-        self.cache = sg.radix.RadixCache(params)
-        self.spent = dict.fromkeys(OPS, 0.0)
-        self.hits = 0
-
-    def _match(self, ids: array):
-        key = self.sg.radix.RadixKey(ids, None, limit=len(ids) - 1)
-        found = self.cache.match_prefix(self.sg.base.MatchPrefixParams(key=key))
-        node = found.last_device_node
-        return found.device_prefix_len, self.cache.lock(node), self.cache.path_device_indices(node)
-
-    def request(self, ids: array) -> None:
-        (hit, lock, prefix), dt = _clock(self._match, ids)
-        self.spent["match"] += dt
-        self.hits += hit
-        row = self.rows.req_to_token[0]
-        own = self.allocator.alloc(math.ceil(len(ids) / PAGE) * PAGE - hit)
-        row[:hit] = prefix
-        row[hit : hit + len(own)] = own
-        kv = SimpleNamespace(req_pool_idx=0, cache_protected_len=hit, cache_inserted_len=0)
-        req = SimpleNamespace(kv=kv, extra_key=None, cache_salt=None, priority=None)
-        _, dt = _clock(self.cache._insert_cache, req, ids)
-        self.spent["insert"] += dt
-        kept = len(ids) // PAGE * PAGE  # the tree has [0, kept); the partial page is ours
-        self.allocator.free_segment(row[kept : hit + len(own)].to(torch.int64), start_pos=kept)
-        self.cache.unlock(lock)
-
-    def finish(self) -> None:
-        everything = self.sg.base.EvictParams(num_tokens=self.pages * PAGE)
-        _, self.spent["evict"] = _clock(self.cache.evict, everything)
-        assert self.cache.total_size() == 0, "evict left tokens in the tree"
-        free = self.allocator.merged()
-        assert free.numel() == self.pages == torch.unique(free).numel(), "pages lost or doubled"
-
-
-class Totals(NamedTuple):
-    kvwatch: dict[str, float]
+    kvwatch: dict[str, float]  # op -> seconds
     sglang: dict[str, float]
-    hit_tokens: int  # prompt tokens found in the tree, the same on both sides
+    hits: tuple[int, int]  # matched history tokens, kvwatch and SGLang, one replay
+    resumed: tuple[int, int]  # tokens each resumed without computing, one replay
+
+    def ratio(self, op: str) -> float:
+        """SGLang's time over kvwatch's: above 1, kvwatch is faster."""
+        return self.sglang[op] / self.kvwatch[op]
 
 
-def replay(sg: Sglang, prompts: list[tuple[int, ...]], repeats: int, profile=None) -> Totals:
-    """``repeats`` replays, each on two fresh caches, interleaved request by request;
-    which side goes first alternates every request and every replay. The cyclic
-    garbage collector is off inside a replay, so neither side pays for the other's
-    garbage."""
-    lists, arrays = [list(p) for p in prompts], [array("q", p) for p in prompts]
-    totals = Totals(dict.fromkeys(OPS, 0.0), dict.fromkeys(OPS, 0.0), 0)
-    hits = 0
+def tree_pages(prompts: list[tuple[int, ...]], page: int) -> int:
+    """Pages a tree holds once every prompt is cached: its distinct page-aligned prefixes."""
+    seen: set[int] = set()
+    for prompt in prompts:
+        chain = 0
+        for end in range(page, len(prompt) + 1, page):
+            chain = hash((chain, *prompt[end - page : end]))
+            seen.add(chain)
+    return len(seen)
+
+
+def _one(pairing: Pairing, prompts: list, first: int, profile: Any) -> tuple[Side, Side]:
+    pages = tree_pages(prompts, pairing.page) + max(len(p) for p in prompts) // pairing.page + SLACK
+    kv = KvwatchSide(prompts, pairing.page, pages, hybrid=pairing.hybrid)
+    kv.clock.profile = profile
+    sg = pairing.sglang(prompts, pages)
+    lists = [list(p) for p in prompts]
+    for i, tokens in enumerate(lists):
+        order = (kv, sg) if (i + first) % 2 else (sg, kv)
+        for side in order:
+            side.request(tokens)
+    for side in (kv, sg) if first % 2 else (sg, kv):
+        side.finish()
+    return kv, sg
+
+
+def replay(pairing: Pairing, prompts: list, repeats: int, profile: Any = None) -> Replay:
+    """``repeats`` replays interleaved request by request; both sides checked after each."""
+    out = Replay(dict.fromkeys(OPS, 0.0), dict.fromkeys(OPS, 0.0), (0, 0), (0, 0))
     for rep in range(repeats):
         gc.collect()
         gc.disable()
         try:
-            kv, sgs = KvwatchSide(prompts, profile), SglangSide(sg, prompts)
-            for i in range(len(prompts)):
-                pair = [(kv, lists[i]), (sgs, arrays[i])]
-                for side, tokens in pair if (i + rep) % 2 else pair[::-1]:
-                    side.request(tokens)
-            for side in (kv, sgs) if rep % 2 else (sgs, kv):
-                side.finish()
+            kv, sg = _one(pairing, prompts, rep, profile)
         finally:
             gc.enable()
-        assert kv.hits == sgs.hits, f"the trees disagree: {kv.hits} hit tokens, SGLang {sgs.hits}"
-        hits = kv.hits
+        if pairing.same_hits:
+            assert kv.hits == sg.hits, f"the trees disagree: {kv.hits} hit tokens, SGLang {sg.hits}"
+        if pairing.same_resume:
+            assert kv.resumed == sg.resumed, f"resumed {kv.resumed}, SGLang {sg.resumed}"
         for op in OPS:
-            totals.kvwatch[op] += kv.spent[op]
-            totals.sglang[op] += sgs.spent[op]
-    return totals._replace(hit_tokens=hits)
+            out.kvwatch[op] += kv.spent[op]
+            out.sglang[op] += sg.spent[op]
+        out = out._replace(hits=(kv.hits, sg.hits), resumed=(kv.resumed, sg.resumed))
+    return out

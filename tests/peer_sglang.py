@@ -20,14 +20,17 @@ through the returned ``Sglang`` record only.
 from __future__ import annotations
 
 import importlib
+import math
 import subprocess
 import sys
 import types
 import zipfile
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, NamedTuple
 
 import torch
+from peer_timing import Clock
 
 VERSION = "0.5.23"
 REAL = (
@@ -164,3 +167,67 @@ class RowPool:
 
     def write(self, index: Any, values: torch.Tensor) -> None:
         self.req_to_token[index] = values
+
+
+class RadixSide:
+    """SGLang's ``RadixCache`` with ``PagedAllocator`` and a one-row ``RowPool``.
+
+    match: ``match_prefix`` on the prompt minus its last token (as its
+    scheduler limits it) + ``lock(last_node)`` + ``path_device_indices``.
+    insert: ``_insert_cache`` (read the request's row, insert, free the
+    duplicate pages through ``free_segment``), then free the unaligned last
+    page and ``unlock``: what finishing a request costs, without the re-match,
+    row rewrite and lock move ``checkpoint`` adds for a request that goes on.
+    """
+
+    name = "SGLang"
+
+    def __init__(self, sg: Sglang, prompts: list[tuple[int, ...]], page: int, pages: int) -> None:
+        self.sg, self.page, self.pages = sg, page, pages
+        self.allocator = PagedAllocator(self.pages, page)
+        self.rows = RowPool(1, max(len(p) for p in prompts) + page)
+        params = sg.params.CacheInitParams(
+            disable=False,
+            req_to_token_pool=self.rows,
+            token_to_kv_pool_allocator=self.allocator,
+            page_size=page,
+        )
+        self.cache = sg.radix.RadixCache(params)
+        self.clock = Clock()
+        self.hits = self.resumed = 0
+
+    def _match(self, ids: list[int]):
+        key = self.sg.radix.RadixKey(ids, None, limit=len(ids) - 1)
+        found = self.cache.match_prefix(self.sg.base.MatchPrefixParams(key=key))
+        node = found.last_device_node
+        return found.device_prefix_len, self.cache.lock(node), self.cache.path_device_indices(node)
+
+    def _finish(self, req: SimpleNamespace, ids: list[int], lock: Any, end: int) -> None:
+        self.cache._insert_cache(req, ids)
+        kept = len(ids) // self.page * self.page  # the tree has [0, kept)
+        row = self.rows.req_to_token[0]
+        self.allocator.free_segment(row[kept:end].to(torch.int64), start_pos=kept)
+        self.cache.unlock(lock)
+
+    def request(self, ids: list[int]) -> None:
+        hit, lock, prefix = self.clock.time("match", self._match, ids)
+        self.hits += hit
+        self.resumed += hit
+        row = self.rows.req_to_token[0]
+        own = self.allocator.alloc(math.ceil(len(ids) / self.page) * self.page - hit)
+        row[:hit] = prefix
+        row[hit : hit + len(own)] = own
+        kv = SimpleNamespace(req_pool_idx=0, cache_protected_len=hit, cache_inserted_len=0)
+        req = SimpleNamespace(kv=kv, extra_key=None, cache_salt=None, priority=None)
+        self.clock.time("insert", self._finish, req, ids, lock, hit + len(own))
+
+    def finish(self) -> None:
+        everything = self.sg.base.EvictParams(num_tokens=self.pages * self.page)
+        self.clock.time("evict", self.cache.evict, everything)
+        assert self.cache.total_size() == 0, "evict left tokens in the tree"
+        free = self.allocator.merged()
+        assert free.numel() == self.pages == torch.unique(free).numel(), "pages lost or doubled"
+
+    @property
+    def spent(self) -> dict[str, float]:
+        return self.clock.spent

@@ -1,0 +1,127 @@
+"""The peer section of BENCHMARKS.md, from pytest-benchmark's JSON of tests/test_bench_peer.py.
+
+``benchmarks_md.py`` renders it inside the whole file (``make bench``);
+``make bench-peer`` reruns only the peer benchmark and puts a fresh section
+in place of the old one::
+
+    python tests/peer_md.py PEER.json BENCHMARKS.md
+
+Invariants: the section starts at ``HEADING`` and ends before the next
+``## `` heading (or the end of the file), so replacing it leaves every other
+line as it was; every ratio shown is a median over the runs, with its min
+and max, and the section says when, on what and how it was measured.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+HEADING = "## Against SGLang's prefix caches"
+PEER = "test_prefix_cache_ops_against_sglang"
+OPS = {"match": "match + lock", "insert": "insert", "evict": "evict-all"}
+PAIRINGS = ("full", "mamba", "swa")
+COMMAND = "make bench-peer"
+
+
+def _runs(data: dict) -> list[dict]:
+    infos = [b["extra_info"] for b in data["benchmarks"] if b["name"].startswith(PEER)]
+    order = {
+        (p, s): i for i, (p, s) in enumerate((p, s) for p in PAIRINGS for s in ("small", "large"))
+    }
+    return sorted(infos, key=lambda i: order.get((i["pairing"], i["trace"]), 99))
+
+
+def _ratio(spread: list[float]) -> str:
+    median, low, high = spread
+    return f"**{median:.3f}x** ({low:.3f} - {high:.3f})"
+
+
+def _table(runs: list[dict]) -> list[str]:
+    lines = [
+        "| pairing | SGLang | page | trace | op | kvwatch | SGLang | SGLang / kvwatch, median (min - max) | >= 1.0 |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for i in runs:
+        for op, what in OPS.items():
+            spread = i[f"{op}_ratio"]
+            lines.append(
+                f"| {i['pairing']} | {i['peer']} | {i['page']} | {i['trace']} | {what} "
+                f"| {i[f'{op}_kvwatch_s']} s | {i[f'{op}_sglang_s']} s | {_ratio(spread)} "
+                f"| {'yes' if spread[0] >= 1.0 else 'NO'} |"
+            )
+    return lines
+
+
+def _hits(runs: list[dict]) -> list[str]:
+    lines = [
+        "| pairing | trace | requests | prompt tokens | runs x replays | hit: kvwatch / SGLang | resumed: kvwatch / SGLang |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for i in runs:
+        (hk, hs), (rk, rs) = i["hits"], i["resumed"]
+        lines.append(
+            f"| {i['pairing']} | {i['trace']} | {i['requests']} | {i['prompt_tokens']} "
+            f"| {i['runs']} x {i['replays']} | {hk} / {hs} | {rk} / {rs} |"
+        )
+    return lines
+
+
+def section(data: dict, *, shared: bool = True) -> list[str]:
+    runs = _runs(data)
+    if not runs:
+        return []
+    machine = data.get("machine_info", {})
+    cpu = machine.get("cpu", {})
+    when = data.get("datetime", "")[:19]
+    lines = [
+        HEADING,
+        "",
+        f"Measured {when} UTC on {cpu.get('brand_raw', 'cpu')} ({cpu.get('count', '?')} cores), "
+        f"Python {machine.get('python_version', '?')}, with `{COMMAND}` (or `make bench`)"
+        + (", on a machine shared with other work." if shared else "."),
+        "Both caches in one process, the same trace and page size, interleaved request by "
+        "request; thread CPU time per op summed over a run's replays. Each ratio is the median "
+        "of the runs, with the min and max (what each side times: tests/test_bench_peer.py).",
+        "",
+        *_table(runs),
+        "",
+        "What each tree matched (hit) and resumed without computing, per replay. `full`: both "
+        "keep every page's history, and agree. `swa`: the same history; kvwatch resumes at its "
+        "snapshots, SGLang wherever the window is cached. `mamba`: SGLang keeps a state only "
+        "where a request ended and reports only the prefix it resumes; kvwatch's hit is the "
+        "history it matched.",
+        "",
+        *_hits(runs),
+    ]
+    for i in runs:
+        if i.get("profile"):
+            lines += ["", f"kvwatch's timed ops on one large replay, pairing {i['pairing']} "
+                      "(cProfile, by own time):", "", "```", *i["profile"], "```"]  # fmt: skip
+    return lines
+
+
+def replace_section(text: str, new: list[str]) -> str:
+    """``text`` with its peer section replaced by ``new`` (appended if it has none)."""
+    lines = text.rstrip("\n").split("\n")
+    start = next((k for k, line in enumerate(lines) if line == HEADING), None)
+    if start is None:
+        return "\n".join([*lines, "", *new]) + "\n"
+    end = next((k for k in range(start + 1, len(lines)) if lines[k].startswith("## ")), len(lines))
+    tail = ["", *lines[end:]] if end < len(lines) else []
+    return "\n".join([*lines[:start], *new, *tail]) + "\n"
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 3:
+        print("usage: peer_md.py PEER.json BENCHMARKS.md", file=sys.stderr)
+        return 2
+    data = json.loads(Path(argv[1]).read_text())
+    path = Path(argv[2])
+    path.write_text(replace_section(path.read_text(), section(data)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
