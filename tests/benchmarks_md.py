@@ -100,7 +100,7 @@ def render(data: dict) -> str:
         lines.append(_row(target, eff.get("ratio"), str(eff.get("ratio"))))
     batch = b.get("test_continuous_batching_c8_against_c1", {}).get("extra_info", {})
     lines.append(_row(TARGETS["batching"], batch.get("ratio"), f"{batch.get('ratio')}x"))
-    lines += ["", f"Against SGLang's prefix caches: see {peer_md.HEADING[3:]!r} below."]
+    lines += ["", peer_md.POINTER]
     lines += _prefill_notes(effs)
     lines += [
         "",

@@ -23,6 +23,28 @@ PEER = "test_prefix_cache_ops_against_sglang"
 OPS = {"match": "match + lock", "insert": "insert", "evict": "evict-all"}
 PAIRINGS = ("full", "mamba", "swa")
 COMMAND = "make bench-peer"
+POINTER = (
+    "Against SGLang's prefix caches: see the section below "
+    "(every ratio the median of 5 runs, with its min and max)."
+)
+TIMED = [
+    "kvwatch's side: `full` is its tree for a full-attention model (`FullAttentionPrefixCache`); "
+    "`mamba` and `swa` its hybrid cache (window, linear state), snapshots captured where the "
+    "scheduler asks for them. SGLang's: its released caches, unmodified, with their own pools "
+    "and allocators (`RadixCache`: a host-side paged allocator at its cheapest). Both pools "
+    "hold the pages the trace's tree needs plus the same slack. Timed:",
+    "",
+    "- match + lock: kvwatch `match` (walk, lock the path, trim to the deepest complete "
+    "snapshot, working pages and the snapshot restored into them, the prefix's pages); SGLang "
+    "`match_prefix` of the prompt minus its last token (mamba: the state copied into a slot it "
+    "allocates) + `inc_lock_ref`/`lock` + the prefix's indices.",
+    "- insert: kvwatch `commit_chunk` + `release(commit=True)` (insert, adopt and free "
+    "duplicates, attach snapshots, release superseded ones, unlock, free the rest); SGLang "
+    "`cache_finished_req` (insert, free duplicates and the unaligned page, state to the tree or "
+    "freed, unlock), for `RadixCache` `_insert_cache` + the unaligned page freed + `unlock`.",
+    "- evict-all: kvwatch `flush`; SGLang `evict` of everything (hybrid allocators inside one "
+    "free group), once per replay after every request finished.",
+]
 
 
 def _runs(data: dict) -> list[dict]:
@@ -84,6 +106,8 @@ def section(data: dict, *, shared: bool = True) -> list[str]:
         "Both caches in one process, the same trace and page size, interleaved request by "
         "request; thread CPU time per op summed over a run's replays. Each ratio is the median "
         "of the runs, with the min and max (what each side times: tests/test_bench_peer.py).",
+        "",
+        *TIMED,
         "",
         *_table(runs),
         "",
