@@ -16,10 +16,20 @@ report; the check made once the run has drained is "after the drain". The
 estimate weighs each run by its concurrency (a run at c = 8 takes about four
 times one at c = 1 on the default profiles), scaled by how long the finished
 runs took: an estimate, printed as one.
+
+When profiles run side by side (``--jobs``), each has a ``Lane``: the same
+lines through one ``Progress`` (a lock keeps each line, and each run's result
+lines, whole), with the indented ones naming their run, since another run's
+lines come between them::
+
+    stderr  [2/32] edges c=1 (1m02s elapsed, about 3m40s left)
+    stderr      edges c=1: turn 0: 2 conversations, 0 of 6 probes with findings (...)
+    stderr      agentic-trie c=4: turn 3: 4 conversations, 0 of 9 probes with findings (...)
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Sequence
 
@@ -67,49 +77,96 @@ class Progress:
         self.done_weight = 0.0
         self.index = 0
         self.last_line = self.started
+        self.lock = threading.RLock()  # lanes print from threads of their own
+        self.cancel = threading.Event()  # set: every lane stops before its next step
+
+    @property
+    def cancelled(self) -> bool:
+        return self.cancel.is_set()
+
+    def lane(self) -> Lane:
+        """A view for one profile's runs when several run side by side."""
+        return Lane(self)
 
     def say(self, line: str) -> None:
-        self.emit(line)
-        self.last_line = self.clock()
+        with self.lock:
+            self.emit(line)
+            self.last_line = self.clock()
 
     def heartbeat(self, doing: str) -> None:
         """A line saying what is going on, once nothing was printed for a while."""
-        if self.clock() - self.last_line >= HEARTBEAT_S:
-            self.say(f"    ... {doing} ({duration(self.clock() - self.started)} elapsed)")
+        with self.lock:
+            if self.clock() - self.last_line >= HEARTBEAT_S:
+                self.say(f"    ... {doing} ({duration(self.clock() - self.started)} elapsed)")
 
     def left(self) -> float | None:
-        """Seconds the runs not yet finished should take, from the finished ones' pace.
-        The pace counts from the first run's start: what the gate did before it (vLLM
+        """Seconds the runs not yet finished should take, from the finished ones' pace
+        (with lanes, the pace they keep together). The pace counts from the first run's start: what the gate did before it (vLLM
         starting, once for the whole gate) is no run's time."""
         if self.done_weight == 0 or self.first_run is None:
             return None
         pace = (self.clock() - self.first_run) / self.done_weight
-        return pace * sum(weight(c) for _, c in self.plan[self.index - 1 :])
+        return pace * max(0.0, sum(weight(c) for _, c in self.plan) - self.done_weight)
 
     def run_started(self, profile: str, concurrency: int) -> None:
-        if self.first_run is None:
-            self.first_run = self.clock()
-        self.index += 1
-        elapsed = duration(self.clock() - self.started)
-        left = self.left()
-        eta = f", about {duration(left)} left" if left is not None else ""
-        self.say(
-            f"[{self.index}/{len(self.plan)}] {profile} c={concurrency} ({elapsed} elapsed{eta})"
-        )
+        with self.lock:
+            if self.first_run is None:
+                self.first_run = self.clock()
+            self.index += 1
+            elapsed = duration(self.clock() - self.started)
+            left = self.left()
+            eta = f", about {duration(left)} left" if left is not None else ""
+            self.say(
+                f"[{self.index}/{len(self.plan)}] {profile} c={concurrency} "
+                f"({elapsed} elapsed{eta})"
+            )
 
     def run_finished(self, result: RunResult) -> None:
         """The run's result, on the result stream: its name, then a line per failure."""
-        self.done_weight += weight(result.concurrency)
-        head, *failures = result_lines(result)
-        self.tell(f"{result.profile} c={result.concurrency}: {head}")
-        for line in failures:
-            self.tell(f"    {line}")
-        self.last_line = self.clock()
+        with self.lock:
+            self.done_weight += weight(result.concurrency)
+            head, *failures = result_lines(result)
+            self.tell(f"{result.profile} c={result.concurrency}: {head}")
+            for line in failures:
+                self.tell(f"    {line}")
+            self.last_line = self.clock()
 
     def runs_skipped(self, concurrencies: Sequence[int]) -> None:
         """Runs that never started (their server did not come up) still count as done."""
-        self.index += len(concurrencies)
-        self.done_weight += sum(weight(c) for c in concurrencies)
+        with self.lock:
+            self.index += len(concurrencies)
+            self.done_weight += sum(weight(c) for c in concurrencies)
+
+
+class Lane:
+    """One profile's runs when profiles run side by side: ``Progress``'s calls,
+    with each indented line (a turn, a replay, a heartbeat) naming its run."""
+
+    def __init__(self, progress: Progress) -> None:
+        self.progress = progress
+        self.run = ""
+
+    @property
+    def cancelled(self) -> bool:
+        return self.progress.cancelled
+
+    def say(self, line: str) -> None:
+        if self.run and line.startswith("    "):
+            line = f"    {self.run}: {line[4:]}"
+        self.progress.say(line)
+
+    def heartbeat(self, doing: str) -> None:
+        self.progress.heartbeat(f"{self.run}: {doing}" if self.run else doing)
+
+    def run_started(self, profile: str, concurrency: int) -> None:
+        self.run = f"{profile} c={concurrency}"
+        self.progress.run_started(profile, concurrency)
+
+    def run_finished(self, result: RunResult) -> None:
+        self.progress.run_finished(result)
+
+    def runs_skipped(self, concurrencies: Sequence[int]) -> None:
+        self.progress.runs_skipped(concurrencies)
 
 
 def turn_line(progress: dict, turns: int) -> str:

@@ -78,6 +78,8 @@ def _run_locust(plan: RunPlan, spec: RunSpec, user: str) -> str | None:
     seen, deadline = 0, time.monotonic() + spec.run_timeout + 60
     try:
         while procs[0].poll() is None:
+            if progress.cancelled:  # the gate was interrupted: its lanes stop here
+                raise KeyboardInterrupt
             if time.monotonic() > deadline:
                 return f"the load run did not finish in {spec.run_timeout:.0f} s"
             seen = _follow(progress, turns, seen, plan.turns)

@@ -9,6 +9,7 @@ before anything is written.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +29,7 @@ class GateOptions:
     out: Path = Path("kvwatch-out")
     junit: Path | None = None
     locust_workers: int = 0
+    jobs: int | None = None  # profiles run side by side; None: one per core
     seed: int = 0
     run_timeout: float = 600.0
     report: bool = True
@@ -46,6 +48,8 @@ class GateOptions:
                 f"--turns must be at least {self.warmup + MIN_JUDGED_TURNS} "
                 f"({self.warmup} warm-up turns and {MIN_JUDGED_TURNS} judged ones)"
             )
+        if self.jobs is not None and self.jobs < 1:
+            raise ValueError("--jobs must be >= 1")
         if self.locust_workers < 0:
             raise ValueError("--locust-workers must be >= 0")
         for flag, url in (("--pushgateway", self.pushgateway), ("--grafana-url", self.grafana_url)):
@@ -54,6 +58,16 @@ class GateOptions:
         outputs.out_dir(self.out)
         if self.junit is not None:
             outputs.report_file("--junit", self.junit, self.out)
+
+    def lanes(self, independent: bool, profiles: int) -> int:
+        """How many profiles run side by side: one where the target's profiles share
+        an engine, else ``--jobs`` (default: one per core), never more than there
+        are profiles. Each lane is a server, Locust and a replay engine, busy about
+        two thirds of the time on one core (a quarter of the server's time goes to
+        the barrier and its drain), so a lane per core keeps the cores busy."""
+        if not independent:
+            return 1
+        return max(1, min(profiles, self.jobs or os.cpu_count() or 1))
 
     def turns_for(self, profile) -> int:
         """``--turns`` when given, else the profile's own number of turns."""

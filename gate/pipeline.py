@@ -1,10 +1,12 @@
 """``kvwatch gate``: every profile a target serves, at each concurrency, recorded in turns, judged.
 
     with target.started():                         (vLLM: one server for the gate)
-        for each profile: with target.serving(profile) as served:   (kvwatch: a server each)
-            for each c:  served.run(RunSpec) -> RunRecord            (targets/)
-                         -> judge: the detectors the target's signals allow -> RunResult
-                         -> OUT/runs/<profile>-c<c>/record.json
+        for each profile (side by side in --jobs lanes where the target's profiles are
+        independent: kvwatch's engine, a server each):
+            with target.serving(profile) as served:
+                for each c:  served.run(RunSpec) -> RunRecord          (targets/)
+                             -> judge: the detectors the target's signals allow -> RunResult
+                             -> OUT/runs/<profile>-c<c>/record.json
     summarize -> GateSummary -> summary.json, gate.prom (+ Pushgateway), Grafana
                  annotations, --junit FILE, report.html, the console's result lines
 
@@ -20,6 +22,8 @@ from __future__ import annotations
 import contextlib
 import json
 import time
+from concurrent import futures
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
 from kvwatch.gate import outputs
@@ -78,31 +82,62 @@ def run_gate(opts: GateOptions, target: Target) -> tuple[GateSummary, int]:
 def _run_profiles(
     opts: GateOptions, target: Target, profiles, progress: Progress, results: list
 ) -> None:
-    """Every profile at every concurrency, appending each judged run to ``results``."""
+    """Every profile at every concurrency, appending each judged run to ``results``
+    in the plan's order, whether the profiles ran one after another or side by side."""
     with contextlib.ExitStack() as shared:
         try:
             shared.enter_context(target.started(progress))
             down = None
         except ServerError as exc:
             down = str(exc)
+        lanes = opts.lanes(target.independent_profiles, len(profiles))
+        if lanes == 1:
+            for profile in profiles:
+                _serve_profile(opts, target, profile, progress, down, results)
+            return
+        done: dict[str, list[RunResult]] = {p.name: [] for p in profiles}
+        with ThreadPoolExecutor(lanes, thread_name_prefix="kvwatch-lane") as pool:
+            lanes_running = [
+                pool.submit(_serve_profile, opts, target, p, progress.lane(), down, done[p.name])
+                for p in profiles
+            ]
+            try:
+                futures.wait(lanes_running)
+            except KeyboardInterrupt:
+                progress.cancel.set()  # each lane stops its run and its server, then ends
         for profile in profiles:
-            with contextlib.ExitStack() as serving:
-                try:
-                    if down is not None:
-                        raise ServerError(down)
-                    served = serving.enter_context(target.serving(profile, progress))
-                except ServerError as exc:
-                    results += [
-                        broken(profile.name, c, opts.turns_for(profile), str(exc))
-                        for c in opts.concurrency
-                    ]
-                    progress.runs_skipped(opts.concurrency)
-                    progress.say(f"    ERROR: {exc}")
-                    continue
-                for c in opts.concurrency:
-                    progress.run_started(profile.name, c)
-                    results.append(_run_one(opts, target, served, profile, c, progress))
-                    progress.run_finished(results[-1])
+            results += done[profile.name]
+        if progress.cancelled:
+            raise KeyboardInterrupt
+        for lane in lanes_running:
+            lane.result()  # a lane's own exception, as one run after another would raise it
+
+
+def _serve_profile(
+    opts: GateOptions, target: Target, profile, progress, down: str | None, results: list
+) -> None:
+    """One profile served, run at each concurrency; each judged run appended to
+    ``results`` as it ends (an interrupt keeps the finished ones)."""
+    with contextlib.ExitStack() as serving:
+        try:
+            if progress.cancelled:
+                raise KeyboardInterrupt
+            if down is not None:
+                raise ServerError(down)
+            served = serving.enter_context(target.serving(profile, progress))
+        except ServerError as exc:
+            results += [
+                broken(profile.name, c, opts.turns_for(profile), str(exc)) for c in opts.concurrency
+            ]
+            progress.runs_skipped(opts.concurrency)
+            progress.say(f"    ERROR: {exc}")
+            return
+        for c in opts.concurrency:
+            if progress.cancelled:
+                raise KeyboardInterrupt
+            progress.run_started(profile.name, c)
+            results.append(_run_one(opts, target, served, profile, c, progress))
+            progress.run_finished(results[-1])
 
 
 def _run_one(

@@ -74,6 +74,10 @@ class Target(ABC):
     name: ClassVar[str]  # summary.json's "target"
     signals: frozenset[Signal]  # what its run records carry
     faults: tuple[str, ...] = ()  # bugs planted in it for this gate
+    # whether two profiles may be served at once: each on an engine of its own that
+    # shares nothing with the other's (the gate's --jobs lanes); not where one
+    # server serves every profile, as its runs would see each other's load
+    independent_profiles: ClassVar[bool] = False
 
     @abstractmethod
     def profiles(self) -> Mapping[str, Profile]:

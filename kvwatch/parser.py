@@ -221,8 +221,17 @@ def _add_gate_target(gate: argparse.ArgumentParser) -> None:
 
 
 def _add_gate_locust(gate: argparse.ArgumentParser) -> None:
-    """How Locust drives the load: its worker processes and the seed its users draw from."""
+    """How Locust drives the load: its worker processes, the seed its users draw from,
+    and how many profiles run side by side."""
     gate.add_argument("--locust-workers", type=int, default=None, metavar="N", help="default: 0")
+    gate.add_argument(
+        "--jobs",
+        type=int,
+        default=None,
+        metavar="N",
+        help="profiles run side by side, each on its own engine (default: one per core; "
+        "1 where one server serves every profile)",
+    )
     gate.add_argument("--seed", type=int, default=0)
 
 

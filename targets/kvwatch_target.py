@@ -48,6 +48,7 @@ SOURCE = "kvwatch.gate.sources:HttpSource.for_plan"
 class KvwatchTarget(Target):
     name = "kvwatch"
     signals = frozenset(Signal)
+    independent_profiles = True  # a server of its own per profile
 
     def __init__(
         self,

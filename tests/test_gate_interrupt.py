@@ -62,3 +62,38 @@ def test_an_interrupted_gate_writes_a_partial_summary_and_exits_130(tmp_path):
     while (left := processes_mentioning(str(tmp_path))) and time.monotonic() < deadline:
         time.sleep(0.5)
     assert not left, left
+
+
+def test_an_interrupted_gate_with_lanes_stops_every_lane(tmp_path):
+    """Two profiles side by side: Ctrl-C stops both lanes' Locust and servers."""
+    cmd = [sys.executable, "-m", "kvwatch", "gate", "--out", str(tmp_path), "--jobs", "2"]
+    cmd += ["--profile", "bad-input", "--profile", "slot-cache", "-c", "1,8"]
+    cmd += ["--max-replays", "2"]
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+    lines = []
+    try:
+        for line in proc.stderr:  # both lanes' first runs, then a second run's start
+            lines.append(line)
+            if line.startswith("[3/4]"):
+                break
+        assert lines and lines[-1].startswith("[3/4]"), "".join(lines)[-3000:]
+        time.sleep(2)
+        os.killpg(proc.pid, signal.SIGINT)
+        _, rest = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    err = "".join(lines) + rest
+    assert proc.returncode == 130, err[-3000:]
+    assert "Traceback" not in err, err[-3000:]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["interrupted"] is True
+    ran = [(r["profile"], r["concurrency"]) for r in summary["runs"]]
+    plan = [("bad-input", 1), ("bad-input", 8), ("slot-cache", 1), ("slot-cache", 8)]
+    assert ran and ran == [run for run in plan if run in ran], ran
+    deadline = time.monotonic() + 30
+    while (left := processes_mentioning(str(tmp_path))) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not left, left
