@@ -14,6 +14,7 @@ from typing import NamedTuple
 from kvwatch.gate.detectors import IDS, RunRecord, Verdict, run_detectors
 from kvwatch.gate.detectors.heap import bytes_per_held_token
 from kvwatch.gate.performance import Performance
+from kvwatch.gate.time_spent import TimeSpent
 
 
 class RunResult(NamedTuple):
@@ -30,6 +31,7 @@ class RunResult(NamedTuple):
     coverage: Mapping[str, Mapping[str, int]] = {}  # lifecycle transitions taken, per machine
     record: RunRecord | None = None  # what the detectors judged (None: the run never recorded)
     performance: Performance | None = None  # what the answered completions cost their clients
+    spent: TimeSpent | None = None  # where the run's time went (``time_spent.py``)
 
     @property
     def name(self) -> str:
@@ -60,6 +62,8 @@ class RunResult(NamedTuple):
             out["coverage"] = {m: dict(edges) for m, edges in self.coverage.items()}
         if self.performance is not None:
             out["performance"] = self.performance.as_dict()
+        if self.spent is not None:
+            out["time"] = self.spent.to_json()
         if self.error:
             out["error"] = self.error
         return out
@@ -83,6 +87,7 @@ class RunResult(NamedTuple):
             coverage=data.get("coverage", {}),
             record=record,
             performance=Performance.from_json(data.get("performance")),
+            spent=TimeSpent.from_json(data.get("time")),
         )
 
 
@@ -116,6 +121,7 @@ def judge(
         coverage=record.coverage,
         record=record,
         performance=Performance.of(record.timings) if record.timings is not None else None,
+        spent=record.spent,
     )
 
 

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 from kvwatch.gate.console import Progress, turn_line
 from kvwatch.gate.plan import RunPlan
 from kvwatch.gate.run_record import RunRecord
+from kvwatch.gate.time_spent import TimeSpent, load_phases
 from kvwatch.processes import free_port, stop
 
 if TYPE_CHECKING:
@@ -45,7 +46,9 @@ def run_turns(plan: RunPlan, spec: RunSpec, user: str) -> RunRecord:
     for stale in (record, progress_file(record)):
         stale.unlink(missing_ok=True)
     (where / "plan.json").write_text(plan.to_json())
+    spawned = time.time()
     error = _run_locust(plan, spec, user)
+    exited = time.time()
     if error is None and not record.exists():
         error = "the load run ended without a record (see locust.log)"
     if error is not None:
@@ -53,7 +56,9 @@ def run_turns(plan: RunPlan, spec: RunSpec, user: str) -> RunRecord:
     run = RunRecord.from_json(json.loads(record.read_text()))
     record.unlink()
     progress_file(record).unlink(missing_ok=True)
-    return run
+    ends = [t.at for t in run.turns if t.at is not None]
+    phases = load_phases(spawned, run.started_at, ends, run.warmup, run.ended_at, exited)
+    return run._replace(spent=TimeSpent(run_s=exited - spawned, **phases))
 
 
 def progress_file(record: Path) -> Path:

@@ -187,6 +187,8 @@ class TurnRecorder:
         self.error: str | None = None
         self.stuck = False  # a drain timed out: later ones do not wait again
         self.ended = ""  # what ``finish`` did, in words, for the progress line
+        self.started_at: float | None = None  # the clock once ``start`` is done
+        self.ended_at: float | None = None  # and once ``finish`` is
 
     @property
     def white_box(self) -> bool:
@@ -202,6 +204,7 @@ class TurnRecorder:
                 self.source.heap_start()
         self.gauges_baseline = self._read(self.options.drain_gauges)
         self.usage_start = self._read(self.options.usage_gauges)
+        self.started_at = self.clock()
 
     def sample(self) -> None:
         """A probe while requests run; the next barrier keeps it with its turn."""
@@ -281,6 +284,7 @@ class TurnRecorder:
             if self.options.heap and self.turns:
                 self.heap_end = self.source.heap_sample(HEAP_SITES, HEAP_SINCE_MARK)
         self.gauges_drained = self._read(self.options.drain_gauges + self.options.settled_gauges)
+        self.ended_at = self.clock()
 
     def _settled(self) -> str:
         """How a black-box run was let settle: its busy gauges at 0, or a pause."""
@@ -324,6 +328,8 @@ class TurnRecorder:
             census_end=self.census_end,
             sessions_opened=len(self.sessions_opened),
             sessions_left=self.sessions_left,
+            started_at=self.started_at,
+            ended_at=self.ended_at,
         )
 
     # -- pieces ---------------------------------------------------------------------------

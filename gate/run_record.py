@@ -24,6 +24,7 @@ from enum import StrEnum
 from typing import NamedTuple
 
 from kvwatch.contracts import ProbeReport
+from kvwatch.gate.time_spent import TimeSpent
 
 KEEP_FAILURES = 5  # failed requests and 5xx answers kept as evidence, per run
 
@@ -328,6 +329,9 @@ class RunRecord(NamedTuple):
     timings: Timings | None = None  # what the answered completions cost their clients
     sessions_opened: int = 0  # sessions the users said they opened
     sessions_left: tuple[str, ...] = ()  # of those, still open once the run drained
+    started_at: float | None = None  # the recorder's clock once its baseline was taken
+    ended_at: float | None = None  # and once the run was drained
+    spent: TimeSpent | None = None  # where the run's time went (``time_spent.py``)
 
     def to_json(self) -> dict:
         return {
@@ -352,6 +356,9 @@ class RunRecord(NamedTuple):
             "timings": self.timings.to_json() if self.timings is not None else None,
             "sessions_opened": self.sessions_opened,
             "sessions_left": list(self.sessions_left),
+            "started_at": self.started_at,
+            "ended_at": self.ended_at,
+            "spent": self.spent.to_json() if self.spent is not None else None,
         }
 
     @classmethod
@@ -383,6 +390,9 @@ class RunRecord(NamedTuple):
             timings=Timings.from_json(data.get("timings")),
             sessions_opened=data.get("sessions_opened", 0),
             sessions_left=tuple(data.get("sessions_left", ())),
+            started_at=data.get("started_at"),
+            ended_at=data.get("ended_at"),
+            spent=TimeSpent.from_json(data.get("spent")),
         )
 
 

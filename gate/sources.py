@@ -67,6 +67,10 @@ class CallableSource:
     def watch(self) -> None:
         pass  # the caller probes at its own barriers
 
+    def timing(self) -> dict:
+        """The engine thread's CPU time since the server started (steps, watch, calls)."""
+        return self._call("GET", "/debug/timing")
+
     def latched(self) -> list[ProbeReport]:
         return []
 
@@ -148,6 +152,10 @@ class HttpSource:
     def coverage(self) -> dict:
         """Lifecycle transitions the server has taken since it started, per machine."""
         return self._call("GET", "/debug/coverage")
+
+    def timing(self) -> dict:
+        """The engine thread's CPU time since the server started (steps, watch, calls)."""
+        return self._call("GET", "/debug/timing")
 
     def latched(self) -> list[ProbeReport]:
         return [ProbeReport.from_json(p) for p in self._call("GET", "/debug/latched")["probes"]]

@@ -147,6 +147,13 @@ async def coverage(request: Request):
     return await _worker(request).run(counted)
 
 
+@router.get("/timing")
+async def timing(request: Request):
+    """The engine thread's CPU time since the server started: steps, the per-step
+    watch, and calls between steps (``worktime.py``)."""
+    return _worker(request).work.to_json()
+
+
 @router.get("/finished")
 async def finished(request: Request):
     """The comparable requests finished since the previous call (``finished.py``)."""

@@ -56,6 +56,7 @@ from kvwatch.engine.request import RequestOutput, SamplingParams, Status
 from kvwatch.engine.views import ComputedBatch, RequestInfo
 from kvwatch.server.departures import Departures
 from kvwatch.server.finished import FinishedLog
+from kvwatch.server.worktime import WorkTime
 
 IDLE_WAIT_S = 0.05
 MAX_LATCHED = 16  # probes kept between two reads; later ones are counted, not kept
@@ -128,6 +129,7 @@ class EngineWorker:
         self._last_seen: frozenset = frozenset()  # what the last step's probe showed
         self.finished: FinishedLog | None = None  # set with --enable-probe
         self.departures: Departures | None = None  # set with --enable-probe
+        self.work = WorkTime()  # what this thread spent its CPU on (GET /debug/timing)
         self._thread = threading.Thread(target=self._run, name="kvwatch-engine", daemon=True)
         engine.on_batch_computed(self._on_batch)
 
@@ -235,7 +237,7 @@ class EngineWorker:
         self._resume_held(everyone=False)
         self.check_departures()
         if self._watching:
-            self._watch_step()
+            self.work.timed("watch_s", self._watch_step)
 
     def check_departures(self) -> None:
         """On the worker thread: requests still running long after their client left."""
@@ -315,12 +317,15 @@ class EngineWorker:
             self._drain_aborts()
             self._drain_calls()
             if self.failure is None and self.engine.has_unfinished():
+                started = time.thread_time()
                 try:
                     outputs = self.engine.step()
                 except Exception as exc:  # the engine contains per-request failures; this is a bug
                     self._stop_engine(exc)
                     continue
                 self._dispatch(outputs)
+                self.work.steps += 1
+                self.work.step_s += time.thread_time() - started
                 self._after_step()
             elif self._held and self.failure is None:
                 self._resume_held(everyone=True)
@@ -366,7 +371,7 @@ class EngineWorker:
             if not future.set_running_or_notify_cancel():
                 continue
             try:
-                future.set_result(fn())
+                future.set_result(self.work.timed("calls_s", fn))
             except BaseException as exc:  # handed to the caller
                 future.set_exception(exc)
 

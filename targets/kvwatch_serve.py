@@ -79,7 +79,9 @@ class EngineServer:
         ]
         self.log = log
         # exactly the faults asked for, whatever the environment says
+        started = time.monotonic()
         self.proc, self.url = start_serve(flags, log, env={"KVWATCH_FAULTS": ""})
+        self.start_s = time.monotonic() - started  # until it answered ready
 
     def exited(self) -> str | None:
         """None while the server runs; once it has exited, why (its code and last log lines)."""

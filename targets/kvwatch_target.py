@@ -34,6 +34,7 @@ from kvwatch.gate.replay import spread
 from kvwatch.gate.run_record import RunRecord, Signal
 from kvwatch.gate.sources import HttpSource
 from kvwatch.gate.target import RunSpec, Served, Target
+from kvwatch.gate.time_spent import TimeSpent, engine_cpu
 from kvwatch.targets.kvwatch_serve import EngineServer
 from kvwatch.telemetry.coverage import since
 
@@ -113,6 +114,7 @@ class KvwatchServed(Served):
     def __init__(self, target: KvwatchTarget, profile: Profile, server: EngineServer) -> None:
         self.target, self.profile, self.server = target, profile, server
         self._reference = None
+        self._first_run = True  # the server's start-up is counted with it
 
     @property
     def reference(self):
@@ -129,11 +131,12 @@ class KvwatchServed(Served):
     def run(self, spec: RunSpec) -> RunRecord:
         if gone := self.server.exited():
             return RunRecord(turns=(), error=f"not run: {gone}")
+        started = time.monotonic()
         counted = HttpSource(self.server.url, white_box=True, token=self.server.token)
         # c = 1 runs the load as written (a seed's sequence, step by step); the
         # cache's failure paths are taken at c >= 2, on the schedule's next hits
         counted.arm_failpoints(spec.concurrency > 1)
-        before = counted.coverage()
+        before, work = counted.coverage(), counted.timing()
         run = run_turns(self.plan(spec), spec, self.profile.user)
         if gone := self.server.exited():
             return RunRecord(turns=(), error=gone)  # a partial record is not judged
@@ -141,9 +144,18 @@ class KvwatchServed(Served):
             return run
         # everything the server did for this run, its users' setup too
         run = run._replace(coverage=since(before, counted.coverage()))
+        work = engine_cpu(work, counted.timing())
+        replay_started = time.monotonic()
         if run.error is None:
             run = self.replayed(run, spec.progress)
-        return run
+        spent = (run.spent or TimeSpent(run_s=0.0))._replace(
+            run_s=time.monotonic() - started,
+            server_start_s=self.server.start_s if self._first_run else 0.0,
+            replay_s=time.monotonic() - replay_started,
+            **work,
+        )
+        self._first_run = False
+        return run._replace(spent=spent)
 
     def plan(self, spec: RunSpec) -> RunPlan:
         profile, server, c = self.profile, self.server, spec.concurrency

@@ -19,6 +19,7 @@ from serverproc import kvwatch_server
 
 from kvwatch.gate.detectors import IDS
 from kvwatch.gate.profiles import PROFILES
+from kvwatch.gate.time_spent import WALL
 
 pytestmark = pytest.mark.e2e
 
@@ -59,6 +60,11 @@ def test_a_clean_gate_passes_at_each_concurrency_and_writes_its_outputs(tmp_path
         assert perf["requests"] > 0 and perf["ttft_s"]["p50"] <= perf["e2e_s"]["p99"]
         assert 0 < perf["prefix_cache_hit_rate"] < 1  # agents share a system prompt
         assert {d["verdict"] for d in run["detectors"].values()} <= {"pass", "skipped"}
+        spent = run["time"]  # where the run's time went: every phase had some
+        phases = [spent[k] for k in WALL if k != "server_start_s"]
+        assert all(v > 0 for v in phases) and sum(phases) <= spent["run_s"] + 0.01, spent
+        assert (spent["server_start_s"] > 0) == (run["concurrency"] == 1)  # the first run's
+        assert spent["steps"] > 0 and spent["step_s"] > 0 and spent["watch_s"] > 0, spent
         where = tmp_path / "runs" / f"agentic-trie-c{run['concurrency']}"
         stats = {r["Name"]: r for r in csv.DictReader((where / "locust_stats.csv").open())}
         assert int(stats["agent turn"]["Request Count"]) > 0
