@@ -100,6 +100,13 @@ def _profiles(args: argparse.Namespace) -> int:
     return 0
 
 
+# --quick, the pull-request tier: every profile at c = 2 (failpoints armed, two
+# conversations contending), a spread of 16 requests replayed per run. It is the
+# mutation score's fast stage (mutation/score.py), so its catch rate is measured
+# on the same mutants as the default gate's (docs/mutation-score.md)
+QUICK_CONCURRENCY = (2,)
+QUICK_MAX_REPLAYS = 16
+
 # gate flags a soak has no use for, by the argparse dest that holds them: given with
 # --soak they are a usage error, not silently ignored
 NOT_FOR_SOAK = {
@@ -111,6 +118,7 @@ NOT_FOR_SOAK = {
     "gauge": "--gauge",
     "locust_workers": "--locust-workers",
     "jobs": "--jobs",
+    "quick": "--quick",
     "pushgateway": "--pushgateway",
     "grafana_url": "--grafana-url",
     "engine": "--engine",
@@ -172,6 +180,9 @@ def _gate(args: argparse.Namespace) -> int:
 
     if args.soak is not None:
         return _soak(args)
+    if args.quick:  # the preset fills what was not given
+        args.c = args.c or QUICK_CONCURRENCY
+        args.max_replays = QUICK_MAX_REPLAYS if args.max_replays is None else args.max_replays
     options = GateOptions(
         profiles=tuple(args.profile),
         concurrency=args.c or (1, 2, 4, 8),

@@ -188,6 +188,11 @@ def _add_gate_load(gate: argparse.ArgumentParser) -> None:
         "--turns", type=int, default=None, help="default: the profile's own (6; rl-rollout 8)"
     )
     gate.add_argument(
+        "--quick",
+        action="store_true",
+        help="the pull-request tier: -c 2 --max-replays 16 (each unless given)",
+    )
+    gate.add_argument(
         "--soak",
         type=_duration,
         default=None,

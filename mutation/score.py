@@ -10,9 +10,9 @@ For every mutant (``catalog.py``), on its own copy of the package:
               gets the directed programs that do run it (failpoints on, the
               sweep's settings, more seeds): seen there, it is alive; not
               seen, equivalent; run by none of them, **unreached**;
-  2. fast     ``kvwatch gate --profile P -c 2`` (6 turns) profile by
-              profile, stopping at the first that fails (exit 1, or 3 when
-              the run itself broke);
+  2. fast     ``kvwatch gate --quick --profile P`` (c = 2, 6 turns, 16
+              replays: the pull-request tier) profile by profile, stopping at
+              the first that fails (exit 1, or 3 when the run itself broke);
   3. default  a mutant the fast gate missed gets the default gate's
               concurrency extremes, every profile at c = 1 and 8;
   4. sweep    a mutant the default gate missed gets every profile at c = 2
@@ -67,8 +67,9 @@ FAST_PROFILES = (
     "chaos",
     "rl-rollout",
     "bad-input",
+    "edges",
 )
-FAST_FLAGS = ("-c", "2", "--max-replays", "16")
+FAST_FLAGS = ("--quick",)  # every profile of the quick tier, one at a time
 DEFAULT_FLAGS = ("-c", "1,8", "--max-replays", "24")
 SWEEP_FLAGS = ("-c", "2", "--max-replays", "16")
 REACH_TIMEOUT_S = 3600

@@ -35,7 +35,8 @@ LEGEND = (
     "  behaviour as the oracles see it. **unreached**: no program, directed or not, runs",
     "  its line; not counted as equivalent, listed below with why.",
     "- **caught**: an alive mutant failed `kvwatch gate` (exit 1, or exit 3 when the run",
-    "  itself broke): first the fast configuration, profile by profile at c = 2, then",
+    "  itself broke): first the quick tier (`kvwatch gate --quick`: c = 2, 16 replays",
+    "  a run), profile by profile, then",
     "  every profile at c = 1 and 8 (the default gate's concurrency extremes), then every",
     "  profile at c = 2 under each setting of the configuration sweep (`--engine-set`:",
     "  shared-prefix waits off, page size 8, speculative decoding off).",
@@ -72,7 +73,8 @@ def render(verdicts: Sequence[MutantVerdict], meta: dict) -> str:
         *LEGEND,
         "",
         f"**Score: {len(caught)} of {len(alive)} alive mutants caught "
-        f"({_pct(len(caught), len(alive))})**: {fast} by the fast configuration, "
+        f"({_pct(len(caught), len(alive))})**: {fast} by the quick tier "
+        f"(its catch rate: {_pct(fast, len(alive))} of the alive), "
         f"{default} by the default gate at c = 1 and 8, {sweep} only by the configuration "
         f"sweep; the default engine's share of what was caught: "
         f"{_pct(fast + default, len(caught))}. {directed} of the alive were found by "
