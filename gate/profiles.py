@@ -143,7 +143,7 @@ PROFILES: dict[str, Profile] = {
             # its aborted retractions leave host-tier cache each turn: flushed at the
             # barrier, so usage gauges show what is held, not what is cached
             flush_every_turn=True,
-            serve_flags=("--session-idle-timeout", "15"),  # chaos.IDLE_TIMEOUT_S
+            serve_flags=("--session-idle-timeout", "5"),  # chaos.IDLE_TIMEOUT_S
             # state pools that a few users' requests fill: admissions meet a full
             # pool while they hold a matched prefix, and must give it back
             engine={"cache": {"swa_window": {"capacity": 16}, "linear_state": {"capacity": 16}}},

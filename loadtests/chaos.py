@@ -28,7 +28,7 @@ from kvwatch.loadtests.agents import SessionUser
 from kvwatch.loadtests.turns import parallel
 from kvwatch.loadtests.users import sentence
 
-IDLE_TIMEOUT_S = 15  # the chaos server's --session-idle-timeout (profiles.py)
+IDLE_TIMEOUT_S = 5  # the chaos server's --session-idle-timeout (profiles.py)
 CHECKS = 8  # looks at the abandoned session, one idle timeout apart, before giving up
 # Pushed out 8 tokens into a ~300-token prompt: its recovery computes the rest
 # over several steps, so "recovering" lasts past a step boundary. Paused once

@@ -63,7 +63,7 @@ UNREACHED: dict[str, str] = {
     "server/idle.py:close_if_idle": (
         "The idle reaper runs only in a server started with --session-idle-timeout, and the "
         "server programs (mutation/serverfuzz.py) start theirs without one. The gate's chaos "
-        "and edges profiles serve with a timeout (15 s and 4 s) and reap sessions; the "
+        "and edges profiles serve with a timeout (5 s and 4 s) and reap sessions; the "
         "branch for a session closed some other way between the reaper's listing and its "
         "close needs a client's close to land in that window."
     ),
