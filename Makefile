@@ -107,7 +107,7 @@ lint: $(STAMP)
 # Full sizes (a smoke of each runs in `make test`); writes benchmarks.json and BENCHMARKS.md.
 BENCH_ENV := KVWATCH_BENCH_PAGES=10000,100000,1000000 KVWATCH_BENCH_TREE_PAGES=100000 \
 	KVWATCH_BENCH_AGENTS=8 KVWATCH_BENCH_ROUNDS=6 KVWATCH_BENCH_REPEATS=6 \
-	KVWATCH_BENCH_GATE_PROFILES=all KVWATCH_BENCH_GATE_C=1,2,4,8
+	KVWATCH_BENCH_GATE=tiers
 bench: $(STAMP)
 	$(BENCH_ENV) $(PY) -m pytest -q -m bench --benchmark-enable --benchmark-json=benchmarks.json tests
 	$(PY) tests/benchmarks_md.py benchmarks.json > BENCHMARKS.md
@@ -120,6 +120,17 @@ bench-peer: $(STAMP)
 	$(PY) -m pytest -q -m bench --benchmark-enable --benchmark-json=.benchmarks/peer.json \
 		tests/test_bench_peer.py
 	$(PY) tests/peer_md.py .benchmarks/peer.json BENCHMARKS.md
+
+# Only the gate's wall time, its default and quick tiers (tests/test_bench_gate.py, about 6
+# minutes a round on 2 cores; GATE_ROUNDS=3 for three): its section of BENCHMARKS.md is
+# replaced in place (tests/gate_md.py).
+GATE_ROUNDS ?= 1
+.PHONY: bench-gate
+bench-gate: $(STAMP)
+	mkdir -p .benchmarks
+	KVWATCH_BENCH_GATE=tiers KVWATCH_BENCH_GATE_ROUNDS=$(GATE_ROUNDS) $(PY) -m pytest -q -m bench \
+		--benchmark-enable --benchmark-json=.benchmarks/gate.json tests/test_bench_gate.py
+	$(PY) tests/gate_md.py .benchmarks/gate.json BENCHMARKS.md
 
 # Regenerate docs/mutation-matrix.{json,md}: every fault through `kvwatch gate` at
 # c = 1, 2, 4, 8, and clean runs (84 gate runs, two at a time; about half an hour).

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
 
+import gate_md
 import peer_md
 
 MUTATION_SCORE = Path(__file__).resolve().parents[1] / "docs" / "mutation-score.json"
@@ -137,20 +138,9 @@ def render(data: dict) -> str:
         if name in b:
             info = ", ".join(f"{k} {v}" for k, v in b[name]["extra_info"].items())
             lines.append(f"| {name} | {info} |")
-    gates = [bench for name, bench in b.items() if name.startswith("test_gate_wall_time")]
-    if gates:
-        lines += [
-            "",
-            "## Gate wall time",
-            "",
-            "| profile | c | turns | wall | gate |",
-            "|---|---|---|---|---|",
-        ]
-        for bench in gates:
-            i = bench["extra_info"]
-            lines.append(
-                f"| {i['profile']} | {i['concurrency']} | {i['turns']} | {i['wall_s']} s | {i['gate_s']} s |"
-            )
+    gate = gate_md.section(data)
+    if gate:
+        lines += ["", *gate]
     return "\n".join(lines + mutation_section(MUTATION_SCORE)) + "\n"
 
 
