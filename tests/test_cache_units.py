@@ -59,23 +59,27 @@ def test_pool_refuses_double_free_and_foreign_free():
     assert pool.free_count == 8
 
 
-@pytest.mark.parametrize("n", [3, 20, 200])  # page by page, as lists, vectorised
-def test_pool_refuses_a_page_named_twice_foreign_or_out_of_range_and_changes_nothing(n):
-    pool = PagePool(FULL_KV, 4, 256, PageLayout())
+# page by page, as lists, vectorised on gathered tags, vectorised on a map of the pool
+@pytest.mark.parametrize(("n", "capacity"), [(3, 256), (20, 256), (120, 2048), (200, 256)])
+def test_pool_refuses_a_page_named_twice_foreign_or_out_of_range_and_changes_nothing(n, capacity):
+    pool = PagePool(FULL_KV, 4, capacity, PageLayout())
     pages = pool.alloc(n, REQ).tolist()
-    theirs, unused = pool.alloc(1, OTHER).tolist(), 255
+    theirs, unused = pool.alloc(1, OTHER).tolist(), capacity - 1
     kinds, ids = pool.owner_kind.copy(), pool.owner_id.copy()
-    wraps = pages[0] - 256  # negative, and would index one of ours not named
+    wraps = pages[0] - capacity  # negative, and would index one of ours not named
     # named twice, negative (wrapping), past the end, free, someone else's
-    for odd in (pages[1], wraps, 256, unused, *theirs):
+    for odd in (pages[1], wraps, capacity, unused, *theirs):
         for call in (pool.free, lambda p, o: pool.transfer(p, o, OTHER)):
             with pytest.raises(OwnershipError):
                 call(np.array([*pages[1:], odd]), REQ)
-            assert pool.free_count == 255 - n
+            assert pool.free_count == capacity - 1 - n
             assert (pool.owner_kind == kinds).all() and (pool.owner_id == ids).all()
     pool.transfer(pages, REQ, OTHER)
+    assert (pool.owner_id[pages] == OTHER.id).all() and (pool.owner_kind[pages] == 2).all()
     pool.free([*pages, *theirs], OTHER)
-    assert pool.free_count == 256 and (pool.owner_id == -1).all()
+    assert pool.free_count == capacity and (pool.owner_id == -1).all()
+    assert (pool.owner_kind == 0).all()
+    assert pool.alloc(capacity, REQ).tolist() == list(range(capacity))  # the stack is whole
 
 
 def test_pool_exhaustion_is_a_clear_error_and_changes_nothing():

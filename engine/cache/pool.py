@@ -33,6 +33,7 @@ from kvwatch.engine.cache.owner import Owner, OwnerKind
 PageIds = np.ndarray  # int64 page ids
 SHORT_RUN = 8  # up to this many pages, ownership is checked page by page in Python
 LISTED_RUN = 96  # up to this many, on tags gathered into Python lists; beyond, vectorised
+DENSE_RUN = 8  # a run naming 1 page in this many of the pool or more is checked on a map
 
 
 class PoolExhausted(RuntimeError):
@@ -174,19 +175,25 @@ class PagePool:
 
         How depends on the count, for the cost of numpy calls against Python
         loops: a few pages one by one (``_claim_short``), a few hundred as lists
-        (``_check_listed``), more in vectorised passes (``_check_long``).
-        Returns the page ids, as a list or an array.
+        (``_check_listed``), more in vectorised passes (``_check_long``; a
+        dense run is retagged through the map it was checked on, in memory
+        order). Returns the page ids, as a list or an array.
         """
         n = len(pages)
         if n <= SHORT_RUN:
             return self._claim_short(pages, owner, verb, int(kind), oid)
         idx = as_index(pages)
+        named = None
         if n <= LISTED_RUN:
             self._check_listed(idx, owner, verb)
         else:
-            self._check_long(idx, owner, verb)
-        self.owner_kind[idx] = int(kind)
-        self.owner_id[idx] = oid
+            named = self._check_long(idx, owner, verb)
+        if named is None:
+            self.owner_kind[idx] = int(kind)
+            self.owner_id[idx] = oid
+        else:
+            np.copyto(self.owner_kind, int(kind), where=named)
+            np.copyto(self.owner_id, oid, where=named)
         return idx
 
     def _claim_short(
@@ -219,25 +226,42 @@ class PagePool:
         ):
             self._refuse(ids, owner, verb)
 
-    def _check_long(self, idx: np.ndarray, owner: Owner, verb: str) -> None:
+    def _check_long(self, idx: np.ndarray, owner: Owner, verb: str) -> np.ndarray | None:
         """Every page in range and ``owner``'s, none named twice, without sorting.
 
-        Duplicates: each named page's id tag is set to a code unique to its
-        position and read back; a page named twice reads back one code only, so
-        some position sees another's. The tags were all ``owner.id`` (checked
-        first), so they are put back before the caller retags or refuses.
+        A dense run, naming at least one page in ``DENSE_RUN`` of the pool (a
+        flush frees most of it), is checked on a map of the pool: each named
+        page marked, fewer marks than pages means one was named twice, and every
+        mark must fall on a page ``owner`` holds. Whole-pool passes in memory
+        order cost less there than gathering each named page's tags. Returns
+        the map (True exactly at the named pages) for the caller's retag.
+
+        A sparser run gathers its pages' tags. Duplicates: each named page's id
+        tag is set to a code unique to its position and read back; a page named
+        twice reads back one code only, so some position sees another's. The
+        tags were all ``owner.id`` (checked first), so they are put back before
+        the caller retags or refuses.
         """
         if int(idx.view(np.uint64).max()) >= self.capacity:  # negatives wrap to huge
             self._refuse(idx.tolist(), owner, verb)
-        oids = self.owner_id
-        if ((self.owner_kind[idx] != int(owner.kind)) | (oids[idx] != owner.id)).any():
+        kinds, oids, n = self.owner_kind, self.owner_id, idx.size
+        if n * DENSE_RUN >= self.capacity:
+            named = np.zeros(self.capacity, dtype=np.bool_)
+            named[idx] = True
+            named &= kinds == int(owner.kind)
+            named &= oids == owner.id
+            if int(np.count_nonzero(named)) != n:  # a page named twice, or not owner's
+                self._refuse(idx.tolist(), owner, verb)
+            return named
+        if ((np.take(kinds, idx) != int(owner.kind)) | (np.take(oids, idx) != owner.id)).any():
             self._refuse(idx.tolist(), owner, verb)
-        codes = np.arange(-2, -2 - idx.size, -1, dtype=np.int64)
+        codes = np.arange(-2, -2 - n, -1, dtype=np.int64)
         oids[idx] = codes
-        twice = bool((oids[idx] != codes).any())
+        twice = bool((np.take(oids, idx) != codes).any())
         oids[idx] = owner.id
         if twice:
             self._refuse(idx.tolist(), owner, verb)
+        return None
 
     def _refuse(self, ids: list[int], owner: Owner, verb: str) -> NoReturn:
         if any(not 0 <= p < self.capacity for p in ids):
