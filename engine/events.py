@@ -1,8 +1,11 @@
 """Typed engine events and the bus that delivers them.
 
 The engine core publishes; instrumentation subscribes. Events are immutable
-NamedTuples so a subscriber can keep them without copying, and emitting with
-no subscriber costs one dict lookup.
+NamedTuples so a subscriber can keep them without copying. A publisher whose
+event is costly to build (a tuple of page ids per evicted node) asks
+``EventBus.listens`` first and builds nothing for a type nobody subscribes to:
+such an event would be delivered to nobody, so skipping it changes nothing a
+listener can see.
 
 Events are telemetry, never control: a handler that raises is caught, logged
 once per (event type, handler) and counted (``EventBus.failures``), and the
@@ -129,6 +132,17 @@ class EventBus:
         """Call ``handler(event)`` for every ``event_type`` event; returns an unsubscribe."""
         self._subscribers[event_type].append(handler)
         return lambda: self._subscribers[event_type].remove(handler)
+
+    def listens(self, event_type: type) -> bool:
+        """Whether ``event_type`` has a subscriber now.
+
+        A publisher may skip building an event of a type with none. Such an
+        event is delivered to nobody either way, except to a handler that
+        subscribes between its emit and its delivery (inside ``deferred()``,
+        from a handler of an earlier event): a handler sees the events of its
+        type emitted after it subscribed.
+        """
+        return bool(self._subscribers.get(event_type))
 
     def emit(self, event: NamedTuple) -> None:
         if self._depth:

@@ -255,7 +255,7 @@ class RadixTree:
         self.node_count -= 1
         self.page_count -= len(node.pages)
         node.parent = None
-        # _refresh(parent), inline: eviction unlinks every victim through here
+        # _refresh(parent), inline: the LRU eviction unlinks every victim through here
         if parent.children or parent.refs or parent.host_refs:
             evictable.discard(parent)
         elif parent.parent is not None or Fault.ROOT_IN_EVICT_SET in self.faults:
@@ -365,18 +365,44 @@ class RadixTree:
 
     def evict_all(self, release: Callable[[Node], int]) -> int:
         """Every evictable leaf goes, and every parent that becomes one (``evict``
-        of more than the tree holds), so the order does not matter (no heap)."""
+        of more than the tree holds), so the order does not matter (no heap).
+
+        ``_unlink`` inline, one victim at a time, children before their parent.
+        A parent left an unreferenced non-root leaf goes straight onto the work
+        list and never joins ``evictable``: it leaves in this same call, so the
+        set ends as ``_refresh`` would leave it (empty, or the root under its
+        fault). Each node enters the work list once: the leaves the set held,
+        then each parent when its last child left.
+        """
         evictable = self.evictable
-        work, got = list(evictable), 0
-        while work:
-            node = work.pop()
-            parent = node.parent
-            if parent is None or node not in evictable:
-                continue  # the root (fault only), or a node already taken
-            got += release(node)
-            self._unlink(node, parent)
-            if parent in evictable:
-                work.append(parent)
+        work, got, nodes, pages = list(evictable), 0, 0, 0
+        root_fault = Fault.ROOT_IN_EVICT_SET in self.faults
+        try:
+            while work:
+                node = work.pop()
+                parent = node.parent
+                if parent is None:
+                    continue  # the root (fault only): it stays in the set
+                got += release(node)
+                snap = node.snapshot
+                assert not (
+                    node.children or node.refs or node.host_refs or (snap and snap.pages)
+                ), "only an unreferenced leaf whose state was freed is unlinked"
+                del parent.children[node.key]
+                evictable.discard(node)
+                node.parent = None
+                nodes += 1
+                pages += len(node.pages)
+                if parent.children or parent.refs or parent.host_refs:
+                    continue
+                if parent.parent is not None:
+                    work.append(parent)
+                elif root_fault:
+                    evictable.add(parent)
+        finally:  # counted once; a failed release leaves the parents queued so far in the set
+            self.node_count -= nodes
+            self.page_count -= pages
+            evictable.update(n for n in work if n.parent is not None and n not in evictable)
         return got
 
     def nodes(self) -> list[Node]:

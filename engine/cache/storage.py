@@ -161,11 +161,11 @@ class CacheStorage:
         """
         parents: list[Node] = []
         freed: Released = defaultdict(list)
-        keys: dict[Node, int] = {}
+        victim = self._releaser(group, freed)
 
         def release(node: Node) -> int:
             parents.append(node.parent)
-            return self._release_node(node, group, freed, keys)
+            return victim(node)
 
         got = self.tree.evict(wanted, release)
         self._free_released(freed)
@@ -191,8 +191,7 @@ class CacheStorage:
     def flush(self) -> None:
         """Evict every unreferenced node and prune every unreferenced snapshot."""
         freed: Released = defaultdict(list)
-        keys: dict[Node, int] = {}
-        self.tree.evict_all(lambda node: self._release_node(node, FULL_KV, freed, keys))
+        self.tree.evict_all(self._releaser(FULL_KV, freed))
         self._free_released(freed)
         for tier in (Tier.DEVICE, Tier.HOST):
             for group in STATE_GROUPS:
@@ -203,30 +202,41 @@ class CacheStorage:
         return pools[group].capacity if group in pools else 0
 
     # -- node pages ---------------------------------------------------------------
-    def _release_node(self, node: Node, group: str, freed: Released, keys: dict) -> int:
-        """Release an eviction victim and count its pages of ``group``. Its pages,
-        history and state, join ``freed``, which the caller frees in one call per
-        group once the walk is over (nothing allocates during it); ``keys`` holds
-        the walk's path keys found so far (``RadixTree.path_key``)."""
-        pages, snap = node.pages, node.snapshot
-        counted = len(pages) if group == FULL_KV else 0
-        if snap is not None and snap.pages:  # not history-only
-            counted += len(snap.pages.get(group, ()))
-            self.drop_snapshot(node, "evicted", freed)
-        freed[FULL_KV, Tier.DEVICE].append(pages)
-        self.events.emit(
-            NodeEvicted(
-                node_id=node.id,
-                depth=node.depth,
-                page_ids=tuple(pages.tolist()),
-                path_key=self.tree.path_key(node, keys),
-            )
-        )
-        return counted
+    def _releaser(self, group: str, freed: Released) -> Callable[[Node], int]:
+        """The callback that releases an eviction walk's victims, one at a time.
+
+        ``release(node)`` detaches the victim's snapshot and counts its pages of
+        ``group``; its pages, history and state, join ``freed``, which the
+        caller frees in one call per group once the walk is over (nothing
+        allocates during it). ``NodeEvicted`` (its page ids and path key) is
+        built only when a listener subscribes, asked once per walk (inside a
+        mutation no handler runs before the walk is over; outside one, a handler
+        that subscribes during the walk sees the next walk's events).
+        """
+        history = freed[FULL_KV, Tier.DEVICE]
+        counts_history = group == FULL_KV
+        emit = self.events.emit if self.events.listens(NodeEvicted) else None
+        keys: dict[Node, int] = {}  # path keys found so far (``RadixTree.path_key``)
+        path_key = self.tree.path_key
+
+        def release(node: Node) -> int:
+            pages, snap = node.pages, node.snapshot
+            counted = len(pages) if counts_history else 0
+            if snap is not None and snap.pages:  # not history-only
+                counted += len(snap.pages.get(group, ()))
+                self.drop_snapshot(node, "evicted", freed)
+            history.append(pages)
+            if emit is not None:
+                ids, key = tuple(pages.tolist()), path_key(node, keys)
+                emit(NodeEvicted(node_id=node.id, depth=node.depth, page_ids=ids, path_key=key))
+            return counted
+
+        return release
 
     def _free_released(self, freed: Released) -> None:
         for (group, tier), pages in freed.items():
-            self.pool(group, tier).free(np.concatenate(pages), TREE_OWNER)
+            if pages:  # the history list is there from the walk's start
+                self.pool(group, tier).free(np.concatenate(pages), TREE_OWNER)
 
     def drop_snapshot(self, node: Node, reason: str, into: Released | None = None) -> None:
         """Free a node's state pages (``into``: leave them there, for the caller
@@ -237,7 +247,8 @@ class CacheStorage:
         else:
             for group, ids in taken.pages.items():
                 into[group, taken.tier].append(ids)
-        self.events.emit(SnapshotReleased(node.id, node.depth, reason))
+        if self.events.listens(SnapshotReleased):
+            self.events.emit(SnapshotReleased(node.id, node.depth, reason))
 
     def give_state(self, node: Node, pages: Mapping[str, np.ndarray], owner: Owner) -> None:
         """Hand a holder's device state pages to ``node`` (ownership moves to the tree)."""
