@@ -23,7 +23,7 @@ hashes and tokens (``check_hashes``, ``HashLedger``)
                              request whose prefix differs from its first holder's:
                              a prefix hit that reads KV computed for other tokens
 
-per-step scratch (``check_scratch``, ``registries``)
+per-step scratch (``check_scratch``, ``registries``: ``vllm_scratch.py``)
     Every list, set, deque and dict the ``KVCacheManager``, its coordinator
     and each group's manager keep, by attribute path:
 
@@ -38,7 +38,8 @@ per-step scratch (``check_scratch``, ``registries``)
     ``registries`` gives their sizes, which the gate compares before and
     after a run (the quiescence detector).
 
-liveness (``LivenessTracker``: ``before`` and ``after`` each ``schedule()``)
+liveness (``LivenessTracker``, ``vllm_liveness.py``: ``before`` and ``after`` each
+``schedule()``)
     ``running-skipped``      a running request that holds blocks and has work
                              left was neither scheduled nor preempted by a step
                              that left token budget, and no request that could
@@ -61,24 +62,18 @@ rule to the finding kind whose detector owns it.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterator
 
 from kvwatch.targets.vllm_audit import (
     BLOCK_BEYOND_TOKENS,
     BLOCK_HASH_VS_TOKENS,
-    DEAD_REQUEST_KEY,
     HIT_ON_OTHER_TOKENS,
     REQUEST_HASH_STALE,
-    RUNNING_SKIPPED,
-    RUNNING_STARVED,
-    SCRATCH_NOT_DRAINED,
-    SCRATCH_OVER_POOL,
     SHARED_BLOCK_TOKENS,
     Violation,
     short_hash,
 )
 
-AUDITED = frozenset({"req_to_blocks"})  # per-request tables vllm_audit already judges
 NAMED = 20  # ids kept in one finding
 
 
@@ -197,18 +192,18 @@ def _chain(request_id: str, request, fresh: list) -> list[Violation]:
             )
             subject = f"request {request_id} block_hashes[{i}]"
             return [
-                _found(
+                violation(
                     REQUEST_HASH_STALE, detail, requests=(request_id,), key=carried, subject=subject
                 )
             ]
     if len(have) > len(fresh):
         detail = f"request {request_id} has {len(have)} block hashes, its tokens make {len(fresh)}"
         subject = f"request {request_id} hashes past its tokens"
-        return [_found(REQUEST_HASH_STALE, detail, requests=(request_id,), subject=subject)]
+        return [violation(REQUEST_HASH_STALE, detail, requests=(request_id,), subject=subject)]
     return []
 
 
-def _found(
+def violation(
     rule, detail, *, blocks=(), requests=(), key=None, pool=0, hashed=False, subject=""
 ) -> Violation:
     """A finding; ``key`` is a block's key (``hashed``: with its group id) or a request's
@@ -237,7 +232,7 @@ class _Where:
         ids, key = (block.block_id,), block.block_hash
         if j >= len(fresh) or i >= len(digests):
             detail = f"{at}: block {block.block_id} at index {i} is cached (full) past its tokens"
-            return [self._found(BLOCK_BEYOND_TOKENS, detail, ids, (rid,), key)]
+            return [self.violation(BLOCK_BEYOND_TOKENS, detail, ids, (rid,), key)]
         subject = f"request {rid} block {block.block_id}"
         out = []
         if raw_hash(key) != fresh[j]:
@@ -245,7 +240,7 @@ class _Where:
                 f"{at}: block {block.block_id} at index {i} carries {short_hash(key)}, its tokens "
                 f"hash to {hex_of(fresh[j])}: the prefix map files this KV under other tokens"
             )
-            out.append(self._found(BLOCK_HASH_VS_TOKENS, detail, ids, (rid,), key, subject))
+            out.append(self.violation(BLOCK_HASH_VS_TOKENS, detail, ids, (rid,), key, subject))
         mine = (rid, i, digests[i])
         other = holders.setdefault((self.pool, block.block_id), mine)
         if other is not mine and (other[1], other[2]) != (i, mine[2]):
@@ -254,13 +249,15 @@ class _Where:
                 f"{other[1]} and by {rid} at index {i}, with different token prefixes"
             )
             subject = f"block {block.block_id} held by {other[0]} and {rid}"
-            out.append(self._found(SHARED_BLOCK_TOKENS, detail, ids, (other[0], rid), key, subject))
+            out.append(
+                self.violation(SHARED_BLOCK_TOKENS, detail, ids, (other[0], rid), key, subject)
+            )
         return out
 
-    def _found(self, rule, detail, blocks, requests, key, subject="") -> Violation:
+    def violation(self, rule, detail, blocks, requests, key, subject="") -> Violation:
         """A finding on this request's block (its subject: the request and the block)."""
         subject = subject or f"request {self.request_id} block {blocks[0]}"
-        return _found(
+        return violation(
             rule,
             detail,
             blocks=blocks,
@@ -308,7 +305,7 @@ class HashLedger:
             f"index {i}: its KV was computed for other tokens"
         )
         return [
-            _found(
+            violation(
                 HIT_ON_OTHER_TOKENS,
                 detail,
                 blocks=(block.block_id,),
@@ -328,186 +325,3 @@ class HashLedger:
             if not (0 <= block_id < len(blocks) and blocks[block_id].block_hash == block_hash):
                 del self.seen[key]
         self.reported = {r for r in self.reported if r[0] in self.seen}
-
-
-# -- per-step scratch -----------------------------------------------------------------------
-def owners(scheduler) -> list[tuple[str, object]]:
-    """The objects whose containers are checked, by the path that names them."""
-    kv = scheduler.kv_cache_manager
-    out = [("kv_cache_manager", kv), ("kv_cache_manager.coordinator", kv.coordinator)]
-    managers = kv.coordinator.single_type_managers
-    out += [(f"kv_cache_manager.coordinator.managers[{i}]", m) for i, m in enumerate(managers)]
-    return out
-
-
-def containers(obj) -> Iterator[tuple[str, object]]:
-    """(attribute, value) of each list, set, deque and dict ``obj`` keeps."""
-    for name, value in vars(obj).items():
-        if isinstance(value, list | set | frozenset | dict) or type(value).__name__ == "deque":
-            yield name, value
-
-
-def registries(scheduler) -> dict[str, int]:
-    """The length of every container ``owners`` keep, by attribute path."""
-    return {
-        f"{path}.{name}": len(value)
-        for path, obj in owners(scheduler)
-        for name, value in containers(obj)
-    }
-
-
-def _is_block(item) -> bool:
-    return (isinstance(item, int) and not isinstance(item, bool)) or hasattr(item, "block_id")
-
-
-def _block_entries(items: list) -> tuple[int, ...] | None:
-    """The block ids of a container of block ids, blocks, or tuples of blocks (pending
-    copy pairs); None for any other container (config tuples, specs, group ids)."""
-    pairs = all(
-        isinstance(x, tuple) and x and all(hasattr(y, "block_id") for y in x) for x in items
-    )
-    if not (pairs or all(_is_block(x) for x in items)):
-        return None
-    flat = [y for x in items for y in (x if isinstance(x, tuple) else (x,))]
-    return tuple(x if isinstance(x, int) else x.block_id for x in flat)
-
-
-def check_scratch(scheduler, live: Iterable[str] | None = None) -> list[Violation]:
-    """``scratch-not-drained``, ``scratch-over-pool`` and ``dead-request-key`` over the
-    containers ``owners`` keep; ``live`` defaults to the scheduler's requests."""
-    live = set(scheduler.requests if live is None else live)
-    holding = {rid for _, m in group_managers(scheduler) for rid in m.req_to_blocks}
-    size = len(scheduler.kv_cache_manager.block_pool.blocks)
-    found: list[Violation] = []
-    for path, obj in owners(scheduler):
-        pool = getattr(obj, "block_pool", None)
-        bound = len(pool.blocks) if pool is not None else size
-        for name, value in containers(obj):
-            where = f"{path}.{name}"
-            if isinstance(value, dict):
-                found += [] if name in AUDITED else _dead_keys(where, value, live | holding)
-            elif value and (ids := _block_entries(list(value))) is not None:
-                found += _scratch(where, len(value), ids, bound, idle=not live)
-    return found
-
-
-def _dead_keys(where: str, value: dict, live: set[str]) -> list[Violation]:
-    keys = [k for k in value if isinstance(k, str)]
-    dead = sorted(k for k in keys if k not in live)
-    if not dead or len(keys) != len(value):
-        return []
-    detail = (
-        f"{where} keeps {len(dead)} request ids the scheduler no longer knows (of {len(value)})"
-    )
-    return [_found(DEAD_REQUEST_KEY, detail, requests=dead[:NAMED])]
-
-
-def _scratch(where: str, n: int, ids: tuple[int, ...], bound: int, idle: bool) -> list[Violation]:
-    out = []
-    if n > bound:
-        detail = (
-            f"{where} holds {n} entries, more than the pool's {bound} blocks "
-            f"({len(set(ids))} distinct)"
-        )
-        out.append(_found(SCRATCH_OVER_POOL, detail, blocks=ids[:NAMED]))
-    if idle:
-        detail = f"{where} holds {n} entries with no live request"
-        out.append(_found(SCRATCH_NOT_DRAINED, detail, blocks=ids[:NAMED]))
-    return out
-
-
-# -- liveness -------------------------------------------------------------------------------
-def holds_blocks(scheduler, request_id: str) -> bool:
-    return any(
-        not getattr(block, "is_null", False)
-        for _, manager in group_managers(scheduler)
-        for block in table(manager, request_id)
-    )
-
-
-def work_left(request) -> int:
-    """Tokens the running loop could still schedule for ``request``, less a step in
-    flight that could only produce past ``max_tokens`` (async scheduling's last one)."""
-    placeholders = getattr(request, "num_output_placeholders", 0) or 0
-    pending = request.num_tokens_with_spec + placeholders - request.num_computed_tokens
-    limit = getattr(request, "max_tokens", None)
-    last = request.num_computed_tokens + 2 - placeholders
-    if placeholders and limit is not None and last >= request.num_prompt_tokens + limit:
-        return 0
-    return max(0, pending)
-
-
-def _preempted(scheduler, out, order: list[str]) -> set[str]:
-    """Who this step preempted: the output says so, or the request's status does."""
-    named = set(getattr(out, "preempted_req_ids", None) or ())
-    for request_id in order:
-        request = scheduler.requests.get(request_id)
-        status = getattr(getattr(request, "status", None), "name", "")
-        if "PREEMPT" in str(status):
-            named.add(request_id)
-    return named
-
-
-class LivenessTracker:
-    """``before(scheduler)`` right before ``schedule()``, ``after(scheduler, output,
-    deferred)`` right after it. ``deferred(request) -> bool`` names requests the
-    engine itself asked the scheduler to hold back this step (data-parallel
-    prefill throttling holds back prefill chunks)."""
-
-    def __init__(self, bound: int = 2) -> None:
-        self.bound = bound
-        self.missed: dict[str, int] = {}
-        self.order: list[str] = []
-        self.pending: dict[str, int] = {}
-        self.holding: set[str] = set()
-
-    def before(self, scheduler) -> None:
-        self.order = [r.request_id for r in scheduler.running]
-        self.pending = {r.request_id: work_left(r) for r in scheduler.running}
-        self.holding = {rid for rid in self.order if holds_blocks(scheduler, rid)}
-
-    def after(self, scheduler, out, deferred: Callable | None = None) -> list[Violation]:
-        scheduled = set(out.num_scheduled_tokens)
-        preempted = _preempted(scheduler, out, self.order)
-        running = {r.request_id for r in scheduler.running}
-        used = getattr(out, "total_num_scheduled_tokens", sum(out.num_scheduled_tokens.values()))
-        budget = getattr(scheduler, "max_num_scheduled_tokens", None)
-        spare = None if budget is None else budget - used
-        found: list[Violation] = []
-        for rid in self.order:
-            passed_over = rid in running and rid not in scheduled and rid not in preempted
-            if passed_over and self._could_run(scheduler, rid, deferred) and spare:
-                found += self._missed(rid, scheduled, preempted, spare)
-            else:
-                self.missed.pop(rid, None)
-        self.missed = {rid: n for rid, n in self.missed.items() if rid in scheduler.requests}
-        return found
-
-    def _could_run(self, scheduler, rid: str, deferred: Callable | None) -> bool:
-        held_back = deferred is not None and deferred(scheduler.requests[rid])
-        return self.pending.get(rid, 0) > 0 and rid in self.holding and not held_back
-
-    def _missed(self, rid: str, scheduled: set, preempted: set, spare: int) -> list[Violation]:
-        """``rid`` was passed over. The walk visits running requests in order and stops
-        early only when the budget is spent or a request that could not get blocks
-        preempted itself: a preempted request after every scheduled one, before ``rid``."""
-        self.missed[rid] = self.missed.get(rid, 0) + 1
-        pos = {r: i for i, r in enumerate(self.order)}
-        last = max((pos[r] for r in scheduled if r in pos), default=-1)
-        out = []
-        if not any(last < pos.get(p, -1) < pos[rid] for p in preempted):
-            later = [r for r in self.order[pos[rid] + 1 :] if r in scheduled]
-            detail = (
-                f"request {rid} (running, {self.pending[rid]} tokens to compute, holds blocks) "
-                f"was not scheduled although {spare} tokens of budget were left and "
-                f"{len(later)} request(s) after it were ({', '.join(later[:3])}); "
-                f"preempted this step: {', '.join(sorted(preempted)) or 'none'}"
-            )
-            out.append(_found(RUNNING_SKIPPED, detail, requests=(rid,)))
-        if self.missed[rid] > self.bound:
-            detail = (
-                f"request {rid} holds blocks and has work left but was neither scheduled nor "
-                f"preempted for {self.missed[rid]} steps in a row with budget to spare"
-            )
-            out.append(_found(RUNNING_STARVED, detail, requests=(rid,)))
-        return out

@@ -45,7 +45,7 @@ KEEP = 64  # liveness findings kept between two audits
 class _State:
     scheduler = None  # the engine core's scheduler, once built
     steps = 0
-    liveness = None  # vllm_checks.LivenessTracker, around every schedule()
+    liveness = None  # vllm_liveness.LivenessTracker, around every schedule()
     ledger = None  # vllm_checks.HashLedger, over the audits
     starved: tuple = ()  # liveness findings since the last audit
 
@@ -83,8 +83,9 @@ def _guarded(method, counts_steps: bool):
 
 
 def _watched(schedule):
-    """``schedule`` with the liveness check around it (``vllm_checks.LivenessTracker``)."""
-    from kvwatch.targets.vllm_checks import HashLedger, LivenessTracker
+    """``schedule`` with the liveness check around it (``vllm_liveness.LivenessTracker``)."""
+    from kvwatch.targets.vllm_checks import HashLedger
+    from kvwatch.targets.vllm_liveness import LivenessTracker
 
     _State.liveness, _State.ledger = LivenessTracker(), HashLedger()
 
@@ -103,7 +104,7 @@ def answer(scheduler, step: int, found) -> dict:
     """``GET /audit``'s answer: the audit of ``scheduler`` now, the checks' findings
     ``found``, the KV managers' registry sizes (the in-process driver answers alike)."""
     from kvwatch.targets.vllm_audit import audit_scheduler
-    from kvwatch.targets.vllm_checks import registries
+    from kvwatch.targets.vllm_scratch import registries
 
     return {
         "step": step,
@@ -117,9 +118,10 @@ def answer(scheduler, step: int, found) -> dict:
 
 def checked(scheduler) -> dict:
     """``answer`` with the checks run now and the liveness findings since the last call."""
-    from kvwatch.targets import vllm_checks
+    from kvwatch.targets.vllm_checks import check_hashes
+    from kvwatch.targets.vllm_scratch import check_scratch
 
-    found = vllm_checks.check_hashes(scheduler) + vllm_checks.check_scratch(scheduler)
+    found = check_hashes(scheduler) + check_scratch(scheduler)
     found += _State.ledger.observe(scheduler) if _State.ledger is not None else []
     found += list(_State.starved)
     _State.starved = ()

@@ -38,13 +38,10 @@ import traceback
 from collections import deque
 from pathlib import Path
 
-from kvwatch.targets.vllm_checks import (
-    HashLedger,
-    LivenessTracker,
-    check_hashes,
-    check_scratch,
-)
+from kvwatch.targets.vllm_checks import HashLedger, check_hashes
+from kvwatch.targets.vllm_liveness import LivenessTracker
 from kvwatch.targets.vllm_probe import answer
+from kvwatch.targets.vllm_scratch import check_scratch
 from kvwatch.targets.vllm_workloads import WORKLOADS
 
 LATCH = 8  # probes kept from the steps of one turn

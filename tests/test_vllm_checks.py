@@ -14,6 +14,8 @@ from types import SimpleNamespace
 
 from kvwatch.contracts import FindingKind
 from kvwatch.targets import vllm_checks as checks
+from kvwatch.targets import vllm_liveness as liveness
+from kvwatch.targets import vllm_scratch as scratch
 from kvwatch.targets.vllm_audit import KINDS
 from kvwatch.targets.vllm_source import probe_report
 
@@ -185,18 +187,18 @@ def test_the_ledger_forgets_a_block_whose_hash_changed():
 
 def test_scratch_left_at_idle_over_the_pool_and_dead_request_keys_are_found():
     stand = Stand(n=8)
-    assert checks.check_scratch(stand.scheduler) == []
+    assert scratch.check_scratch(stand.scheduler) == []
     stand.manager.new_block_ids.extend([3, 4])
-    found = checks.check_scratch(stand.scheduler)
+    found = scratch.check_scratch(stand.scheduler)
     assert rules(found) == ["scratch-not-drained"] and found[0].blocks == (3, 4)
     assert "managers[0].new_block_ids holds 2 entries with no live request" in found[0].detail
     stand.admit(request("A", [1, 2]))  # busy: entries of this step are fine
-    assert checks.check_scratch(stand.scheduler) == []
+    assert scratch.check_scratch(stand.scheduler) == []
     stand.manager.new_block_ids.extend(range(8))
-    assert rules(checks.check_scratch(stand.scheduler)) == ["scratch-over-pool"]
+    assert rules(scratch.check_scratch(stand.scheduler)) == ["scratch-over-pool"]
     stand.manager.new_block_ids.clear()
     stand.manager.num_cached_block.update({"A": 1, "gone": 2})
-    (dead,) = checks.check_scratch(stand.scheduler)
+    (dead,) = scratch.check_scratch(stand.scheduler)
     assert dead.rule == "dead-request-key" and dead.requests == ("gone",)
 
 
@@ -205,8 +207,8 @@ def test_tables_the_audit_owns_and_config_containers_are_not_scratch():
     stand.manager.req_to_blocks["gone"] = [stand.pool.blocks[2]]  # orphan-holder's
     stand.manager.kv_cache_spec = [("layers.0", 4)]
     stand.scheduler.kv_cache_manager.coordinator.attention_groups = [("spec", "backend")]
-    assert checks.check_scratch(stand.scheduler) == []
-    sizes = checks.registries(stand.scheduler)
+    assert scratch.check_scratch(stand.scheduler) == []
+    sizes = scratch.registries(stand.scheduler)
     assert sizes["kv_cache_manager.coordinator.managers[0].req_to_blocks"] == 1
     assert sizes["kv_cache_manager.coordinator.managers[0].new_block_ids"] == 0
 
@@ -234,7 +236,7 @@ def decoding(stand, *names):
 
 
 def test_every_running_request_scheduled_or_preempted_is_live():
-    stand, tracker = Stand(), checks.LivenessTracker()
+    stand, tracker = Stand(), liveness.LivenessTracker()
     decoding(stand, "X", "Y", "Z")
     assert step(tracker, stand, {"X": 1, "Y": 1, "Z": 1}) == []
     # Y could not get a block and preempted itself: the walk ended there, before Z
@@ -244,7 +246,7 @@ def test_every_running_request_scheduled_or_preempted_is_live():
 def test_a_request_passed_over_after_a_victim_left_the_list_is_skipped():
     """PR 49206's shape: X, skipped this step, is the victim; the walk's cursor
     stepped over Z, which runs, holds blocks and had budget left."""
-    stand, tracker = Stand(), checks.LivenessTracker(bound=2)
+    stand, tracker = Stand(), liveness.LivenessTracker(bound=2)
     decoding(stand, "X", "Y", "Z")
     (found,) = step(tracker, stand, {"Y": 1}, preempted=("X",))
     assert found.rule == "running-skipped" and found.requests == ("Z",)
@@ -255,7 +257,7 @@ def test_a_request_passed_over_after_a_victim_left_the_list_is_skipped():
 
 
 def test_no_budget_left_or_nothing_to_compute_is_not_a_skip():
-    stand, tracker = Stand(), checks.LivenessTracker()
+    stand, tracker = Stand(), liveness.LivenessTracker()
     decoding(stand, "X", "Y")
     stand.scheduler.max_num_scheduled_tokens = 1
     assert step(tracker, stand, {"X": 1}) == []
@@ -267,7 +269,7 @@ def test_no_budget_left_or_nothing_to_compute_is_not_a_skip():
 def test_check_findings_read_as_probe_findings_under_their_detectors():
     stand = Stand(n=8)
     stand.manager.new_block_ids.extend([3])
-    found = [vars(f) for f in checks.check_scratch(stand.scheduler)]
+    found = [vars(f) for f in scratch.check_scratch(stand.scheduler)]
     audit = {
         "findings": [],
         "blocks_total": 8,
