@@ -75,6 +75,13 @@ def catch_rates(path: Path = MUTATION_SCORE) -> dict[str, str]:
     }
 
 
+def _rounds(rounds: list[dict]) -> str:
+    """Each round's wall time, with the seed it ran (``--seed``) where it has one."""
+    return ", ".join(
+        f"{r['wall_s']} s" + (f" (seed {r['seed']})" if "seed" in r else "") for r in rounds
+    )
+
+
 def _tiers(tiers: dict[str, dict]) -> list[str]:
     rates = catch_rates()
     lines = [
@@ -89,7 +96,7 @@ def _tiers(tiers: dict[str, dict]) -> list[str]:
         command = f"kvwatch gate {i['flags']}".strip()
         lines.append(
             f"| {tier} | `{command}` | {i['rounds'][0]['runs']} "
-            f"| {_clock(i['wall_s'])} | {', '.join(f'{w} s' for w in i['walls'])} "
+            f"| {_clock(i['wall_s'])} | {_rounds(i['rounds'])} "
             f"| {_clock(target) if target else '-'} | {met} | {rates.get(tier, '-')} |"
         )
     return lines

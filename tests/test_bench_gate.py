@@ -2,7 +2,7 @@
 
 ``KVWATCH_BENCH_GATE=tiers`` (``make bench``, ``make bench-gate``) times the
 two tiers a user runs, each as one ``kvwatch gate`` process with its report,
-``KVWATCH_BENCH_GATE_ROUNDS`` times (default 1):
+``KVWATCH_BENCH_GATE_ROUNDS`` times (default 1), round i with ``--seed i``:
 
     default   every profile at c = 1, 2, 4, 8 (``kvwatch gate``)
     quick     every profile at c = 2 (``kvwatch gate --quick``)
@@ -62,8 +62,10 @@ def test_gate_wall_time(benchmark, tmp_path, tier):
     rounds: list[dict] = []
 
     def run() -> None:
-        out = tmp_path / f"round-{len(rounds)}"
+        seed = len(rounds) + 1  # each round its own load: the rounds are clean gates too
+        out = tmp_path / f"round-{seed}"
         cmd = [sys.executable, "-m", "kvwatch", "gate", *CHOSEN[tier], "--out", str(out)]
+        cmd += ["--seed", str(seed)]
         start = time.perf_counter()
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
         wall = time.perf_counter() - start
@@ -72,6 +74,7 @@ def test_gate_wall_time(benchmark, tmp_path, tier):
         assert summary["verdict"] == "pass"
         rounds.append(
             {
+                "seed": seed,
                 "wall_s": round(wall, 1),
                 "gate_s": summary["elapsed_s"],
                 "runs": len(summary["runs"]),
