@@ -4,7 +4,12 @@
 ``make bench-peer`` reruns only the peer benchmark and puts a fresh section
 in place of the old one::
 
-    python tests/peer_md.py PEER.json BENCHMARKS.md
+    python tests/peer_md.py PEER.json BENCHMARKS.md [RERUN.json]
+
+With a second run of the same benchmark (``RERUN.json``), the section adds
+whether each published median lands inside that run's min - max range:
+"yes", "close" (outside by at most ``CLOSE`` of the median) or "NO" (it did
+not reproduce), and the cells whose >= 1.0 verdict the rerun turned.
 
 Invariants: the section starts at ``HEADING`` and ends before the next
 ``## `` heading (or the end of the file), so replacing it leaves every other
@@ -22,6 +27,7 @@ HEADING = "## Against SGLang's prefix caches"
 PEER = "test_prefix_cache_ops_against_sglang"
 OPS = {"match": "match + lock", "insert": "insert", "evict": "evict-all"}
 PAIRINGS = ("full", "mamba", "swa")
+CLOSE = 0.05  # a median this far outside the other run's range (relative) is "close"
 COMMAND = "make bench-peer"
 POINTER = (
     "Against SGLang's prefix caches: see the section below "
@@ -90,7 +96,48 @@ def _hits(runs: list[dict]) -> list[str]:
     return lines
 
 
-def section(data: dict, *, shared: bool = True) -> list[str]:
+def _agree(published: list[float], other: list[float]) -> str:
+    """Whether the published median lies in the other run's min - max: yes, close or NO."""
+    median, (_, low, high) = published[0], other
+    off = max(low - median, median - high, 0.0) / median
+    return "yes" if off == 0 else "close" if off <= CLOSE else "NO"
+
+
+def _verdicts(runs: list[dict], again: dict) -> str:
+    """Which cells' >= 1.0 verdict the rerun turned, if any."""
+    turned = [
+        f"{i['pairing']} {i['trace']} {what}"
+        for i in runs
+        if (j := again.get((i["pairing"], i["trace"])))
+        for op, what in OPS.items()
+        if (i[f"{op}_ratio"][0] >= 1.0) != (j[f"{op}_ratio"][0] >= 1.0)
+    ]
+    return f"differs in the rerun for {', '.join(turned)}" if turned else "is the same in both runs"
+
+
+def _rerun(runs: list[dict], other: dict) -> list[str]:
+    again = {(i["pairing"], i["trace"]): i for i in _runs(other)}
+    lines = [
+        f"Rerun: the same benchmark again, measured {other.get('datetime', '')[:19]} UTC on the "
+        f"same machine. Each cell: whether the published median lies in the rerun's min - max "
+        f"(close: outside it by at most {CLOSE:.0%} of the median; NO: the figure did not "
+        f"reproduce). The >= 1.0 column {_verdicts(runs, again)}.",
+        "",
+        "| pairing | trace | op | published | rerun | reproduced |",
+        "|---|---|---|---|---|---|",
+    ]
+    for i in runs:
+        j = again.get((i["pairing"], i["trace"]))
+        for op, what in OPS.items() if j else ():
+            mine, theirs = i[f"{op}_ratio"], j[f"{op}_ratio"]
+            lines.append(
+                f"| {i['pairing']} | {i['trace']} | {what} | {_ratio(mine)} | {_ratio(theirs)} "
+                f"| {_agree(mine, theirs)} |"
+            )
+    return lines
+
+
+def section(data: dict, *, shared: bool = True, rerun: dict | None = None) -> list[str]:
     runs = _runs(data)
     if not runs:
         return []
@@ -111,6 +158,7 @@ def section(data: dict, *, shared: bool = True) -> list[str]:
         "",
         *_table(runs),
         "",
+        *([*_rerun(runs, rerun), ""] if rerun else []),
         "What each tree matched (hit) and resumed without computing, per replay. `full`: both "
         "keep every page's history, and agree. `swa`: the same history; kvwatch resumes at its "
         "snapshots, SGLang wherever the window is cached. `mamba`: SGLang keeps a state only "
@@ -138,12 +186,13 @@ def replace_section(text: str, new: list[str]) -> str:
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 3:
-        print("usage: peer_md.py PEER.json BENCHMARKS.md", file=sys.stderr)
+    if len(argv) not in (3, 4):
+        print("usage: peer_md.py PEER.json BENCHMARKS.md [RERUN.json]", file=sys.stderr)
         return 2
     data = json.loads(Path(argv[1]).read_text())
+    rerun = json.loads(Path(argv[3]).read_text()) if len(argv) == 4 else None
     path = Path(argv[2])
-    path.write_text(replace_section(path.read_text(), section(data)))
+    path.write_text(replace_section(path.read_text(), section(data, rerun=rerun)))
     return 0
 
 
