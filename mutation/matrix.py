@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from kvwatch.gate.detectors import IDS
-from kvwatch.gate.profiles import CATCHES
+from kvwatch.gate.profiles import CATCHES, PROFILES
 
 CONCURRENCY = (1, 2, 4, 8)
 CLEAN_SEEDS = (0, 1)
@@ -47,6 +47,11 @@ SWEEP: dict[str, tuple[str, ...]] = {
     "page-8": ("cache.full_kv.page_size=8", "cache.swa_kv.page_size=8"),
     "spec-off": ("scheduler.spec=null",),
 }
+# A page size is how a pool is cut, not how big it is: under page-8 each profile's
+# full.kv and swa.kv pools get twice the pages, so they hold the same tokens. (With
+# the pages alone halved, slot-cache's pool held half the tokens, pressure cleared
+# both slots before either was reused, and seed 004's stale entry never formed.)
+SAME_MEMORY = {"page-8": 2}
 SWEEP_CONCURRENCY = (1, 8)
 # Faults whose code path a setting removes: not run under it, and why.
 NOT_REACHED: dict[str, dict[str, str]] = {
@@ -55,13 +60,7 @@ NOT_REACHED: dict[str, dict[str, str]] = {
 # Sweep cells where the gate misses a fault, found by running them and left in the
 # matrix as misses, with what is known of why: detection gaps to close, not cells to
 # drop. (fault, setting, concurrency) -> why.
-KNOWN_MISSES: dict[tuple[str, str, int], str] = {
-    ("stale-slot-entry", "page-8", 1): (
-        "not yet explained: the slot-table probes see no second entry for one slot at "
-        "c = 1 with page size 8, whether failpoints are armed or not; at c = 8 the same "
-        "setting catches it, and the default engine at every c"
-    ),
-}
+KNOWN_MISSES: dict[tuple[str, str, int], str] = {}
 CELL_TIMEOUT_S = 3600
 DOC = Path(__file__).resolve().parents[1] / "docs" / "mutation-matrix.md"
 
@@ -81,9 +80,24 @@ class Job(NamedTuple):
     def argv(self, out: Path) -> list[str]:
         args = ["gate", "--profile", self.profile, "-c", str(self.concurrency)]
         args += ["--seed", str(self.seed), "--out", str(out), "--no-report"]
-        for setting in SWEEP.get(self.config, ()):
+        for setting in sweep_sets(self.config, self.profile) if self.config else ():
             args += ["--engine-set", setting]
         return args + (["--inject", self.fault] if self.fault else [])
+
+
+def sweep_sets(config: str, profile: str) -> tuple[str, ...]:
+    """The ``--engine-set`` values of a sweep setting for one profile: the setting's
+    own, and under ``SAME_MEMORY`` the profile's paged pools scaled to hold the
+    same tokens."""
+    sets = SWEEP[config]
+    factor = SAME_MEMORY.get(config)
+    if factor is None:
+        return sets
+    cache = PROFILES[profile].engine_config()["cache"]
+    return (
+        *sets,
+        *(f"cache.{g}.capacity={cache[g]['capacity'] * factor}" for g in ("full_kv", "swa_kv")),
+    )
 
 
 class Cell(NamedTuple):
@@ -264,6 +278,11 @@ def render(cells: Sequence[Cell]) -> str:
         "",
         *(f"- `{name}`: `{' '.join(sets)}`" for name, sets in SWEEP.items()),
         *(
+            f"- under `{name}`, each profile's full.kv and swa.kv capacities times {k}: "
+            "pages that hold fewer tokens come more of them, the same memory"
+            for name, k in SAME_MEMORY.items()
+        ),
+        *(
             f"- not run under `{config}`: {fault} ({why})"
             for config, faults in NOT_REACHED.items()
             for fault, why in faults.items()
@@ -344,6 +363,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="rerun only the cells of this profile and keep the other cells of --out",
     )
     parser.add_argument(
+        "--config",
+        action="append",
+        choices=["default", *SWEEP],
+        help="rerun only the cells of this engine (default or a sweep setting) and keep "
+        "the other cells of --out",
+    )
+    parser.add_argument(
         "--no-sweep", action="store_true", help="leave out the configuration sweep's cells"
     )
     args = parser.parse_args(argv)
@@ -352,8 +378,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         todo = [j for j in todo if j.concurrency in args.concurrency]
     if args.profile:
         todo = [j for j in todo if j.profile in args.profile]
+    if args.config:
+        todo = [j for j in todo if (j.config or "default") in args.config]
     cells = run_matrix(todo, args.runs, args.workers)
-    if args.fault or args.concurrency or args.profile:
+    if args.fault or args.concurrency or args.profile or args.config:
         fresh = {c.job: c for c in cells}
         cells = [fresh.get(c.job, c) for c in load(args.out.with_suffix(".json"))]
     args.out.parent.mkdir(parents=True, exist_ok=True)

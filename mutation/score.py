@@ -53,7 +53,7 @@ from kvwatch.mutation.catalog import (
     sample,
     snapshot,
 )
-from kvwatch.mutation.matrix import SWEEP
+from kvwatch.mutation.matrix import SWEEP, sweep_sets
 from kvwatch.mutation.reach import reaching
 from kvwatch.mutation.score_report import DOC, save
 
@@ -235,11 +235,14 @@ def judge(
         code, failed = _gate(src, tree / "default", DEFAULT_FLAGS)
         if code in (1, 3):
             return verdict("default", failed)
-        for setting, sets in SWEEP.items():
-            flags = [*SWEEP_FLAGS, *(a for s in sets for a in ("--engine-set", s))]
-            code, failed = _gate(src, tree / f"sweep-{setting}", flags)
-            if code in (1, 3):
-                return verdict(f"sweep: {setting}", failed)
+        for setting in SWEEP:
+            for profile in FAST_PROFILES:  # a setting's values can be the profile's own
+                sets = sweep_sets(setting, profile)
+                flags = [*SWEEP_FLAGS, "--profile", profile]
+                flags += [a for s in sets for a in ("--engine-set", s)]
+                code, failed = _gate(src, tree / f"sweep-{setting}-{profile}", flags)
+                if code in (1, 3):
+                    return verdict(f"sweep: {setting}", failed)
         return verdict(None, failed)
     finally:
         shutil.rmtree(src, ignore_errors=True)

@@ -62,3 +62,19 @@ def test_problems_names_a_missed_fault_and_a_failed_clean_run():
         cells = [wrong if c.job == wrong.job else c for c in CELLS]
         assert [p.split(":")[0] for p in matrix.problems(cells)] == [wrong.job.name]
     assert any("no cell" in p for p in matrix.problems(CELLS[1:]))
+
+
+def test_the_page_size_sweep_keeps_each_profiles_memory():
+    """Pages half as long, twice as many: the pools hold the same tokens."""
+    sets = matrix.sweep_sets("page-8", "slot-cache")
+    assert "cache.full_kv.page_size=8" in sets
+    assert "cache.full_kv.capacity=256" in sets  # slot-cache serves 128 pages of 16
+    assert "cache.swa_kv.capacity=512" in sets
+    assert "cache.full_kv.capacity=2048" in matrix.sweep_sets("page-8", "agentic-trie")
+    assert matrix.sweep_sets("spec-off", "slot-cache") == matrix.SWEEP["spec-off"]
+    job = matrix.Job(fault=None, profile="slot-cache", concurrency=1, config="page-8")
+    argv = job.argv(matrix.DOC.parent)
+    assert (
+        "cache.full_kv.capacity=256" in argv
+        and argv[argv.index("cache.full_kv.capacity=256") - 1] == "--engine-set"
+    )
