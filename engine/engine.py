@@ -464,6 +464,13 @@ class Engine:
             raise RuntimeError("failpoints are armed between steps")
         self._cache.arm_failpoints(armed)
 
+    def fail_next(self, site: str) -> None:
+        """Make the cache's next hit of failpoint ``site`` (``failpoints.Site``, e.g.
+        ``tier.load``) fail as a full pool would fail it; between steps."""
+        if self._in_step:
+            raise RuntimeError("a failpoint is set between steps")
+        self._cache.fail_next(site)
+
     def flush_cache(self) -> None:
         """Evict every unreferenced node, snapshot and slot."""
         if self._in_step:

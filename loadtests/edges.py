@@ -14,7 +14,10 @@ One turn runs these side by side (``u``: the user's number, 0 to c - 1):
   server's test controls and held (one longer), one left to prefill: a
   retraction while another prefills, waits or is retracted, a recovery while
   the other is still out. Under the profile's small pool, eviction on that
-  path comes with them;
+  path comes with them. Beside them a *cold* prompt that shares no page with
+  anything, pushed out the same way, whose load back from the host tier fails
+  (``fail_load``, as a full device pool fails it): nothing above its own
+  snapshot is usable, so it recovers from nothing, as a cold request must;
 * *a cut turn*: a session's second turn aborted by a test control at stage
   ``(u + t) mod 7`` (queued, prefilling, decoding, verifying, retracted,
   paused, recovering), then rolled back and closed, or closed;
@@ -60,6 +63,8 @@ CUT = {
 # second longer, so the first recovers while the second is still out
 OUT_SHORT = {"retract_after": 16, "hold_steps": 8}
 OUT_LONG = {"retract_after": 16, "hold_steps": 24}
+# and a cold one, back first, whose snapshot cannot be loaded
+OUT_COLD = {"retract_after": 16, "hold_steps": 4, "fail_load": True}
 HELD = {"pause_after_output": 2, "hold_s": IDLE_TIMEOUT_S + 2}
 PESTER_S = 0.1
 PESTER_FOR_S = 120.0
@@ -111,15 +116,16 @@ class EdgeUser(SessionUser):
         parallel(*(lambda j=j: sibling(j) for j in range(SIBLINGS)))
 
     def _one_path(self) -> None:
-        def long(name: str, controls: dict | None) -> None:
-            tokens = self.prefix + self._own(200)
+        def long(name: str, controls: dict | None, tokens: list[int]) -> None:
             extra = {"kvwatch": controls} if controls else {}
             self.complete(tokens, name=name, max_tokens=4, **extra)
 
+        on_path = [self.prefix + self._own(200) for _ in range(3)]
         parallel(
-            lambda: long("pushed out", OUT_SHORT),
-            lambda: long("pushed out longer", OUT_LONG),
-            lambda: long("same path", None),
+            lambda: long("pushed out", OUT_SHORT, on_path[0]),
+            lambda: long("pushed out longer", OUT_LONG, on_path[1]),
+            lambda: long("same path", None, on_path[2]),
+            lambda: long("cold, its load failed", OUT_COLD, self._own(200, APART)),
         )
 
     # -- sessions -------------------------------------------------------------------------

@@ -11,13 +11,13 @@ NOTES: dict[str, str] = {
     "engine/cache/radix_cache.py:7": (
         "A recovery that must load a host-tier snapshot, where the load fails (the tier.load "
         "failpoint, or a full device pool) and no shallower snapshot on the path is usable: "
-        "the root keeps one ref too many (seed 002's leak, on the load path). The directed "
-        "program with failpoints on (radix-pressure-failpoints, seed 2) reaches it and the "
-        "audit sees the root's refs. The gate's runs do fail tier.load (its failpoint "
-        "machine counts it), but none met a failed load with nothing usable above it: most "
-        "retracted requests share a prefix whose snapshot stays on the device. A profile "
-        "that retracts requests with cold, unshared prompts, keeping only their own "
-        "snapshot, at the moment tier.load fails would take it, and refcount would fail."
+        "the root keeps one ref too many (seed 002's leak, on the load path). It survived the "
+        "scored run: the gate's runs failed tier.load, but never for a request with nothing "
+        "usable above its snapshot. Since then the edges profile pushes out a cold prompt "
+        "each turn whose load fails (the fail_load test control), and `kvwatch gate --quick "
+        "--profile edges` fails this mutant (refcount at turn 0, quiescence after the drain; "
+        "checked by hand, the clean run passing); tests/test_cold_recovery.py holds the "
+        "path. The score above is the scored run's."
     ),
     "engine/scheduler.py:10": (
         "When a placement in the middle of a step retracts a victim that was already given "

@@ -56,13 +56,17 @@ class TestControls(_Body):
     retracted, paused, or recovering (admitted again and still computing its
     prompt); alone, abort it as it is queued, at the first step boundary
     where it is prefilling or decoding, or inside the step that verifies its
-    drafts (``verifying``): the aborts no client can time.
+    drafts (``verifying``): the aborts no client can time. ``fail_load`` (with
+    ``retract_after``): once its hold is over, the next load of a host-tier
+    snapshot back to the device fails as a full device pool fails it (the
+    ``tier.load`` failpoint), so its recovery takes the path a full pool takes.
     """
 
     retract_after: int | None = Field(default=None, ge=1, le=1_000_000)
     pause_after_output: int | None = Field(default=None, ge=1, le=1_000_000)
     hold_steps: int = Field(default=64, ge=0, le=100_000)
     hold_s: float | None = Field(default=None, gt=0, le=600)
+    fail_load: bool = False
     abort_in: (
         Literal[
             "queued", "prefilling", "decoding", "verifying", "retracted", "paused", "recovering"

@@ -114,6 +114,8 @@ def _controls(request: Request, body) -> Scripted | None:
         raise _bad_controls("retract_after and pause_after_output exclude each other")
     if controls.hold_s is not None and pause is None:
         raise _bad_controls("hold_s holds a pause: it needs pause_after_output")
+    if controls.fail_load and retract is None:
+        raise _bad_controls("fail_load fails a recovery's load: it needs retract_after")
     if controls.abort_in in STAGES:
         if retract is not None or pause is not None:
             raise _bad_controls(f"abort_in {controls.abort_in!r} takes no retraction or pause")
@@ -134,6 +136,7 @@ def _controls(request: Request, body) -> Scripted | None:
         hold_steps=controls.hold_steps,
         abort_in=controls.abort_in,
         hold_s=controls.hold_s,
+        fail_load=controls.fail_load,
     )
 
 

@@ -69,6 +69,7 @@ class Scripted(NamedTuple):
     hold_steps: int  # on the host tier, or paused, before it is admitted again
     abort_in: str | None = None  # then abort it once in that stage (``STAGES``)
     hold_s: float | None = None  # a pause held this long instead (never resumed early)
+    fail_load: bool = False  # a retraction: the next host-tier load after its hold fails
 
 
 _IN = {"retracted": Status.RETRACTED, "paused": Status.PAUSED, "recovering": Status.RUNNING}
@@ -123,6 +124,7 @@ class EngineWorker:
         self._abort_in: dict[str, str] = {}  # scripted, to abort once in that state
         self._held: dict[str, int] = {}  # paused by a script: steps left before it resumes
         self._held_until: dict[str, float] = {}  # paused by a script until this monotonic time
+        self._fail_load_in: dict[str, int] = {}  # retracted by a script: steps to its failed load
         self._watching = False
         self._latched: list[ProbeReport] = []
         self._dropped = 0
@@ -222,6 +224,8 @@ class EngineWorker:
                 del self._scripted[rid]
                 if script.action == "retract":
                     self.engine.retract(rid, hold_steps=script.hold_steps)
+                    if script.fail_load:
+                        self._fail_load_in[rid] = script.hold_steps
                 else:
                     self.engine.pause(rid)
                     self._hold(rid, script)
@@ -234,10 +238,24 @@ class EngineWorker:
             elif _reached(req, state):
                 self.abort_now(rid)  # the engine's abort, and the request's stream ends with it
                 del self._abort_in[rid]
+        self._fail_loads()
         self._resume_held(everyone=False)
         self.check_departures()
         if self._watching:
             self.work.timed("watch_s", self._watch_step)
+
+    def _fail_loads(self) -> None:
+        """Count a step off each scripted failed load; once a request's hold is over
+        (it may come back from the host tier at the next step), the next load fails."""
+        for rid, left in list(self._fail_load_in.items()):
+            req = self._live(rid)
+            if req is None or req.status is not Status.RETRACTED:
+                del self._fail_load_in[rid]  # gone, or came back without a load to fail
+            elif left <= 1:
+                del self._fail_load_in[rid]
+                self.engine.fail_next("tier.load")
+            else:
+                self._fail_load_in[rid] = left - 1
 
     def check_departures(self) -> None:
         """On the worker thread: requests still running long after their client left."""

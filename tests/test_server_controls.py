@@ -14,7 +14,12 @@ import pytest
 from fastapi.testclient import TestClient
 
 from kvwatch.engine import Engine, EngineConfig, SchedulerConfig, SpecConfig
-from kvwatch.engine.events import RequestAborted, RequestPaused, RequestRecovered
+from kvwatch.engine.events import (
+    FailpointFired,
+    RequestAborted,
+    RequestPaused,
+    RequestRecovered,
+)
 from kvwatch.server import EngineWorker, ServerSettings, create_app
 
 MODEL = ServerSettings().model_name
@@ -94,7 +99,8 @@ def test_a_paused_and_resumed_request_answers_as_an_undisturbed_one(served, stre
     "controls",
     [{"abort_in": "paused"}, {"retract_after": 4, "abort_in": "paused"},
      {"pause_after_output": 4, "abort_in": "retracted"},
-     {"retract_after": 4, "pause_after_output": 4}, {"pause_after_output": 0}],
+     {"retract_after": 4, "pause_after_output": 4}, {"pause_after_output": 0},
+     {"fail_load": True}, {"pause_after_output": 4, "fail_load": True}],
 )  # fmt: skip
 def test_controls_that_cannot_be_carried_out_are_refused(served, controls):
     client, worker = served
@@ -156,3 +162,21 @@ def test_timed_holds_and_lone_aborts_that_cannot_be_carried_out_are_refused(serv
     r = client.post("/v1/completions", json=body)
     assert r.status_code == 400, r.text
     assert worker.call(worker.engine.request_ids).result(60) == ()
+
+
+def test_a_retraction_whose_load_fails_recovers_from_nothing_and_answers_the_same(served):
+    """``fail_load``: the request comes back from the host tier, its snapshot's load
+    fails as a full device pool fails it, and it recomputes its prompt: the same
+    greedy answer as without the control, nothing left behind."""
+    client, worker = served
+    plain = {"model": MODEL, "prompt": PROMPT, "max_tokens": 6, "temperature": 0.0}
+    want = client.post("/v1/completions", json=plain).json()["choices"][0]["text"]
+    assert client.post("/debug/flush_cache").status_code == 200
+    fired = []
+    worker.engine.events.subscribe(FailpointFired, fired.append)
+    controls = {"retract_after": 4, "hold_steps": 2, "fail_load": True}
+    r = client.post("/v1/completions", json={**plain, "kvwatch": controls})
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["text"] == want
+    assert [f.site for f in fired] == ["tier.load"]  # failpoints are off: this one only
+    _quiet(client, worker)

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, TypeVar
 import torch
 
 from kvwatch.engine.cache import reads, sessions
-from kvwatch.engine.cache.failpoints import Site
+from kvwatch.engine.cache.failpoints import Site, parse_sites
 from kvwatch.engine.cache.holder import Holder, HolderStatus, Pending, PendingKind
 from kvwatch.engine.cache.node import Node, Tier
 from kvwatch.engine.cache.owner import Owner, OwnerKind
@@ -307,6 +307,11 @@ class CacheBase(ServedCache):
     def arm_failpoints(self, armed: bool) -> None:
         """Failpoints on or off between steps (a testing aid; nothing if none are set)."""
         self.store.failpoints.arm(armed)
+
+    def fail_next(self, site: str) -> None:
+        """Fail the next hit of failpoint ``site`` (a testing aid, failpoints set or not)."""
+        (named,) = parse_sites([site])  # ValueError naming the sites there are
+        self.store.failpoints.fail_next(named)
 
     def drop_everything(self, holder: Holder, *, free_pending: bool = True) -> None:
         """Unlock the path and free every page the holder owns."""

@@ -30,6 +30,11 @@ seeded with the seed and the site's name. Hence
 A hit is a call that asks for at least one page (an empty allocation cannot
 fail). Each failure emits ``FailpointFired``; the probe records nothing new.
 Off (``None``), a site costs one attribute test and counts nothing.
+
+``fail_next(site)`` makes the site's next hit fail whatever the schedule, even
+with failpoints off or disarmed: a test control (``kvwatch.fail_load`` on a
+request the server pushes out) that puts a failure where a load can only time
+it by luck, as SQLite's tests fail one chosen allocation.
 """
 
 from __future__ import annotations
@@ -114,6 +119,10 @@ class Failpoints:
     ``fired[s] <= hits[s]`` and a failure is emitted once, as it happens.
     """
 
+    # ``forced`` holds each site at most once; a failure armed for a load that never
+    # came stays armed (registry walks check the bound)
+    __bounded__ = MappingProxyType({"forced": len(Site)})
+
     def __init__(self, config: FailpointConfig | None, events: EventBus) -> None:
         self.on = config is not None
         # disarmed, no site counts a hit or fails: the schedule waits (``arm``)
@@ -124,6 +133,7 @@ class Failpoints:
         sites = Site if self.on else ()
         self.hits: dict[Site, int] = dict.fromkeys(sites, 0)
         self.fired: dict[Site, int] = dict.fromkeys(sites, 0)
+        self.forced: set[Site] = set()  # sites whose next hit fails (``fail_next``)
         self._plan: dict[Site, tuple[int, int]] = {}
         if config is not None:
             for site in config.sites or Site:
@@ -131,6 +141,8 @@ class Failpoints:
 
     def fires(self, site: Site, group: str) -> bool:
         """Count a hit of ``site`` (one that asks for pages of ``group``); True if it fails."""
+        if site in self.forced:
+            return self._forced(site, group)
         if not self.on or not self.armed:
             return False
         self.hits[site] += 1
@@ -145,6 +157,19 @@ class Failpoints:
         self.events.emit(FailpointFired(site=site.value, hit=hit, group=group))
         return True
 
+    def fail_next(self, site: Site) -> None:
+        """Fail ``site``'s next hit, whatever the schedule says and whether or not
+        failpoints are on; later hits follow the schedule again."""
+        self.forced.add(site)
+
+    def _forced(self, site: Site, group: str) -> bool:
+        self.forced.discard(site)
+        if self.on:
+            self.hits[site] += 1
+            self.fired[site] += 1
+        self.events.emit(FailpointFired(site=site.value, hit=self.hits.get(site, 0), group=group))
+        return True
+
     def arm(self, armed: bool) -> None:
         """Count and fail from now on (True), or neither until armed again (False):
         the schedule goes on from the hits counted while armed."""
@@ -153,8 +178,8 @@ class Failpoints:
     def failing_group(self, site: Site, counts: Mapping[str, int]) -> str | None:
         """One hit of ``site`` for an allocation of ``counts`` pages by group: the
         group that must fail (the last one asked for), or None."""
-        if not self.on or not self.armed:
-            return None
+        if not (self.forced or (self.on and self.armed)):
+            return None  # the common case, off: no list built
         wanted = [group for group, n in counts.items() if n > 0]
         if wanted and self.fires(site, wanted[-1]):
             return wanted[-1]

@@ -112,7 +112,7 @@ class CacheStorage:
         return pool.alloc(n, owner)
 
     def _failed(self, pool: PagePool, n: int, site: Site) -> FailpointExhausted:
-        return FailpointExhausted(pool, n, site, self.failpoints.hits[site])
+        return FailpointExhausted(pool, n, site, self.failpoints.hits.get(site, 0))
 
     def alloc_groups(
         self, counts: Mapping[str, int], owner: Owner, *, site: Site
