@@ -16,6 +16,7 @@ mutants both tiers were run on.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -133,7 +134,7 @@ def _profile(i: dict) -> list[str]:
     return lines
 
 
-def section(data: dict) -> list[str]:
+def section(data: dict, *, quiet: bool = False) -> list[str]:
     tiers = _runs(data)
     if not tiers:
         return []
@@ -144,7 +145,9 @@ def section(data: dict) -> list[str]:
         HEADING,
         "",
         f"Measured {when} UTC on {cpu.get('brand_raw', 'cpu')} ({cpu.get('count', '?')} cores), "
-        f"Python {machine.get('python_version', '?')}, with `{COMMAND}` (or `make bench`): each "
+        f"Python {machine.get('python_version', '?')}, with `{COMMAND}` (or `make bench`)"
+        + (", nothing else running" if quiet else ", on a machine shared with other work")
+        + ": each "
         "tier as one `kvwatch gate` process with its report, as CI runs it. The mutants caught "
         "are each tier's on the mutation score's sample (docs/mutation-score.md: the quick tier "
         "is the score's first stage; the default column counts every stage).",
@@ -173,7 +176,7 @@ def replace_section(text: str, heading: str, new: list[str]) -> str:
 def main(argv: list[str]) -> int:
     data = json.loads(Path(argv[0]).read_text())
     doc = Path(argv[1])
-    new = section(data)
+    new = section(data, quiet=os.environ.get("KVWATCH_BENCH_QUIET") == "1")
     if not new:
         print(f"no {BENCH} results with KVWATCH_BENCH_GATE=tiers in {argv[0]}", file=sys.stderr)
         return 1

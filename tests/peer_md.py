@@ -20,6 +20,7 @@ and max, and the section says when, on what and how it was measured.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -149,7 +150,7 @@ def section(data: dict, *, shared: bool = True, rerun: dict | None = None) -> li
         "",
         f"Measured {when} UTC on {cpu.get('brand_raw', 'cpu')} ({cpu.get('count', '?')} cores), "
         f"Python {machine.get('python_version', '?')}, with `{COMMAND}` (or `make bench`)"
-        + (", on a machine shared with other work." if shared else "."),
+        + (", on a machine shared with other work." if shared else ", nothing else running."),
         "Both caches in one process, the same trace and page size, interleaved request by "
         "request; thread CPU time per op summed over a run's replays. Each ratio is the median "
         "of the runs, with the min and max (what each side times: tests/test_bench_peer.py).",
@@ -192,7 +193,9 @@ def main(argv: list[str]) -> int:
     data = json.loads(Path(argv[1]).read_text())
     rerun = json.loads(Path(argv[3]).read_text()) if len(argv) == 4 else None
     path = Path(argv[2])
-    path.write_text(replace_section(path.read_text(), section(data, rerun=rerun)))
+    quiet = os.environ.get("KVWATCH_BENCH_QUIET") == "1"  # nothing else ran: say so
+    new = section(data, rerun=rerun, shared=not quiet)
+    path.write_text(replace_section(path.read_text(), new))
     return 0
 
 
