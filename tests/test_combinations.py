@@ -374,6 +374,12 @@ def test_the_coverage_line_is_a_count_and_the_first_few_never_taken():
     assert f"and {listed - NEVER_SHOWN} more (summary.json)" in line and len(line) < 300
     everything = coverage({name: dict.fromkeys(m.transitions, 1) for name, m in MACHINES.items()})
     assert coverage_line(_Summary(everything)).endswith("; every transition taken")
+    # the edges a machine lists apart (taken when seen, never owed) are counted apart
+    apart = {name: dict.fromkeys((*m.transitions, *m.also), 1) for name, m in MACHINES.items()}
+    extra = sum(len(m.also) for m in MACHINES.values())
+    line = coverage_line(_Summary(coverage(apart)))
+    assert line.startswith(f"coverage: {listed} of {listed} transitions taken")
+    assert f"(and {extra} listed apart); every transition taken" in line
     odd = coverage({"request": {"queued -> nowhere": 1}})
     assert coverage_line(_Summary(odd)).endswith("; 1 seen outside the machines")
 
