@@ -24,7 +24,7 @@ this backend; the peer benchmark against SGLang's ``RadixCache`` does
 
 from __future__ import annotations
 
-from kvwatch.engine.cache.holder import Holder, HolderStatus, PendingKind
+from kvwatch.engine.cache.holder import Holder, PendingKind
 from kvwatch.engine.cache.node import Node
 from kvwatch.engine.cache.protocol import Handle
 from kvwatch.engine.cache.radix import Walk
@@ -56,16 +56,7 @@ class FullAttentionPrefixCache(RadixPrefixCache):
 
     def _activate(self, holder: Holder, anchor: Node | None) -> None:
         """Borrow the anchor's path as the holder's full.kv prefix; no state to restore."""
-        d = anchor.depth if anchor is not None else 0
-        self._give_working_pages(holder, d)
-        if anchor is not None:
-            pages: list[int] = []
-            for node in reversed(list(anchor.path())):
-                pages += node.pages.tolist()
-            holder.full_pages = pages
-        holder.lock_node = anchor
-        holder.cached_len = holder.computed_len = holder.allocated_len = d
-        holder.status = HolderStatus.ACTIVE
+        self._borrow_path(holder, anchor)
 
     def capture_points(self, h: Handle, start: int, end: int) -> list[tuple[int, PendingKind]]:
         """None: the history alone resumes a full-attention model."""

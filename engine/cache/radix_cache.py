@@ -128,6 +128,12 @@ class RadixPrefixCache(CacheBase):
             tree    root ── [0, 64) ── [64, d)*      * the anchor, locked
             holder  full_pages = pages of [0, 64) + [64, d); own pages from d on
         """
+        d = self._borrow_path(holder, anchor)
+        self.working.restore_state(holder, anchor.snapshot.pages if anchor else None, d)
+
+    def _borrow_path(self, holder: Holder, anchor: Node | None) -> int:
+        """Working pages for the holder, the anchor's path as its full.kv prefix, the
+        holder active from there; the anchor's depth."""
         d = anchor.depth if anchor is not None else 0
         self._give_working_pages(holder, d)
         if anchor is not None:
@@ -138,7 +144,7 @@ class RadixPrefixCache(CacheBase):
         holder.lock_node = anchor
         holder.cached_len = holder.computed_len = holder.allocated_len = d
         holder.status = HolderStatus.ACTIVE
-        self.working.restore_state(holder, anchor.snapshot.pages if anchor else None, d)
+        return d
 
     # -- captures and commits ---------------------------------------------------------
     def capture_points(self, h: Handle, start: int, end: int) -> list[tuple[int, PendingKind]]:
