@@ -20,6 +20,8 @@ import os
 import sys
 from pathlib import Path
 
+from md_section import measured, replace_section
+
 HEADING = "## The gate's time"
 BENCH = "test_gate_wall_time"
 COMMAND = "make bench-gate"
@@ -138,17 +140,11 @@ def section(data: dict, *, quiet: bool = False) -> list[str]:
     tiers = _runs(data)
     if not tiers:
         return []
-    machine = data.get("machine_info", {})
-    cpu = machine.get("cpu", {})
-    when = data.get("datetime", "")[:19]
     lines = [
         HEADING,
         "",
-        f"Measured {when} UTC on {cpu.get('brand_raw', 'cpu')} ({cpu.get('count', '?')} cores), "
-        f"Python {machine.get('python_version', '?')}, with `{COMMAND}` (or `make bench`)"
-        + (", nothing else running" if quiet else ", on a machine shared with other work")
-        + ": each "
-        "tier as one `kvwatch gate` process with its report, as CI runs it. The mutants caught "
+        measured(data, COMMAND, quiet=quiet)
+        + ": each tier as one `kvwatch gate` process with its report, as CI runs it. The mutants caught "
         "are each tier's on the mutation score's sample (docs/mutation-score.md: the quick tier "
         "is the score's first stage; the default column counts every stage).",
         "",
@@ -159,18 +155,6 @@ def section(data: dict, *, quiet: bool = False) -> list[str]:
     for tier, i in tiers.items():
         lines += ["", f"Where the {tier} tier's time went (its first round):", "", *_profile(i)]
     return lines
-
-
-def replace_section(text: str, heading: str, new: list[str]) -> str:
-    """``text`` with the section under ``heading`` replaced by ``new`` (appended if
-    it has none): from the heading to the next ``## `` heading."""
-    lines = text.rstrip("\n").split("\n")
-    start = next((k for k, line in enumerate(lines) if line == heading), None)
-    if start is None:
-        return "\n".join([*lines, "", *new]) + "\n"
-    end = next((k for k in range(start + 1, len(lines)) if lines[k].startswith("## ")), len(lines))
-    tail = ["", *lines[end:]] if end < len(lines) else []
-    return "\n".join([*lines[:start], *new, *tail]) + "\n"
 
 
 def main(argv: list[str]) -> int:

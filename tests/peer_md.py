@@ -24,6 +24,9 @@ import os
 import sys
 from pathlib import Path
 
+import md_section
+from md_section import measured
+
 HEADING = "## Against SGLang's prefix caches"
 PEER = "test_prefix_cache_ops_against_sglang"
 OPS = {"match": "match + lock", "insert": "insert", "evict": "evict-all"}
@@ -142,15 +145,10 @@ def section(data: dict, *, shared: bool = True, rerun: dict | None = None) -> li
     runs = _runs(data)
     if not runs:
         return []
-    machine = data.get("machine_info", {})
-    cpu = machine.get("cpu", {})
-    when = data.get("datetime", "")[:19]
     lines = [
         HEADING,
         "",
-        f"Measured {when} UTC on {cpu.get('brand_raw', 'cpu')} ({cpu.get('count', '?')} cores), "
-        f"Python {machine.get('python_version', '?')}, with `{COMMAND}` (or `make bench`)"
-        + (", on a machine shared with other work." if shared else ", nothing else running."),
+        measured(data, COMMAND, quiet=not shared) + ".",
         "Both caches in one process, the same trace and page size, interleaved request by "
         "request; thread CPU time per op summed over a run's replays. Each ratio is the median "
         "of the runs, with the min and max (what each side times: tests/test_bench_peer.py).",
@@ -177,13 +175,7 @@ def section(data: dict, *, shared: bool = True, rerun: dict | None = None) -> li
 
 def replace_section(text: str, new: list[str]) -> str:
     """``text`` with its peer section replaced by ``new`` (appended if it has none)."""
-    lines = text.rstrip("\n").split("\n")
-    start = next((k for k, line in enumerate(lines) if line == HEADING), None)
-    if start is None:
-        return "\n".join([*lines, "", *new]) + "\n"
-    end = next((k for k in range(start + 1, len(lines)) if lines[k].startswith("## ")), len(lines))
-    tail = ["", *lines[end:]] if end < len(lines) else []
-    return "\n".join([*lines[:start], *new, *tail]) + "\n"
+    return md_section.replace_section(text, HEADING, new)
 
 
 def main(argv: list[str]) -> int:

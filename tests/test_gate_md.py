@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import gate_md
+from md_section import replace_section
 
 
 def bench(tier: str, walls: list[float], runs: int) -> dict:
@@ -56,7 +57,7 @@ def test_a_tier_over_its_target_says_no():
 
 def test_the_section_is_replaced_in_place(tmp_path):
     doc = "# Benchmarks\n\n## The gate's time\n\nold\n\n## Engine\n\nkept\n"
-    new = gate_md.replace_section(doc, gate_md.HEADING, gate_md.section(DATA))
+    new = replace_section(doc, gate_md.HEADING, gate_md.section(DATA))
     assert new.startswith("# Benchmarks\n\n## The gate's time\n") and "old" not in new
     assert new.endswith("## Engine\n\nkept\n")
     path = tmp_path / "gate.json"
