@@ -56,6 +56,7 @@ def write_report(summary: GateSummary, out: Path) -> Path:
         text.evidence(summary),
         text.runs_table(summary, out),
         text.performance_table(summary),
+        text.time_table(summary),
     ]
     for profile in dict.fromkeys(r.profile for r in runs):
         records = {c: rec for (p, c), rec in loaded.items() if p == profile and rec is not None}

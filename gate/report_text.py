@@ -157,6 +157,26 @@ def performance_table(summary: GateSummary) -> str:
     return head + "".join(body) + "</table>"
 
 
+def time_table(summary: GateSummary) -> str:
+    """Per run, where its wall time went and what the engine thread spent its CPU on
+    (summary.json's ``runs[].time``)."""
+    rows = [(run.name, t) for run in summary.runs if (t := run.spent) is not None]
+    if not rows:
+        return ""
+    head = (
+        "<h2>Where the time went</h2><table><tr><th>run</th><th>run, s</th>"
+        "<th>server start</th><th>Locust start</th><th>warm-up turns</th><th>judged turns</th>"
+        "<th>drain</th><th>replay</th><th>engine CPU: steps / watch / calls, s</th></tr>"
+    )
+    body = []
+    for name, t in rows:
+        phases = (t.server_start_s, t.load_start_s, t.warmup_s, t.turns_s, t.drain_s, t.replay_s)
+        engine = f"{t.step_s:.1f} / {t.watch_s:.1f} / {t.calls_s:.1f} ({t.steps} steps)"
+        cells = [name, f"{t.run_s:.1f}", *(f"{v:.1f}" for v in phases), engine]
+        body.append("<tr>" + "".join(f"<td>{escape(str(c))}</td>" for c in cells) + "</tr>")
+    return head + "".join(body) + "</table>"
+
+
 def _run_coverage(run: RunResult) -> str:
     if not run.coverage:
         return "not recorded"

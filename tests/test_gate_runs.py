@@ -72,6 +72,7 @@ def test_a_clean_gate_passes_at_each_concurrency_and_writes_its_outputs(tmp_path
     report = (tmp_path / "report.html").read_text()
     assert report.count("data:image/png;base64,") >= 2  # usage by owner, latency
     assert "<h2>agentic-trie</h2>" in report and "allocator" in report  # the detector table
+    assert "<h2>Where the time went</h2>" in report and "agentic-trie c=4" in report
     assert "<testsuite" in junit.read_text()
     spans = (tmp_path / "spans" / "agentic-trie" / "spans.jsonl").read_text().splitlines()
     assert any(json.loads(line)["name"] for line in spans)
