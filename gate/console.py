@@ -101,8 +101,9 @@ class Progress:
 
     def left(self) -> float | None:
         """Seconds the runs not yet finished should take, from the finished ones' pace
-        (with lanes, the pace they keep together). The pace counts from the first run's start: what the gate did before it (vLLM
-        starting, once for the whole gate) is no run's time."""
+        (with lanes, the pace they keep together). The pace counts from the first
+        run's start: what the gate did before it (vLLM starting, once for the whole
+        gate) is no run's time."""
         if self.done_weight == 0 or self.first_run is None:
             return None
         pace = (self.clock() - self.first_run) / self.done_weight

@@ -342,8 +342,7 @@ class EngineWorker:
                     self._stop_engine(exc)
                     continue
                 self._dispatch(outputs)
-                self.work.steps += 1
-                self.work.step_s += time.thread_time() - started
+                self.work.stepped(started)
                 self._after_step()
             elif self._held and self.failure is None:
                 self._resume_held(everyone=True)

@@ -28,6 +28,11 @@ class WorkTime:
         self.watch_s = 0.0
         self.calls_s = 0.0
 
+    def stepped(self, started: float) -> None:
+        """One engine step done, begun at ``started`` (``time.thread_time()``)."""
+        self.steps += 1
+        self.step_s += time.thread_time() - started
+
     def timed(self, field: str, fn: Callable[[], T]) -> T:
         """``fn()``, its thread CPU time added to ``field``."""
         start = time.thread_time()
