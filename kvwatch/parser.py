@@ -78,6 +78,20 @@ def _concurrency(text: str) -> tuple[int, ...]:
     return values
 
 
+class _MoreConcurrencies(argparse.Action):
+    """``-c`` given again adds to the list: ``-c 1 -c 8`` is ``-c 1,8``, never the
+    last one alone; a concurrency named twice is an error, as within one list."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        have = tuple(getattr(namespace, self.dest) or ())
+        if twice := sorted(set(have) & set(values)):
+            listed = ", ".join(map(str, twice))
+            raise argparse.ArgumentError(
+                self, f"lists {listed} more than once: each concurrency runs once"
+            )
+        setattr(namespace, self.dest, have + values)
+
+
 def _port(text: str) -> int:
     try:
         port = int(text)
@@ -182,7 +196,12 @@ def _add_gate_load(gate: argparse.ArgumentParser) -> None:
     """What load runs: the profiles, their concurrencies, turns or a soak, and faults."""
     gate.add_argument("--profile", action="append", default=[], metavar="NAME", help="default: all")
     gate.add_argument(
-        "-c", type=_concurrency, default=None, metavar="1,2,4,8", help="default: 1,2,4,8; soak: 4"
+        "-c",
+        type=_concurrency,
+        action=_MoreConcurrencies,
+        default=None,
+        metavar="1,2,4,8",
+        help="default: 1,2,4,8; soak: 4 (again adds: -c 1 -c 8 is -c 1,8)",
     )
     gate.add_argument(
         "--turns", type=int, default=None, help="default: the profile's own (6; rl-rollout 8)"

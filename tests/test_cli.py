@@ -75,6 +75,7 @@ def test_faults_table_is_human_readable():
             "kvwatch gate: error: unrecognized arguments: --profiel x; did you mean --profile?",
         ),
         (["gate", "-c", "1,2,1"], "kvwatch gate: error: argument -c: lists 1 more than once"),
+        (["gate", "-c", "1", "-c", "2,1"], "kvwatch gate: error: argument -c: lists 1 more than"),
         (["gate", "--soak", "1x"], "kvwatch gate: error: argument --soak: --soak takes a duration"),
         ([], "kvwatch: error: the following arguments are required: command"),
     ],
@@ -83,6 +84,16 @@ def test_usage_errors_exit_2_in_one_line_without_the_usage_block(args, message):
     line = one_line_error(kvwatch(*args), 2)
     assert line.startswith(message), line
     assert "--help" in line
+
+
+def test_c_given_again_adds_its_concurrencies():
+    """``-c 1 -c 8`` runs both, not the last alone (argparse's own default)."""
+    from kvwatch.parser import build_parser
+
+    parser = build_parser()
+    assert parser.parse_args(["gate", "-c", "1", "-c", "8"]).c == (1, 8)
+    assert parser.parse_args(["gate", "-c", "2,4", "-c", "8"]).c == (2, 4, 8)
+    assert parser.parse_args(["gate"]).c is None
 
 
 def test_fault_names_parse_from_env_and_reject_unknown_names():
