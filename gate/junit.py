@@ -1,5 +1,4 @@
-"""The summary as a JUnit report: one test case per run and detector, and one
-for the gate's coverage where it owed every transition (classname ``kvwatch.gate``).
+"""The summary as a JUnit report: one test case per run and detector.
 
 A failed detector is a ``<failure>`` with its evidence; a detector that
 raised, or a run that broke, an ``<error>``; a skipped one ``<skipped>``.
@@ -11,7 +10,6 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 from kvwatch.gate.detectors import ERROR, FAIL, SKIPPED
-from kvwatch.gate.detectors import owed_transitions as coverage_check
 from kvwatch.gate.summary import GateSummary
 
 
@@ -40,14 +38,6 @@ def junit_xml(summary: GateSummary) -> str:
             elif v.verdict == SKIPPED:
                 counts["skipped"] += 1
                 ET.SubElement(case, "skipped", message=v.summary())
-    judged = coverage_check.verdict_of(summary.coverage)
-    if judged is not None:  # a verdict over the whole gate, not one run's
-        case = ET.SubElement(suite, "testcase", classname="kvwatch.gate", name=judged.detector)
-        counts["tests"] += 1
-        if judged.failed:
-            counts["failures"] += 1
-            node = ET.SubElement(case, "failure", message=judged.note)
-            node.text = "\n".join(e.detail for e in judged.evidence)
     for key, value in counts.items():
         suite.set(key, str(value))
     return ET.tostring(suite, encoding="unicode", xml_declaration=True)

@@ -58,13 +58,7 @@ def run_gate(opts: GateOptions, target: Target) -> tuple[GateSummary, int]:
     except KeyboardInterrupt:
         interrupted = True
         opts.progress(f"interrupted: writing what the {len(results)} finished runs found")
-    summary = summarize(
-        results,
-        target.faults,
-        target=target.name,
-        interrupted=interrupted,
-        owes_coverage=_owes_coverage(opts, target, profiles),
-    )
+    summary = summarize(results, target.faults, target=target.name, interrupted=interrupted)
     summary = replace(summary, elapsed_s=round(time.monotonic() - started, 1))
     if not interrupted:
         summary = replace(summary, published=publish(summary, opts))
@@ -83,12 +77,6 @@ def run_gate(opts: GateOptions, target: Target) -> tuple[GateSummary, int]:
         opts.result(line)
     opts.result(f"verdict: {summary.verdict} ({summary.elapsed_s} s) -> {opts.out}")
     return summary, summary.exit_code
-
-
-def _owes_coverage(opts: GateOptions, target: Target, profiles) -> bool:
-    """The target's whole default gate, each profile for at least its own turns:
-    fewer turns may leave a scripted transition untaken."""
-    return target.owes_coverage(profiles) and all(opts.turns_for(p) >= p.turns for p in profiles)
 
 
 def _run_profiles(

@@ -11,7 +11,6 @@ from html import escape
 from pathlib import Path
 
 from kvwatch.gate.detectors import ERROR, FAIL, SKIPPED, Evidence, Verdict
-from kvwatch.gate.detectors import owed_transitions as coverage_check
 from kvwatch.gate.judge import RunResult
 from kvwatch.gate.summary import GateSummary
 from kvwatch.telemetry.coverage import coverage
@@ -68,15 +67,6 @@ def evidence(summary: GateSummary) -> str:
         if v.evidence:
             parts.append("<ol class='details'>" + "".join(_detail(e) for e in v.evidence) + "</ol>")
         parts.append("</div>")
-    judged = coverage_check.verdict_of(summary.coverage)
-    if judged is not None and judged.failed:
-        parts.append(
-            "<div class='failure'><h3>the whole gate: coverage failed</h3>"
-            f"<p class='evidence'>{escape(judged.note)}: the default profiles drive each "
-            "of these, and none happened</p><ol class='details'>"
-            + "".join(f"<li>{escape(e.detail)}</li>" for e in judged.evidence)
-            + "</ol></div>"
-        )
     for run in summary.runs:
         if run.error:
             parts.append(

@@ -27,7 +27,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kvwatch.gate.detectors import ERROR, FAIL, IDS, PASS, SKIPPED
-from kvwatch.gate.detectors import owed_transitions as coverage_check
 from kvwatch.gate.judge import RunResult
 from kvwatch.gate.run_record import RunRecord
 from kvwatch.telemetry.coverage import coverage, merge
@@ -120,24 +119,14 @@ def summarize(
     *,
     target: str | None = None,
     interrupted: bool = False,
-    owes_coverage: bool = False,
 ) -> GateSummary:
     """The summary of ``runs``. Interrupted, an unfinished gate is no pass: its
-    verdict is ``fail`` when a finished run failed, else ``error``.
-
-    ``owes_coverage``: the runs are a target's whole default gate, which takes
-    every owed transition (``detectors/owed_transitions.py``); judged only when every run
-    finished whole, since a broken run is its own verdict."""
+    verdict is ``fail`` when a finished run failed, else ``error``."""
     detectors = {
         name: overall(r.verdicts[name].verdict for r in runs if name in r.verdicts)
         for name in IDS
         if any(name in r.verdicts for r in runs)
     }
-    covered = coverage_summary(runs) if any(r.coverage for r in runs) else None
-    if covered is not None:
-        covered["owed"] = owes_coverage and not interrupted and not any(r.error for r in runs)
-        if judged := coverage_check.verdict_of(covered):
-            detectors[coverage_check.ID] = judged.verdict
     # A detector that failed is the finding, even where a fault then broke the run.
     if FAIL in detectors.values():
         verdict = FAIL
@@ -151,7 +140,7 @@ def summarize(
         detectors=detectors,
         runs=tuple(runs),
         target=target,
-        coverage=covered,
+        coverage=coverage_summary(runs) if any(r.coverage for r in runs) else None,
         interrupted=interrupted,
     )
 
@@ -174,20 +163,16 @@ NEVER_SHOWN = 3  # never-taken edges the console line names; summary.json lists 
 def coverage_line(summary: GateSummary) -> str | None:
     """One short line for the console: edges taken of those listed, over every
     machine; the first few never taken and how many more; how many were seen
-    outside the machines. The full lists stay in summary.json. A gate that owed
-    every transition and missed one says ``FAIL`` first (``detectors/owed_transitions.py``)."""
+    outside the machines. The full lists stay in summary.json."""
     total = (summary.coverage or {}).get("total")
     if not total:
         return None
-    judged = coverage_check.verdict_of(summary.coverage)
     listed = sum(c["total"] for c in total.values())
     never = [f"{m}: {t}" for m, c in total.items() for t in c["never"]]
     # "taken" holds the edges listed apart (Machine.also) too: counted on their own
     apart = sum(len(c["taken"]) for c in total.values()) - (listed - len(never))
     unlisted = sum(len(c["unlisted"]) for c in total.values())
     line = f"coverage: {listed - len(never)} of {listed} transitions taken in {len(total)} machines"
-    if judged is not None and judged.failed:
-        line = f"FAIL {line}"
     if apart > 0:
         line += f" (and {apart} listed apart)"
     if never:

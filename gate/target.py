@@ -94,13 +94,6 @@ class Target(ABC):
                 raise ValueError(self.unknown_profile(name))
         return tuple(known[name] for name in names)
 
-    def owes_coverage(self, profiles: Sequence[Profile]) -> bool:
-        """Whether a gate of ``profiles`` must take every transition the lifecycle
-        machines owe (``gate/detectors/owed_transitions.py``): only a target whose whole
-        default gate is known to take them all, run whole and as configured by
-        default, owes it. None does by default."""
-        return False
-
     def unknown_profile(self, name: str) -> str:
         return f"unknown profile {name!r}; profiles are {', '.join(self.profiles())}"
 

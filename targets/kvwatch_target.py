@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import json
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 from kvwatch import MODEL_NAME
@@ -74,14 +74,6 @@ class KvwatchTarget(Target):
 
     def profiles(self) -> Mapping[str, Profile]:
         return PROFILES
-
-    def owes_coverage(self, profiles: Sequence[Profile]) -> bool:
-        """Every profile, its own engine config and the default model: the gate
-        that takes every owed transition, at any concurrency and seed (a clean
-        one always has). No ``--engine-set``: another page size moves the
-        boundary edges a profile reaches."""
-        every = {p.name for p in profiles} == set(PROFILES)
-        return every and not self.sets and self.model == MODEL_NAME
 
     def engine_config(self, profile: Profile) -> dict:
         """What ``profile`` is served with: its engine config, the failpoints seeded

@@ -12,7 +12,6 @@ edges profile alone at c = 8 takes every combination and boundary edge.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 
@@ -26,12 +25,10 @@ from kvwatch.telemetry.coverage import MACHINES
 pytestmark = pytest.mark.e2e
 
 
-def gate(
-    out, *args: str, timeout: float = 2400, env: dict | None = None
-) -> tuple[int, dict, str, str]:
+def gate(out, *args: str, timeout: float = 2400) -> tuple[int, dict, str, str]:
     """``kvwatch gate``: its exit code, summary, stdout (results) and stderr (progress)."""
     cmd = [sys.executable, "-m", "kvwatch", "gate", "--out", str(out), *args]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     path = out / "summary.json"
     summary = json.loads(path.read_text()) if path.exists() else {}
     return proc.returncode, summary, proc.stdout, proc.stderr
@@ -52,7 +49,6 @@ def test_the_default_gate_at_c8_takes_every_transition(tmp_path):
     assert summary["verdict"] == "pass" and failing(summary) == set()
     assert [r["profile"] for r in summary["runs"]] == list(PROFILES)
     assert_all_taken(summary["coverage"]["total"], MACHINES)
-    assert summary["coverage"]["owed"] and summary["detectors"]["coverage"] == "pass"
     line = next(x for x in out.splitlines() if x.startswith("coverage: "))
     assert line.endswith("every transition taken") and len(line) < 200, line
     # every comparable request was compared, in every run
@@ -76,40 +72,3 @@ def test_the_edges_profile_at_c8_takes_every_combination_and_boundary_edge(tmp_p
     note = run["detectors"]["equivalence"]["evidence"]
     compared, finished = note.split(" equal")[0].split(" of ")
     assert int(compared) == int(finished.split()[0]) > 300, note  # the siblings were compared
-
-
-# A bug planted in the served engine's worker only (``kvwatch serve`` processes):
-# an abort handed over inside a step, where the worker passes on the disconnects
-# that arrived during the forward and the aborts scripted for ``verifying``, is
-# dropped before it reaches the engine. Nothing leaks and the requests end
-# (their clients have gone); only the abort never happens.
-PLANT = """
-import sys
-
-if sys.argv[1:2] == ["serve"]:
-    from kvwatch.server.worker import EngineWorker
-
-    def abort_now(self, request_id):
-        if not self.engine.in_step and self.engine.abort(request_id):
-            self._finish(request_id)
-
-    EngineWorker.abort_now = abort_now
-"""
-
-
-def test_a_whole_gate_whose_engine_loses_mid_step_aborts_fails_on_coverage(tmp_path):
-    """The default profiles script an abort while a request verifies drafts; with
-    the planted bug no request is ever aborted there, and the quick tier says so.
-    (A clean default gate passes coverage: above.)"""
-    plant = tmp_path / "plant"
-    plant.mkdir()
-    (plant / "sitecustomize.py").write_text(PLANT)
-    paths = [str(plant), *filter(None, [os.environ.get("PYTHONPATH")])]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
-    code, summary, out, err = gate(tmp_path / "out", "--quick", "--no-report", env=env)
-    assert code == 1, err[-3000:]
-    assert summary["detectors"]["coverage"] == "fail"
-    total = summary["coverage"]["total"]
-    assert "verifying -> aborted" in total["request"]["never"], total["request"]
-    line = next(x for x in out.splitlines() if "coverage: " in x)
-    assert line.startswith("FAIL coverage: ") and "request: verifying -> aborted" in line
