@@ -1,4 +1,4 @@
-"""Requests whose client left: each must stop within a few engine steps.
+"""Requests whose client left, or that the server aborted: each must stop.
 
 A client that hangs up expects its request to stop costing the engine
 anything. The completion handlers abort a request when they see the
@@ -12,6 +12,9 @@ from the abort path it judges:
     the worker, after every step ─► check(step, live): a request still live
         ABANDON_STEPS steps and ABANDON_S seconds after its client left is an
         ``abandoned`` finding
+    the worker, as a scripted abort comes due ─► ordered(rid, step): no event
+        loop stands between the order and the engine, so a request still live
+        ORDERED_STEPS steps later is an ``abandoned`` finding too
     /debug/probe ─► findings(): the ones found since the previous probe
 
 A handler notices a disconnect within ``DISCONNECT_POLL_S`` (0.2 s) and the
@@ -21,6 +24,13 @@ abandoned only once both margins are far behind it: many steps (a slow
 machine's event loop cannot make that) and some seconds (a fast engine
 cannot). A request that runs to its end unaborted is found when it outlives
 both; the load's cut streams ask for long outputs so that one would.
+
+An abort the worker orders itself (a test control's ``abort_in``: aborted once
+queued, waiting, verifying, retracted, paused or recovering) reaches the
+engine at once, at its safe point inside the step or between steps; the
+engine applies it by the end of the next step at the latest. A request still
+live after that lost its abort on the way (the worker's lane, the engine's
+deferral), whatever the machine's speed.
 
 Bounded: an entry lives until its request ends or is reported, and at most
 ``MAX_KEPT`` findings wait for a probe.
@@ -38,6 +48,7 @@ from kvwatch.contracts import Finding, FindingKind, finding
 
 ABANDON_STEPS = 32
 ABANDON_S = 3.0
+ORDERED_STEPS = 2  # the step the order was given in, and the next
 MAX_KEPT = 32
 
 
@@ -49,11 +60,17 @@ class Departures:
         # (request id, when its client left) from the event loop
         self._arrivals: queue.SimpleQueue[tuple[str, float]] = queue.SimpleQueue()
         self._left: dict[str, tuple[int, float]] = {}  # request id -> (step, time) it left at
+        self._ordered: dict[str, int] = {}  # request id -> the step its abort was ordered at
         self._found: deque[Finding] = deque(maxlen=MAX_KEPT)
 
     def left(self, request_id: str) -> None:
         """From any thread: the client of ``request_id`` went away."""
         self._arrivals.put((request_id, time.monotonic()))
+
+    def ordered(self, request_id: str, step: int) -> None:
+        """On the worker thread: the server itself ordered ``request_id`` aborted at
+        ``step``."""
+        self._ordered.setdefault(request_id, step)
 
     def check(self, step: int, live: Callable[[str], bool]) -> None:
         """On the worker thread: note new departures at ``step``; a request still
@@ -74,6 +91,16 @@ class Departures:
                 detail = (
                     f"request {rid} still runs {step - since} engine steps and {now - at:.1f} s "
                     f"after its client left (at step {since}): nothing aborted it"
+                )
+                self._found.append(finding(FindingKind.ABANDONED, None, [], detail))
+        for rid, since in list(self._ordered.items()):
+            if not live(rid):
+                del self._ordered[rid]
+            elif step - since >= ORDERED_STEPS:
+                del self._ordered[rid]
+                detail = (
+                    f"request {rid} still runs {step - since} engine steps after the server "
+                    f"aborted it (at step {since}): the abort never reached the engine"
                 )
                 self._found.append(finding(FindingKind.ABANDONED, None, [], detail))
 

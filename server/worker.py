@@ -179,7 +179,7 @@ class EngineWorker:
             if script.action != "abort":
                 self._scripted[rid] = script
             elif script.abort_in == "queued":
-                self.abort_now(rid)  # queued, never admitted: its stream ends with the abort
+                self._order_abort(rid)  # queued, never admitted: its stream ends with the abort
             else:
                 self._abort_in[rid] = script.abort_in
             return stream
@@ -236,7 +236,7 @@ class EngineWorker:
             if req is None:
                 del self._abort_in[rid]
             elif _reached(req, state):
-                self.abort_now(rid)  # the engine's abort, and the request's stream ends with it
+                self._order_abort(rid)  # the engine's abort; the request's stream ends with it
                 del self._abort_in[rid]
         self._fail_loads()
         self._resume_held(everyone=False)
@@ -296,7 +296,13 @@ class EngineWorker:
         for rid in batch.verifying:
             if self._abort_in.get(rid) == "verifying":
                 del self._abort_in[rid]
-                self.abort_now(rid)
+                self._order_abort(rid)
+
+    def _order_abort(self, rid: str) -> None:
+        """A scripted abort come due: told to the departures oracle, then done."""
+        if self.departures is not None:
+            self.departures.ordered(rid, self.engine.step_count)
+        self.abort_now(rid)
 
     def _resume_held(self, *, everyone: bool) -> None:
         """Count a step off every scripted pause; resume those whose hold is over

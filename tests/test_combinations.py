@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 from fastapi.testclient import TestClient
 
+from kvwatch.contracts import FindingKind, ProbeReport
 from kvwatch.engine import Engine, EngineConfig, SamplingParams
 from kvwatch.engine.config import CacheConfig
 from kvwatch.engine.errors import SessionError
@@ -329,9 +330,10 @@ CUT = {
 }
 
 
-def _cut_turns(stages) -> dict:
-    """A session turn cut at each of ``stages`` through the server's test controls;
-    the turn-abort coverage the counter saw."""
+def cut_turns(stages) -> tuple[dict, dict[str, str], list[str]]:
+    """A session turn cut at each of ``stages`` through the server's test controls:
+    the turn-abort coverage the counter saw, each turn's finish reason, and the
+    ``abandoned`` findings the probes carried."""
     config = {"scheduler": {"chunk_size": 48, "max_batch_tokens": 96, "spec": {"num_drafts": 6}}}
     engine = Engine(apply_overrides(EngineConfig(), config))
     counter = CombinationCounter(engine.events, page=16, window=32)
@@ -340,6 +342,7 @@ def _cut_turns(stages) -> dict:
         {"role": "system", "content": "pool page tree " * 12},
         {"role": "user", "content": "hi"},
     ]
+    reasons, abandoned = {}, []
     with TestClient(create_app(worker, ServerSettings(enable_probe=True))) as client:
         for stage in stages:
             sid = client.post("/v1/sessions", json={}).json()["id"]
@@ -348,15 +351,18 @@ def _cut_turns(stages) -> dict:
             second = [{"role": "user", "content": "slot window state " * 12}]
             body |= {"messages": second, "kvwatch": CUT[stage]}
             done = client.post("/v1/chat/completions", json=body).json()
-            assert done["choices"][0]["finish_reason"] == "abort", (stage, done)
+            reasons[stage] = done["choices"][0]["finish_reason"]
             assert client.delete(f"/v1/sessions/{sid}").is_success
-    return coverage(counter.taken())[combos.TURN_ABORT]
+            probe = ProbeReport.from_json(client.get("/debug/probe").json())
+            abandoned += [f.detail for f in probe.findings if f.kind is FindingKind.ABANDONED]
+    return coverage(counter.taken())[combos.TURN_ABORT], reasons, abandoned
 
 
 def test_a_turn_cut_at_every_stage_takes_every_turn_abort_edge_and_a_planted_gap_shows():
-    full = _cut_turns(combos.TURN_STAGES)
+    full, reasons, abandoned = cut_turns(combos.TURN_STAGES)
     assert full["never"] == [] and full["unlisted"] == {}
-    planted = _cut_turns([s for s in combos.TURN_STAGES if s != "verifying"])
+    assert set(reasons.values()) == {"abort"} and abandoned == [], (reasons, abandoned)
+    planted, _, _ = cut_turns([s for s in combos.TURN_STAGES if s != "verifying"])
     assert planted["never"] == ["verifying -> aborted"]
 
 

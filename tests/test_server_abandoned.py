@@ -4,7 +4,9 @@ The oracle watches the connection on its own (``server/clients.py``), so it
 holds whichever part of the abort path is lost: here the completion
 handlers' own abort on disconnect is planted away, and the request, left to
 run to its token limit, is found; with the abort in place nothing is. The
-waits bound a hang; they do not judge speed.
+waits bound a hang; they do not judge speed. An abort the server orders
+itself (a test control's ``abort_in``) must land within two steps; one lost
+inside a step is found the same way.
 """
 
 from __future__ import annotations
@@ -95,3 +97,29 @@ def test_an_aborted_request_is_not(monkeypatch, stream):
 
 def test_the_finding_kind_is_part_of_the_contract():
     assert FindingKind("abandoned") is FindingKind.ABANDONED
+
+
+# -- an abort the server itself ordered ---------------------------------------------------
+def _lost_inside_a_step(self, request_id: str) -> None:
+    """The planted bug: an abort handed over inside a step (where the worker passes
+    on what arrived during the forward, and the aborts scripted for ``verifying``)
+    is dropped before it reaches the engine; between steps it still lands."""
+    if not self.engine.in_step and self.engine.abort(request_id):
+        self._finish(request_id)
+
+
+def test_an_ordered_abort_that_never_lands_is_found_abandoned(monkeypatch):
+    """A session turn aborted by the test controls at each stage (the clean
+    run, every turn aborted and nothing found, is test_combinations'): with the
+    planted bug the turn scripted for ``verifying`` runs on to its limit, and
+    the oracle names it; every other stage still aborts."""
+    from test_combinations import cut_turns
+
+    from kvwatch.server import EngineWorker
+    from kvwatch.telemetry import combos
+
+    monkeypatch.setattr(EngineWorker, "abort_now", _lost_inside_a_step)
+    _, reasons, abandoned = cut_turns(combos.TURN_STAGES)
+    assert reasons["verifying"] == "length"
+    assert {r for s, r in reasons.items() if s != "verifying"} == {"abort"}
+    assert len(abandoned) == 1 and "after the server aborted it" in abandoned[0], abandoned
