@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gevent
 
+from kvwatch.loadtests.trajectory import Turn, trajectory_problem
 from kvwatch.loadtests.turns import Chat, TurnUser, parallel
 from kvwatch.loadtests.users import sentence
 
@@ -151,37 +152,44 @@ class RolloutUser(SessionUser):
     def setup(self) -> None:
         super().setup()
         self.session_id = self.open_session(record=True, routed_experts=True)
+        # each kept turn's (output start, output ids); None once a call failed and
+        # the session's record is no longer known
+        self.kept: list[Turn] | None = []
 
     def turn(self, t: int) -> None:
         if self.session_id is None:
             return
         first = [self.system] if t == 0 else []
-        self.chat(
-            [*first, {"role": "user", "content": sentence(self.rng)}],
-            name="rollout turn",
-            max_tokens=16,
-            session_id=self.session_id,
-        )
+        self._rollout_turn([*first, {"role": "user", "content": sentence(self.rng)}])
         if t % 3 == 2:  # the policy backs off a step and tries again
-            self.client.post(
+            back = self.client.post(
                 f"/v1/sessions/{self.session_id}/rollback",
                 json={"steps": 1},
                 name="/v1/sessions/[id]/rollback",
             )
-            self.chat(
-                [{"role": "user", "content": sentence(self.rng)}],
-                name="rollout turn",
-                max_tokens=16,
-                session_id=self.session_id,
-            )
+            if self.kept is not None:
+                self.kept = self.kept[:-1] if back.status_code == 200 and self.kept else None
+            self._rollout_turn([{"role": "user", "content": sentence(self.rng)}])
         prompt = [self.system, {"role": "user", "content": sentence(self.rng)}]
         seeds = [self.rng.randrange(2**31) for _ in range(self.samples)]
         parallel(
             *(lambda s=s: self.chat(prompt, name="sample", temperature=1.0, seed=s) for s in seeds)
         )
-        self.client.get(
-            f"/v1/sessions/{self.session_id}/trajectory", name="/v1/sessions/[id]/trajectory"
-        )
+        with self.client.get(
+            f"/v1/sessions/{self.session_id}/trajectory",
+            name="/v1/sessions/[id]/trajectory",
+            catch_response=True,
+        ) as resp:
+            ok = resp.status_code == 200 and self.kept is not None
+            if ok and (problem := trajectory_problem(resp.json(), self.kept)):
+                resp.failure(problem)
+
+    def _rollout_turn(self, messages: list[dict]) -> None:
+        data = self.chat(messages, name="rollout turn", max_tokens=16, session_id=self.session_id)
+        if data is None or self.kept is None:
+            self.kept = None
+            return
+        self.kept.append((data["usage"]["prompt_tokens"], data["choices"][0]["token_ids"]))
 
 
 class AbortStormUser(TurnUser):
@@ -196,7 +204,15 @@ class AbortStormUser(TurnUser):
             long = sentence(self.rng, 70, 110)
             wait = self.rng.uniform(0.03, 0.25)
             prompt = [self.system, self.schema, {"role": "user", "content": long}]
-            self.chat(prompt, name="cut in prefill", max_tokens=16, timeout=wait)
+            # a long answer, as below: a hang-up that never reaches the engine leaves a
+            # request that runs on long enough for the abandoned oracle to see it
+            self.chat(
+                prompt,
+                name="cut in prefill",
+                max_tokens=400,
+                timeout=wait,
+                extra={"ignore_eos": True},
+            )
 
         def cut_in_decode() -> None:
             prompt = [self.system, {"role": "user", "content": sentence(self.rng)}]

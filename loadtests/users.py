@@ -196,11 +196,13 @@ class StreamingChatUser(HttpUser):
         session_id: str | None = None,
         seed: int | None = None,
         timeout: float | None = None,
+        extra: dict | None = None,
     ) -> dict | None:
         """One non-streamed chat completion with its token ids; None on failure.
 
         With ``timeout`` the client hangs up after that long: a disconnect while
         the request is queued or in prefill, which counts as a success.
+        ``extra``: fields added to the body.
         """
         body = {
             "model": self.model,
@@ -208,6 +210,7 @@ class StreamingChatUser(HttpUser):
             "max_tokens": max_tokens,
             "temperature": temperature,
             "return_token_ids": True,
+            **(extra or {}),
         }
         if session_id is not None:
             body["session_id"] = session_id
