@@ -10,6 +10,9 @@ One turn runs these side by side (``u``: the user's number, 0 to c - 1):
   token of a page and the first of the next included. Sibling lengths are 95,
   96 and 97 by turn (P - 1, 0, 1 mod 16; W - 1, 0, 1 mod 32). Prompts are token
   ids, so branch points are exact, and greedy, so the replay compares them;
+* *shallow*: a short trunk (17 to 31 tokens), then a sibling that shares only
+  its first page: it resumes from a snapshot shallower than the sliding window
+  (16 < W = 32), whose window is mostly padding;
 * *one path*: three long prompts on ``S``'s path at once, two pushed out by the
   server's test controls and held (one longer), one left to prefill: a
   retraction while another prefills, waits or is retracted, a recovery while
@@ -48,6 +51,7 @@ APART = range(128, 224)  # token ids of a sibling's part: never a trunk's, so it
 TRUNK = 112
 SIBLINGS = 4
 FIRST_BRANCH = 33  # b in 33 .. 64: b mod 32 takes every value, b > SHARED
+SHALLOW = 16  # the shallow sibling's branch point: one page, below the window
 LENGTHS = (95, 96, 97)
 STAGES = ("queued", "prefilling", "decoding", "verifying", "retracted", "paused", "recovering")
 CUT = {
@@ -82,7 +86,8 @@ class EdgeUser(SessionUser):
         self.trunk_tokens = 0
 
     def turn(self, t: int) -> None:
-        jobs = [lambda: self._boundaries(t), self._one_path, lambda: self._cut_turn(t)]
+        jobs = [lambda: self._boundaries(t), lambda: self._shallow(t), self._one_path]
+        jobs.append(lambda: self._cut_turn(t))
         if t == ABANDON_TURN:
             jobs += [self._abandon_finished, self._abandon_cut, self._abandon_refused]
         if t == HOLD_TURN:
@@ -114,6 +119,11 @@ class EdgeUser(SessionUser):
             self.complete(trunk[:b] + self._own(length - b, APART), name="sibling")
 
         parallel(*(lambda j=j: sibling(j) for j in range(SIBLINGS)))
+
+    def _shallow(self, t: int) -> None:
+        trunk = self._own(SHALLOW + 1 + (self.u + t) % 15, APART)
+        self.complete(trunk, name="shallow trunk", max_tokens=4)
+        self.complete(trunk[:SHALLOW] + self._own(24, APART), name="shallow sibling")
 
     def _one_path(self) -> None:
         def long(name: str, controls: dict | None, tokens: list[int]) -> None:
