@@ -15,7 +15,7 @@ only over the millisecond at either end.
   same or an adjacent bucket of its histogram's ladder as the same quantile
   of the client's own measurements (which bound the server's from above). The
   two phases differ in real latency by a large factor (one prefill step and 4
-  output tokens, against about ten prefill steps and 48 output tokens), and
+  output tokens, against about thirty prefill steps and 48 output tokens), and
   each phase's p50 must follow its own truth.
 * Counters: the finished requests, output tokens and prefix hit rate over a
   phase equal what the client sent and what the server's usage blocks said.
@@ -55,7 +55,9 @@ pytestmark = pytest.mark.e2e
 
 WAIT_S = 120  # bounds a hang; never judges speed
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
-FILLER = "The pool hands out pages; the tree keeps them until eviction. " * 10  # 620 bytes
+# 1860 bytes: about thirty prefill chunks, so the long phase's TTFT is more than ten times
+# the short one's even on a busy machine (ten times crosses three buckets of the ladder)
+FILLER = "The pool hands out pages; the tree keeps them until eviction. " * 30
 
 
 class Phase(NamedTuple):
