@@ -43,6 +43,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from types import MappingProxyType
+from typing import NamedTuple
 
 from kvwatch.contracts import Finding, FindingKind, finding
 
@@ -52,6 +53,19 @@ ORDERED_STEPS = 2  # the step the order was given in, and the next
 MAX_KEPT = 32
 
 
+CLIENT_LEFT = "its client left"
+SERVER_ABORTED = "the server aborted it"
+
+
+class Since(NamedTuple):
+    """Since when a request should have stopped, and how long it may still run."""
+
+    step: int
+    at: float  # time.monotonic()
+    steps: int
+    seconds: float
+
+
 class Departures:
     # found but not yet probed: at most MAX_KEPT (registry walks check it)
     __bounded__ = MappingProxyType({"_found": MAX_KEPT})
@@ -59,8 +73,8 @@ class Departures:
     def __init__(self) -> None:
         # (request id, when its client left) from the event loop
         self._arrivals: queue.SimpleQueue[tuple[str, float]] = queue.SimpleQueue()
-        self._left: dict[str, tuple[int, float]] = {}  # request id -> (step, time) it left at
-        self._ordered: dict[str, int] = {}  # request id -> the step its abort was ordered at
+        # (request id, CLIENT_LEFT or SERVER_ABORTED) -> since when it should stop
+        self._watched: dict[tuple[str, str], Since] = {}
         self._found: deque[Finding] = deque(maxlen=MAX_KEPT)
 
     def left(self, request_id: str) -> None:
@@ -70,37 +84,30 @@ class Departures:
     def ordered(self, request_id: str, step: int) -> None:
         """On the worker thread: the server itself ordered ``request_id`` aborted at
         ``step``."""
-        self._ordered.setdefault(request_id, step)
+        since = Since(step=step, at=time.monotonic(), steps=ORDERED_STEPS, seconds=0.0)
+        self._watched.setdefault((request_id, SERVER_ABORTED), since)
 
     def check(self, step: int, live: Callable[[str], bool]) -> None:
         """On the worker thread: note new departures at ``step``; a request still
-        ``live`` ABANDON_STEPS steps and ABANDON_S seconds after its client left
-        becomes a finding."""
+        ``live`` ABANDON_STEPS steps and ABANDON_S seconds after its client left, or
+        ORDERED_STEPS steps after the server aborted it, becomes a finding."""
         while True:
             try:
                 rid, at = self._arrivals.get_nowait()
             except queue.Empty:
                 break
-            self._left.setdefault(rid, (step, at))
+            since = Since(step=step, at=at, steps=ABANDON_STEPS, seconds=ABANDON_S)
+            self._watched.setdefault((rid, CLIENT_LEFT), since)
         now = time.monotonic()
-        for rid, (since, at) in list(self._left.items()):
+        for (rid, cause), since in list(self._watched.items()):
             if not live(rid):
-                del self._left[rid]
-            elif step - since >= ABANDON_STEPS and now - at >= ABANDON_S:
-                del self._left[rid]
+                del self._watched[rid, cause]
+            elif step - since.step >= since.steps and now - since.at >= since.seconds:
+                del self._watched[rid, cause]
                 detail = (
-                    f"request {rid} still runs {step - since} engine steps and {now - at:.1f} s "
-                    f"after its client left (at step {since}): nothing aborted it"
-                )
-                self._found.append(finding(FindingKind.ABANDONED, None, [], detail))
-        for rid, since in list(self._ordered.items()):
-            if not live(rid):
-                del self._ordered[rid]
-            elif step - since >= ORDERED_STEPS:
-                del self._ordered[rid]
-                detail = (
-                    f"request {rid} still runs {step - since} engine steps after the server "
-                    f"aborted it (at step {since}): the abort never reached the engine"
+                    f"request {rid} still runs {step - since.step} engine steps and "
+                    f"{now - since.at:.1f} s after {cause} (at step {since.step}): "
+                    "its abort never reached the engine"
                 )
                 self._found.append(finding(FindingKind.ABANDONED, None, [], detail))
 
