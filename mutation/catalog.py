@@ -8,7 +8,7 @@ takes hours (or resumes the next day) judges one version of the code while
 the repository moves on. ``materialize`` writes a copy of the package with one
 file mutated; ``PYTHONPATH`` pointing at the copy makes every process started
 from it (the gate, its server, its Locust workers) run the mutant, since the
-editable install's finder comes after ``sys.path``.
+editable install's path entry comes after ``PYTHONPATH``.
 """
 
 from __future__ import annotations
@@ -21,21 +21,14 @@ from collections import defaultdict
 from pathlib import Path
 from typing import NamedTuple
 
-from kvwatch.mutation.operators import mutate, sites
+from mutation.operators import mutate, sites
 
 REPO = Path(__file__).resolve().parents[1]
-# the repository folder behind each kvwatch package
-PACKAGES = {
-    "kvwatch": "kvwatch",
-    "kvwatch/engine": "engine",
-    "kvwatch/server": "server",
-    "kvwatch/telemetry": "telemetry",
-    "kvwatch/gate": "gate",
-    "kvwatch/loadtests": "loadtests",
-    "kvwatch/dashboards": "dashboards",
-    "kvwatch/mutation": "mutation",
-    "kvwatch/targets": "targets",
-}
+# A source tree is a folder whose ``kvwatch/`` is the package: the repository's
+# ``src/``, a run's snapshot, a mutant's copy. Mutant files are named relative to
+# the package (``engine/scheduler.py`` is ``SOURCE/kvwatch/engine/scheduler.py``).
+SOURCE = REPO / "src"
+PACKAGE = "kvwatch"
 _IGNORED = shutil.ignore_patterns("__pycache__", "README.md")
 # The lifecycle code: requests, sessions, slots, the cache and the server's
 # per-request state. Left out: the model's arithmetic, the audit, probes and
@@ -86,16 +79,15 @@ class Mutant(NamedTuple):
         return f"{self.file}:{self.ordinal}"
 
 
-def snapshot(root: Path, source: Path = REPO) -> Path:
-    """``root``: a copy of ``source``'s package folders, made if it does not exist
+def snapshot(root: Path, source: Path = SOURCE) -> Path:
+    """``root``: a copy of ``source``'s package, made if it does not exist
     yet (an existing one is kept: the run it belongs to resumes on it), with
     the commit it was taken at in ``root/COMMIT``."""
     if root.exists():
         return root
     partial = root.with_name(root.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
-    for folder in PACKAGES.values():
-        shutil.copytree(source / folder, partial / folder, ignore=_IGNORED)
+    shutil.copytree(source / PACKAGE, partial / PACKAGE, ignore=_IGNORED)
     (partial / "COMMIT").write_text(_commit(source) + "\n")
     partial.rename(root)
     return root
@@ -109,7 +101,7 @@ def _commit(source: Path) -> str:
             capture_output=True, text=True, check=True,
         ).stdout.strip()  # fmt: skip
         dirty = subprocess.run(
-            ["git", "-C", str(source), "status", "--porcelain", "--", *PACKAGES.values()],
+            ["git", "-C", str(source), "status", "--porcelain", "--", PACKAGE],
             capture_output=True, text=True, check=True,
         ).stdout.strip()  # fmt: skip
     except (OSError, subprocess.CalledProcessError):
@@ -117,11 +109,11 @@ def _commit(source: Path) -> str:
     return head + ("+changes" if dirty else "")
 
 
-def catalog(scope: tuple[str, ...] = SCOPE, source: Path = REPO) -> list[Mutant]:
+def catalog(scope: tuple[str, ...] = SCOPE, source: Path = SOURCE) -> list[Mutant]:
     """Every mutant, file by file in ``scope`` order, sites in source order."""
     out = []
     for file in scope:
-        for i, site in enumerate(sites((source / file).read_text())):
+        for i, site in enumerate(sites((source / PACKAGE / file).read_text())):
             out.append(
                 Mutant(
                     file=file,
@@ -152,19 +144,18 @@ def sample(mutants: list[Mutant], size: int | None, seed: int) -> list[Mutant]:
     return [m for m in mutants if m in keep]
 
 
-def copy_packages(root: Path, source: Path = REPO) -> Path:
-    """A copy of the package under ``root`` (from ``source``'s folders); the
-    directory to put on ``PYTHONPATH``."""
-    for package, folder in PACKAGES.items():
-        shutil.copytree(source / folder, root / package, ignore=_IGNORED)
+def copy_package(root: Path, source: Path = SOURCE) -> Path:
+    """A copy of ``source``'s package under ``root``: the directory to put on
+    ``PYTHONPATH``."""
+    shutil.copytree(source / PACKAGE, root / PACKAGE, ignore=_IGNORED)
     return root
 
 
-def materialize(mutant: Mutant, root: Path, source: Path = REPO) -> Path:
-    """``copy_packages`` with the mutant's file changed."""
-    copy_packages(root, source)
-    text = (source / mutant.file).read_text()
-    (root / package_path(mutant.file)).write_text(mutate(text, mutant.ordinal))
+def materialize(mutant: Mutant, root: Path, source: Path = SOURCE) -> Path:
+    """``copy_package`` with the mutant's file changed."""
+    copy_package(root, source)
+    text = (source / PACKAGE / mutant.file).read_text()
+    (root / PACKAGE / mutant.file).write_text(mutate(text, mutant.ordinal))
     return root
 
 
@@ -186,11 +177,3 @@ def enclosing_function(path: Path, line: int) -> str:
                 name += "."
             stack.append((child, name))
     return best
-
-
-def package_path(file: str) -> str:
-    folder, _, rest = file.partition("/")
-    for package, repo_folder in PACKAGES.items():
-        if repo_folder == folder:
-            return f"{package}/{rest}"
-    raise ValueError(f"{file} is in no kvwatch package")

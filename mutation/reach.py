@@ -1,6 +1,6 @@
 """Which lines of the lifecycle code each program runs, on the clean code.
 
-    PYTHONPATH=<clean tree> python -m kvwatch.mutation.reach OUT.json
+    PYTHONPATH=<clean tree> python -m mutation.reach OUT.json
 
 A mutant that no program's oracle sees is either equivalent (its change
 leaves behaviour as it was) or out of the programs' reach (they never run
@@ -28,17 +28,15 @@ from pathlib import Path
 
 import coverage
 
-from kvwatch.mutation import fuzz, serverfuzz
-from kvwatch.mutation.catalog import PACKAGES, SCOPE
+from mutation import fuzz, serverfuzz
+from mutation.catalog import PACKAGE, SCOPE
 
 
 def module_files() -> dict[str, str]:
-    """Each SCOPE file (a repository path) -> the file Python imports it from."""
+    """Each SCOPE file (a path in the package) -> the file Python imports it from."""
     out = {}
-    folders = {folder: package for package, folder in PACKAGES.items()}
     for repo_path in SCOPE:
-        folder, _, rest = repo_path.partition("/")
-        module = f"{folders[folder]}/{rest[:-3]}".replace("/", ".")
+        module = f"{PACKAGE}/{repo_path[:-3]}".replace("/", ".")
         spec = importlib.util.find_spec(module)
         if spec is None or spec.origin is None:
             raise RuntimeError(f"cannot find {module} for {repo_path}")
@@ -83,7 +81,7 @@ def reaching(reach: dict, file: str, line: int) -> tuple[bool, list[str]]:
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
-        print("usage: python -m kvwatch.mutation.reach OUT.json", file=sys.stderr)
+        print("usage: python -m mutation.reach OUT.json", file=sys.stderr)
         return 2
     Path(args[0]).write_text(json.dumps(measure()) + "\n")
     return 0

@@ -1,6 +1,6 @@
 """Score the gate on mutants nobody wrote by hand: ``make mutate``.
 
-    python -m kvwatch.mutation.score [--sample N --seed S] [--only ID ...]
+    python -m mutation.score [--sample N --seed S] [--only ID ...]
 
 For every mutant (``catalog.py``), on its own copy of the package:
 
@@ -43,19 +43,21 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import NamedTuple
 
-from kvwatch.mutation.catalog import (
+from mutation.catalog import (
+    PACKAGE,
     REPO,
+    SOURCE,
     Mutant,
     catalog,
-    copy_packages,
+    copy_package,
     enclosing_function,
     materialize,
     sample,
     snapshot,
 )
-from kvwatch.mutation.matrix import SWEEP, sweep_sets
-from kvwatch.mutation.reach import reaching
-from kvwatch.mutation.score_report import DOC, save
+from mutation.matrix import SWEEP, sweep_sets
+from mutation.reach import reaching
+from mutation.score_report import DOC, save
 
 ALIVE_TIMEOUT_S = 600  # a mutant that hangs the programs is alive (it hangs the engine)
 GATE_TIMEOUT_S = 1800
@@ -125,11 +127,14 @@ class MutantVerdict(NamedTuple):
 
 
 def _env(tree: Path) -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": str(tree), "PYTHONDONTWRITEBYTECODE": "1"}
+    """The mutant's package first, then the repository's root for the mutation
+    programs themselves (it holds no ``kvwatch`` folder to shadow the copy)."""
+    path = os.pathsep.join((str(tree), str(REPO)))
+    return {**os.environ, "PYTHONPATH": path, "PYTHONDONTWRITEBYTECODE": "1"}
 
 
 def _alive(tree: Path, programs: Sequence[str] = ()) -> dict:
-    cmd = [sys.executable, "-m", "kvwatch.mutation.alive", *programs]
+    cmd = [sys.executable, "-m", "mutation.alive", *programs]
     try:
         proc = subprocess.run(
             cmd, cwd=tree, env=_env(tree), capture_output=True, text=True, timeout=ALIVE_TIMEOUT_S
@@ -150,8 +155,8 @@ def reach_of(source: Path, work: Path) -> dict:
     if not path.exists():
         tree = work / "clean"
         shutil.rmtree(tree, ignore_errors=True)
-        copy_packages(tree, source)
-        cmd = [sys.executable, "-m", "kvwatch.mutation.reach", str(path)]
+        copy_package(tree, source)
+        cmd = [sys.executable, "-m", "mutation.reach", str(path)]
         subprocess.run(cmd, cwd=tree, env=_env(tree), check=True, timeout=REACH_TIMEOUT_S)
         shutil.rmtree(tree, ignore_errors=True)
     return json.loads(path.read_text())
@@ -165,7 +170,7 @@ def _unseen(mutant: Mutant, src: Path, source: Path, reach: dict) -> tuple[dict,
     if base:
         return unseen, "programs"
     if not directed:
-        where = enclosing_function(source / mutant.file, mutant.line)
+        where = enclosing_function(source / PACKAGE / mutant.file, mutant.line)
         return {**unseen, "detail": f"no program runs line {mutant.line} (in {where})"}, "none"
     picked = directed[:DIRECTED_TRIES]
     return _alive(src, picked), "directed: " + ", ".join(picked)
@@ -198,7 +203,7 @@ def _gate(tree: Path, out: Path, flags: Sequence[str]) -> tuple[int, tuple[str, 
 
 
 def judge(
-    mutant: Mutant, work: Path, source: Path = REPO, reach: dict | None = None
+    mutant: Mutant, work: Path, source: Path = SOURCE, reach: dict | None = None
 ) -> MutantVerdict:
     """Steps 1-4 for one mutant (made from ``source``), in its own directory under
     ``work``; ``reach``: the clean code's lines (``reach_of``), or None to skip
@@ -253,7 +258,7 @@ def run_all(
     work: Path,
     workers: int = 2,
     progress: Callable[[str], None] | None = None,
-    source: Path = REPO,
+    source: Path = SOURCE,
     reach: dict | None = None,
 ) -> list[MutantVerdict]:
     """Every mutant's verdict, in ``mutants`` order. Each verdict is appended to

@@ -22,12 +22,12 @@ from collections.abc import Iterator
 from fastapi.testclient import TestClient
 
 from kvwatch.engine import Engine
-from kvwatch.gate.replay import Reference
-from kvwatch.gate.run_record import Candidate
-from kvwatch.mutation.fuzz import SETUPS, Observation, Program
-from kvwatch.registries import module_roots, registry_sizes
+from kvwatch.harness.replay import Reference
+from kvwatch.harness.run_record import Candidate
+from kvwatch.instrumentation.registries import module_roots, registry_sizes
 from kvwatch.server import ServerSettings, create_app
 from kvwatch.server.worker import EngineWorker
+from mutation.fuzz import SETUPS, Observation, Program
 
 MODEL = ServerSettings().model_name
 WORDS = ["plan", "tool", "read", "file", "diff", "test", "ok", "next", "run", "fix"]

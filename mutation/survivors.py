@@ -16,7 +16,7 @@ NOTES: dict[str, str] = {
         "usable above its snapshot. Since then the edges profile pushes out a cold prompt "
         "each turn whose load fails (the fail_load test control), and `kvwatch gate --quick "
         "--profile edges` fails this mutant (refcount at turn 0, quiescence after the drain; "
-        "checked by hand, the clean run passing); tests/test_cold_recovery.py holds the "
+        "checked by hand, the clean run passing); tests/engine/test_cold_recovery.py holds the "
         "path. The score above is the scored run's."
     ),
     "engine/scheduler.py:10": (
@@ -70,7 +70,7 @@ UNREACHED: dict[str, str] = {
     "engine/engine.py:Engine._run": (
         "The branch for a model runner that raises. The runner raises only on an engine "
         "bug (a piece with no pages, an index out of range): no load on a correct engine "
-        "runs it, so no program can. tests/test_runner_failure.py plants a runner that "
+        "runs it, so no program can. tests/engine/test_runner_failure.py plants a runner that "
         "raises on one request and checks that it fails alone; the skip-cleanup mutant is "
         "equivalent there too, since the piece-by-piece loop below it reruns a lone piece "
         "and fails it the same way."
@@ -82,6 +82,6 @@ UNREACHED: dict[str, str] = {
         "sharers together or never branch below a snapshot while another conversation runs "
         "there; a program in which two conversations branch below a kept snapshot and the "
         "first ends while the second still decodes would reach it. (An aborted retracted "
-        "request now leaves its anchor this way too, tests/test_retracted_release.py.)"
+        "request now leaves its anchor this way too, tests/engine/test_retracted_release.py.)"
     ),
 }

@@ -7,13 +7,12 @@ from __future__ import annotations
 
 import argparse
 import re
-from pathlib import Path
 
 import pytest
+from paths import REPO as ROOT
 
 from kvwatch.cli import build_parser
 
-ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
 CONTRACTS = ROOT / "docs" / "contracts.md"
 FLAG = re.compile(r"(?<![\w=-])(--[a-z][a-z0-9-]*|-[a-z])(?![\w-])")

@@ -1,5 +1,18 @@
 """Layering: the engine core publishes events and never imports telemetry, load or
-dashboard code; the HTTP server only reaches telemetry through what it is handed."""
+dashboard code; the HTTP server only reaches telemetry through what it is handed;
+the package's parts import downward only, the gate's verdicts on top:
+
+    7  cli, parser, serve, __main__      the commands: compose the parts below
+    6  gate                              verdicts: detectors, summary, outputs, the soak,
+                                         the pytest plugin; never a target implementation
+    5  targets | loadtests               what is gated | what Locust loads: never each other
+    4  harness                           what a load run needs: plan, recorder, sources,
+                                         Locust runs, the Target seam, profiles, replay
+    3  server | dashboards
+    2  instrumentation                   OTel listeners and probes
+    1  engine
+    0  contracts, streams, processes, sockets, kvwatch/__init__
+"""
 
 from __future__ import annotations
 
@@ -8,8 +21,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+from paths import MUTATION, PACKAGE
+
 FORBIDDEN = ("opentelemetry", "locust", "grafana_client", "grafana_foundation_sdk", "gevent")
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = PACKAGE
 
 
 def test_importing_the_engine_pulls_no_telemetry():
@@ -37,12 +52,30 @@ def imports_of(folder: str) -> dict[str, set[str]]:
     return out
 
 
-def test_the_server_code_imports_no_telemetry_or_instrumentation():
-    """FastAPI itself may load the OTel API; the server's own modules never use it."""
+# instrumentation's probes: pure reads of this process (the heap, live instances,
+# containers), which the server's debug endpoints serve; no OTel in them
+PROBES = ("kvwatch.instrumentation.heap_tracker", "kvwatch.instrumentation.census")
+PROBES += ("kvwatch.instrumentation.registries",)
+
+
+def test_the_server_code_imports_no_telemetry():
+    """FastAPI itself may load the OTel API; the server's own modules never use it,
+    and of instrumentation they import only the probes."""
     for path, names in imports_of("server").items():
         bad = {
-            n for n in names if n.split(".")[0] in FORBIDDEN or n.startswith("kvwatch.telemetry")
+            n
+            for n in names
+            if n.split(".")[0] in FORBIDDEN
+            or (n.startswith("kvwatch.instrumentation") and n not in PROBES)
         }
+        assert not bad, f"{path} imports {sorted(bad)}"
+
+
+def test_instrumentations_probes_import_no_telemetry():
+    found = imports_of("instrumentation")
+    for name in PROBES:
+        path = name.removeprefix("kvwatch.").replace(".", "/") + ".py"
+        bad = {n for n in found[path] if n.split(".")[0] in FORBIDDEN}
         assert not bad, f"{path} imports {sorted(bad)}"
 
 
@@ -64,27 +97,28 @@ def test_telemetry_and_the_gate_only_listen_to_the_engine():
     """Telemetry reads events, stats and names; detectors read probe JSON only;
     the recorder and the replay drive the engine through its public API. Nothing
     here reaches into the cache, the scheduler or the model."""
-    for path, names in {**imports_of("telemetry"), **imports_of("gate")}.items():
+    folders = ("instrumentation", "harness", "gate")
+    for path, names in {k: v for f in folders for k, v in imports_of(f).items()}.items():
         engine = {n for n in names if n.startswith("kvwatch.engine")}
         if path.startswith("gate/detectors/"):
             assert not engine, f"{path} imports {sorted(engine)}: detectors read probe JSON"
-        elif Path(path).name in LISTENERS and Path(path).parent.name == "telemetry":
+        elif Path(path).name in LISTENERS and Path(path).parent.name == "instrumentation":
             allowed = {"kvwatch.engine", "kvwatch.engine.events", "kvwatch.engine.probe"}
             assert engine <= allowed, f"{path} reaches into {sorted(engine - allowed)}"
         else:
             assert engine <= ENGINE_API, f"{path} reaches into {sorted(engine - ENGINE_API)}"
 
 
-OUTSIDE_THE_ENGINE = (
-    "server",
-    "telemetry",
-    "gate",
-    "loadtests",
-    "kvwatch",
-    "mutation",
-    "targets",
-    "dashboards",
-)
+# every source folder but the engine's, and the root modules (cli.py, serve.py, ...)
+PARTS = ("server", "instrumentation", "harness", "gate", "loadtests", "targets", "dashboards")
+OUTSIDE_THE_ENGINE = (*(PACKAGE / part for part in PARTS), MUTATION)
+
+
+def outside_the_engine() -> list[Path]:
+    files = [p for folder in OUTSIDE_THE_ENGINE for p in sorted(folder.rglob("*.py"))]
+    return files + sorted(PACKAGE.glob("*.py"))
+
+
 # the engine's parts and their state: reached only through the engine's methods
 ENGINE_INTERNALS = frozenset(
     {
@@ -133,11 +167,10 @@ def test_code_outside_the_engine_uses_only_its_public_api():
     ``open_sessions``, ``probe``, ...), never through its scheduler, cache,
     request table or session registry."""
     checked = 0
-    for folder in OUTSIDE_THE_ENGINE:
-        for path in sorted((ROOT / folder).rglob("*.py")):
-            checked += 1
-            found = engine_reach_through(path.read_text())
-            assert not found, f"{path.relative_to(ROOT)} reaches into the engine: {found}"
+    for path in outside_the_engine():
+        checked += 1
+        found = engine_reach_through(path.read_text())
+        assert not found, f"{path} reaches into the engine: {found}"
     assert checked > 50
 
 
@@ -186,10 +219,10 @@ def test_the_gate_checks_its_flags_without_loading_torch_or_scipy():
     assert Engine.__name__ == "Engine" and SamplingParams.__name__ == "SamplingParams"
 
 
-def runtime_imports_of(folder: str) -> dict[str, set[str]]:
+def runtime_imports_of(folder: str, root: Path = ROOT) -> dict[str, set[str]]:
     """Like ``imports_of``, leaving out imports under ``if TYPE_CHECKING:``."""
     out = {}
-    for path in sorted((ROOT / folder).rglob("*.py")):
+    for path in sorted((root / folder).rglob("*.py")):
         tree = ast.parse(path.read_text())
         typing_only = {
             id(n)
@@ -205,48 +238,95 @@ def runtime_imports_of(folder: str) -> dict[str, set[str]]:
                 names.update(a.name for a in node.names)
             elif isinstance(node, ast.ImportFrom) and node.module:
                 names.add(node.module)
-        out[str(path.relative_to(ROOT))] = names
+        out[str(path.relative_to(root))] = names
     return out
 
 
-# package -> the kvwatch packages it may not import at run time: the gate defines what
-# it needs from a target (gate/target.py) and never loads one; what Locust loads
-# knows no target; targets drive loads through the gate, never Locust's modules
-FORBIDDEN_PACKAGES = {
-    "gate": ("kvwatch.targets", "kvwatch.loadtests"),
-    "loadtests": ("kvwatch.targets",),
-    "targets": ("kvwatch.loadtests",),
-    "telemetry": ("kvwatch.gate", "kvwatch.targets", "kvwatch.loadtests"),
+# the package's parts by layer (the module docstring's picture): a module may import
+# its own part and the parts of lower layers; two parts on one layer never meet
+LAYERS = {
+    **dict.fromkeys(("contracts", "streams", "processes", "sockets", "__init__"), 0),
+    "engine": 1,
+    "instrumentation": 2,
+    "server": 3,
+    "dashboards": 3,
+    "harness": 4,
+    "targets": 5,
+    "loadtests": 5,
+    "gate": 6,
+    **dict.fromkeys(("cli", "parser", "serve", "__main__"), 7),
 }
 
 
+def part_of(module: str) -> str | None:
+    """The part of the package ``module`` belongs to (``kvwatch.gate.judge``: ``gate``,
+    ``kvwatch``: ``__init__``), None outside the package."""
+    parts = module.split(".")
+    if parts[0] != "kvwatch":
+        return None
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def upward_imports(root: Path) -> list[str]:
+    """Every run-time import in the package under ``root`` that goes up a layer, or
+    across one to another part."""
+    bad = []
+    for path, names in runtime_imports_of(".", root).items():
+        me = path.split("/")[0].removesuffix(".py")
+        for name in sorted(names):
+            other = part_of(name)
+            if other is None or other not in LAYERS or me not in LAYERS:
+                continue
+            up = LAYERS[other] > LAYERS[me]
+            across = LAYERS[other] == LAYERS[me] and other != me and LAYERS[me] in (3, 5)
+            if up or across:
+                bad.append(f"{path} imports {name} (layer {LAYERS[other]} from {LAYERS[me]})")
+    return bad
+
+
+def test_every_part_of_the_package_has_a_layer():
+    parts = {p.name.removesuffix(".py") for p in PACKAGE.iterdir() if p.suffix == ".py"}
+    parts |= {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").exists()}
+    assert parts == set(LAYERS)
+
+
 def test_packages_import_in_one_direction():
-    for folder, banned in FORBIDDEN_PACKAGES.items():
-        for path, names in runtime_imports_of(folder).items():
-            bad = sorted(n for n in names if n.startswith(banned))
-            assert not bad, f"{path} imports {bad}"
+    """What a load run needs (the harness) imports neither targets nor loadtests
+    nor the gate; the gate's verdict side is above both and reaches a target only
+    through the seam (``harness/target.py``): the next test."""
+    assert LAYERS["harness"] < LAYERS["targets"] == LAYERS["loadtests"] < LAYERS["gate"]
+    assert upward_imports(PACKAGE) == []
 
 
-def test_a_planted_import_of_a_target_in_the_gate_is_seen(tmp_path, monkeypatch):
-    (tmp_path / "gate").mkdir()
-    (tmp_path / "gate" / "x.py").write_text(
+def test_the_gate_never_imports_a_target_or_a_load():
+    for path, names in runtime_imports_of("gate").items():
+        bad = sorted(n for n in names if n.startswith(("kvwatch.targets", "kvwatch.loadtests")))
+        assert not bad, f"{path} imports {bad}"
+
+
+def test_a_planted_upward_import_is_seen(tmp_path):
+    for part in ("harness", "gate", "targets"):
+        (tmp_path / part).mkdir()
+    (tmp_path / "harness" / "x.py").write_text(
         "from typing import TYPE_CHECKING\n"
-        "from kvwatch.targets.select import choose\n"
-        "if TYPE_CHECKING:\n    from kvwatch.targets.vllm_target import VllmTarget\n"
+        "from kvwatch.gate.judge import judge\n"  # the harness reaching up to the verdicts
+        "if TYPE_CHECKING:\n    from kvwatch.targets.select import choose\n"
     )
-    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
-    assert runtime_imports_of("gate") == {"gate/x.py": {"typing", "kvwatch.targets.select"}}
+    (tmp_path / "gate" / "y.py").write_text("from kvwatch.harness.plan import RunPlan\n")
+    (tmp_path / "targets" / "z.py").write_text("import kvwatch.loadtests.agents\n")
+    assert upward_imports(tmp_path) == [
+        "harness/x.py imports kvwatch.gate.judge (layer 6 from 4)",
+        "targets/z.py imports kvwatch.loadtests.agents (layer 5 from 5)",
+    ]
 
 
 def test_no_two_source_modules_share_a_file_name():
     """A reader must never confuse ``a/gate.py`` with ``b/gate.py``."""
     seen: dict[str, str] = {}
     clashes = []
-    for folder in (*OUTSIDE_THE_ENGINE, "engine"):
-        for path in sorted((ROOT / folder).rglob("*.py")):
-            if path.name.startswith("__"):
-                continue
-            rel = str(path.relative_to(ROOT))
+    for path in [*outside_the_engine(), *sorted((PACKAGE / "engine").rglob("*.py"))]:
+        if not path.name.startswith("__"):
+            rel = str(path)
             if path.name in seen:
                 clashes.append(f"{seen[path.name]} and {rel}")
             seen.setdefault(path.name, rel)

@@ -20,12 +20,13 @@ import time
 from pathlib import Path
 
 import pytest
+from paths import REPO
 
 from kvwatch.processes import free_port
 
 pytestmark = pytest.mark.e2e
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+README = REPO / "README.md"
 # A hang guard only: on a quiet machine the block ends in well under a minute.
 BLOCK_TIMEOUT_S = 300
 

@@ -13,16 +13,9 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-SOURCE = ("engine", "server", "telemetry", "gate", "loadtests", "kvwatch", "mutation", "targets")
-SOURCE += ("dashboards",)
+from paths import REPO, SOURCES, module_name
+
 MAX_POSITIONAL_FIELDS = 3
-
-
-def module_of(path: Path) -> str:
-    rel = path.relative_to(ROOT).with_suffix("")
-    parts = rel.parts[:-1] if rel.name == "__init__" else rel.parts
-    return ".".join(("kvwatch", *parts)) if parts[0] != "kvwatch" else ".".join(parts)
 
 
 def _is_record(node: ast.ClassDef) -> bool:
@@ -49,8 +42,8 @@ def records() -> dict[tuple[str, str], list[str]]:
     """(module, class name) -> field names, for records with too many fields to
     pass by position (a dataclass that inherits fields is left out)."""
     out = {}
-    for folder in SOURCE:
-        for path in sorted((ROOT / folder).rglob("*.py")):
+    for folder in SOURCES:
+        for path in sorted(folder.rglob("*.py")):
             for node in ast.walk(ast.parse(path.read_text())):
                 if isinstance(node, ast.ClassDef) and _is_record(node):
                     own_base = any(
@@ -58,7 +51,7 @@ def records() -> dict[tuple[str, str], list[str]]:
                     )
                     fields = _fields(node)
                     if len(fields) > MAX_POSITIONAL_FIELDS and not own_base:
-                        out[module_of(path), node.name] = fields
+                        out[module_name(path), node.name] = fields
     return out
 
 
@@ -104,9 +97,9 @@ def positional_constructions(
 def test_records_with_more_than_three_fields_are_built_with_keywords():
     known = records()
     assert ("kvwatch.contracts", "Bound") in known, "the record scan finds nothing"
-    files = [p for folder in (*SOURCE, "tests") for p in sorted((ROOT / folder).rglob("*.py"))]
+    files = [p for folder in (*SOURCES, REPO / "tests") for p in sorted(folder.rglob("*.py"))]
     bad = [
-        f"{path.relative_to(ROOT)}:{line} {name}"
+        f"{path.relative_to(REPO)}:{line} {name}"
         for path in files
         for line, (_, name) in positional_constructions(path.read_text(), _module(path), known)
     ]
@@ -114,7 +107,7 @@ def test_records_with_more_than_three_fields_are_built_with_keywords():
 
 
 def _module(path: Path) -> str:
-    return "tests" if path.parent.name == "tests" else module_of(path)
+    return "tests" if path.is_relative_to(REPO / "tests") else module_name(path)
 
 
 def test_the_check_sees_a_positional_record():

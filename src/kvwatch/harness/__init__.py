@@ -1,0 +1,1 @@
+"""kvwatch.harness: what a load run needs, shared by the gate, the targets and the Locust process."""

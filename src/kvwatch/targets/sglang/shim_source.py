@@ -1,0 +1,38 @@
+"""The recorder's probe source for a shim in this process: kvwatch's ``CallableSource``
+with the probe's per-step watching, its flush, and the shim's session registry.
+
+``TurnRecorder`` (``kvwatch.harness.recorder``) asks its source for probes, a
+flush once the run drained, the reports the engine kept between barriers
+(``latched``) and whether each session the load opened is still open. Here
+every answer comes from the shim and its ``CacheProbe``; there is no heap
+sampler (the target does not claim ``Signal.HEAP``: ``sglang_target.py``
+says why) and nothing is replayed.
+
+Invariant: only ``watch``, ``latched`` and ``session_open`` differ from
+``CallableSource``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kvwatch.contracts import ProbeReport
+from kvwatch.harness.sources import CallableSource
+from kvwatch.targets.sglang.cache_probe import CacheProbe
+
+
+class ShimSource(CallableSource):
+    def __init__(self, probe: CacheProbe) -> None:
+        super().__init__(probe.report, flush=probe.flush)
+        self.cache_probe = probe
+
+    def watch(self) -> None:
+        self.cache_probe.watch()
+
+    def latched(self) -> list[ProbeReport]:
+        return self.cache_probe.latched()
+
+    def session_open(self, session_id: str) -> bool:
+        """Whether SGLang's session controller still holds ``session_id``."""
+        sessions: Any = self.cache_probe.shim.sessions
+        return sessions is not None and session_id in sessions.sessions

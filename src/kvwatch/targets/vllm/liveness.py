@@ -1,0 +1,109 @@
+"""White-box checks of a live vLLM scheduler: running requests are scheduled.
+
+``LivenessTracker`` wraps each ``schedule()`` (``before`` and ``after``):
+``running-skipped`` and ``running-starved``, as ``vllm_checks.py`` describes
+them, with its known blind spots. Duck-typed: nothing is imported from vLLM.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from kvwatch.targets.vllm.checks import group_managers, table, violation
+from kvwatch.targets.vllm.manager_audit import RUNNING_SKIPPED, RUNNING_STARVED, Violation
+
+
+def holds_blocks(scheduler, request_id: str) -> bool:
+    return any(
+        not getattr(block, "is_null", False)
+        for _, manager in group_managers(scheduler)
+        for block in table(manager, request_id)
+    )
+
+
+def work_left(request) -> int:
+    """Tokens the running loop could still schedule for ``request``, less a step in
+    flight that could only produce past ``max_tokens`` (async scheduling's last one)."""
+    placeholders = getattr(request, "num_output_placeholders", 0) or 0
+    pending = request.num_tokens_with_spec + placeholders - request.num_computed_tokens
+    limit = getattr(request, "max_tokens", None)
+    last = request.num_computed_tokens + 2 - placeholders
+    if placeholders and limit is not None and last >= request.num_prompt_tokens + limit:
+        return 0
+    return max(0, pending)
+
+
+def _preempted(scheduler, out, order: list[str]) -> set[str]:
+    """Who this step preempted: the output says so, or the request's status does."""
+    named = set(getattr(out, "preempted_req_ids", None) or ())
+    for request_id in order:
+        request = scheduler.requests.get(request_id)
+        status = getattr(getattr(request, "status", None), "name", "")
+        if "PREEMPT" in str(status):
+            named.add(request_id)
+    return named
+
+
+class LivenessTracker:
+    """``before(scheduler)`` right before ``schedule()``, ``after(scheduler, output,
+    deferred)`` right after it. ``deferred(request) -> bool`` names requests the
+    engine itself asked the scheduler to hold back this step (data-parallel
+    prefill throttling holds back prefill chunks)."""
+
+    def __init__(self, bound: int = 2) -> None:
+        self.bound = bound
+        self.missed: dict[str, int] = {}
+        self.order: list[str] = []
+        self.pending: dict[str, int] = {}
+        self.holding: set[str] = set()
+
+    def before(self, scheduler) -> None:
+        self.order = [r.request_id for r in scheduler.running]
+        self.pending = {r.request_id: work_left(r) for r in scheduler.running}
+        self.holding = {rid for rid in self.order if holds_blocks(scheduler, rid)}
+
+    def after(self, scheduler, out, deferred: Callable | None = None) -> list[Violation]:
+        scheduled = set(out.num_scheduled_tokens)
+        preempted = _preempted(scheduler, out, self.order)
+        running = {r.request_id for r in scheduler.running}
+        used = getattr(out, "total_num_scheduled_tokens", sum(out.num_scheduled_tokens.values()))
+        budget = getattr(scheduler, "max_num_scheduled_tokens", None)
+        spare = None if budget is None else budget - used
+        found: list[Violation] = []
+        for rid in self.order:
+            passed_over = rid in running and rid not in scheduled and rid not in preempted
+            if passed_over and self._could_run(scheduler, rid, deferred) and spare:
+                found += self._missed(rid, scheduled, preempted, spare)
+            else:
+                self.missed.pop(rid, None)
+        self.missed = {rid: n for rid, n in self.missed.items() if rid in scheduler.requests}
+        return found
+
+    def _could_run(self, scheduler, rid: str, deferred: Callable | None) -> bool:
+        held_back = deferred is not None and deferred(scheduler.requests[rid])
+        return self.pending.get(rid, 0) > 0 and rid in self.holding and not held_back
+
+    def _missed(self, rid: str, scheduled: set, preempted: set, spare: int) -> list[Violation]:
+        """``rid`` was passed over. The walk visits running requests in order and stops
+        early only when the budget is spent or a request that could not get blocks
+        preempted itself: a preempted request after every scheduled one, before ``rid``."""
+        self.missed[rid] = self.missed.get(rid, 0) + 1
+        pos = {r: i for i, r in enumerate(self.order)}
+        last = max((pos[r] for r in scheduled if r in pos), default=-1)
+        out = []
+        if not any(last < pos.get(p, -1) < pos[rid] for p in preempted):
+            later = [r for r in self.order[pos[rid] + 1 :] if r in scheduled]
+            detail = (
+                f"request {rid} (running, {self.pending[rid]} tokens to compute, holds blocks) "
+                f"was not scheduled although {spare} tokens of budget were left and "
+                f"{len(later)} request(s) after it were ({', '.join(later[:3])}); "
+                f"preempted this step: {', '.join(sorted(preempted)) or 'none'}"
+            )
+            out.append(violation(RUNNING_SKIPPED, detail, requests=(rid,)))
+        if self.missed[rid] > self.bound:
+            detail = (
+                f"request {rid} holds blocks and has work left but was neither scheduled nor "
+                f"preempted for {self.missed[rid]} steps in a row with budget to spare"
+            )
+            out.append(violation(RUNNING_STARVED, detail, requests=(rid,)))
+        return out

@@ -1,0 +1,81 @@
+"""An engine that never gets idle: the recorder waits for it once, then judges.
+
+A request the engine keeps live forever (here: paused and never resumed) is a
+leak of the request itself. The run must end as a failed drain rule naming
+the live request, not as a broken run, and only the first barrier may wait
+the drain timeout out: a run of many turns must not wait once per turn.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from kvwatch.engine import Engine, SamplingParams
+from kvwatch.gate.detectors.allocator import drain_rule
+from kvwatch.harness.recorder import RecorderOptions, TurnRecorder
+
+
+class EngineSource:
+    """The recorder's view of an in-process engine; counts the waits it asks for."""
+
+    white_box = True
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine, self.waits = engine, 0
+
+    def probe(self):
+        return self.engine.probe()
+
+    def flush(self) -> bool:
+        self.engine.flush_cache()
+        return True
+
+    def sleep(self, seconds: float) -> None:
+        self.waits += 1
+
+    def answering(self) -> None:
+        pass
+
+    def finished(self) -> dict:
+        return {"requests": [], "finished": 0, "dropped": 0}
+
+    def gauges(self, series):
+        return {}
+
+
+def _run(stuck: bool) -> tuple[TurnRecorder, list[int]]:
+    engine = Engine()
+    source = EngineSource(engine)
+    recorder = TurnRecorder(source, RecorderOptions(warmup=1, drain_timeout=0.2))
+    recorder.start()
+    rid = engine.add_request("a request that stops half-way " * 4, SamplingParams(max_tokens=8))
+    while engine.request_info(rid).output_tokens < 2:
+        engine.step()
+    engine.pause(rid)
+    if not stuck:
+        engine.resume(rid)
+        while not engine.request_info(rid).done:
+            engine.step()
+        engine.take(rid)
+    waits = []
+    for turn in range(4):
+        before = source.waits
+        recorder.barrier(turn)
+        waits.append(source.waits - before)
+    recorder.finish()
+    return recorder, waits
+
+
+@pytest.mark.parametrize("stuck", [True, False])
+def test_a_request_live_forever_fails_the_drain_rule_after_one_wait(stuck):
+    recorder, waits = _run(stuck)
+    record = recorder.record()
+    assert record.error is None  # not a broken run: a finding
+    verdict = drain_rule(record)
+    if stuck:
+        assert waits[0] > 0 and waits[1:] == [0, 0, 0]
+        assert verdict is not None and verdict.failed
+        assert any("1 live requests left, 0 before" in e.detail for e in verdict.evidence)
+    else:
+        assert waits == [0, 0, 0, 0]
+        assert verdict is None  # the rule found nothing left
