@@ -189,11 +189,7 @@ class CacheBase(ServedCache):
                 raise ValueError(f"capture at {cap.boundary} outside the advanced range")
             self._capture(holder, cap)
         holder.computed_len = new_len
-        cutoff = new_len - self.config.window
-        swa = self.store.pools[SWA_KV]
-        dead = [j for j in holder.swa_pages if (j + 1) * swa.page_size <= cutoff]
-        if dead:
-            swa.free([holder.swa_pages.pop(j) for j in dead], holder.owner)
+        self.store.free_swa_behind(holder, new_len - self.config.window)
 
     def _capture(self, holder: Holder, cap: Capture) -> None:
         """Keep the state at ``cap.boundary`` in snapshot pages the holder owns."""
@@ -219,11 +215,9 @@ class CacheBase(ServedCache):
         if not holder.computed_len <= keep_len <= holder.allocated_len:
             raise ValueError(f"trim to {keep_len} outside computed .. allocated")
         keep_pages = math.ceil(keep_len / self.page_size)
-        self.store.pools[FULL_KV].free(holder.full_pages[keep_pages:], holder.owner)
+        self.store.free_pages(FULL_KV, holder.full_pages[keep_pages:], holder.owner)
         del holder.full_pages[keep_pages:]
-        swa = self.store.pools[SWA_KV]
-        extra = [j for j in holder.swa_pages if j * swa.page_size >= keep_len]
-        swa.free([holder.swa_pages.pop(j) for j in extra], holder.owner)
+        self.store.free_swa_from(holder, keep_len)
         holder.allocated_len = keep_len
 
     # -- sessions (see sessions.py) -------------------------------------------------------
@@ -318,8 +312,8 @@ class CacheBase(ServedCache):
         path = list(holder.lock_node.path()) if holder.lock_node is not None else []
         if holder.lock_node is not None:
             self.store.tree.unlock(holder.lock_node)
-        self.store.pools[FULL_KV].free(holder.own_full_pages(self.page_size), holder.owner)
-        self.store.pools[SWA_KV].free(list(holder.swa_pages.values()), holder.owner)
+        self.store.free_pages(FULL_KV, holder.own_full_pages(self.page_size), holder.owner)
+        self.store.free_pages(SWA_KV, list(holder.swa_pages.values()), holder.owner)
         self.store.free_groups(holder.working, holder.owner, Tier.DEVICE)
         for pend in holder.pending.values() if free_pending else ():
             self.store.free_groups(pend.pages, holder.owner, Tier.DEVICE)

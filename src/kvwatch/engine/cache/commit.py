@@ -70,7 +70,7 @@ def _extend(cache: RadixPrefixCache, holder: Holder) -> None:
     nothing in the pass allocates, and those pages are no longer on its table."""
     copies: list[int] = []
     _extend_over(cache, holder, copies)
-    cache.store.pools[FULL_KV].free(copies, holder.owner)
+    cache.store.free_pages(FULL_KV, copies, holder.owner)
 
 
 def _extend_over(cache: RadixPrefixCache, holder: Holder, copies: list[int]) -> None:
@@ -96,7 +96,7 @@ def _extend_over(cache: RadixPrefixCache, holder: Holder, copies: list[int]) -> 
 def _new_leaf(cache: RadixPrefixCache, holder: Holder, parent: Node, pos: int, end: int) -> Node:
     p = cache.page_size
     pages = np.array(holder.full_pages[pos // p : end // p], dtype=np.int64)
-    cache.store.pools[FULL_KV].transfer(pages, holder.owner, TREE_OWNER)
+    cache.store.transfer_pages(FULL_KV, pages, holder.owner, TREE_OWNER)
     return cache.store.tree.add_leaf(parent, holder.tokens[pos:end], pages, holder.extra_key)
 
 

@@ -118,11 +118,9 @@ def free_tail(cache: CacheBase, holder: Holder, prefix_len: int) -> None:
     keep = math.ceil(prefix_len / p)
     first = prefix_len // p if Fault.SESSION_TAIL_UNALIGNED_FREE in cache.faults else keep
     if Fault.SESSION_TAIL_LEAK not in cache.faults:
-        cache.store.pools[FULL_KV].free(holder.full_pages[first:], holder.owner)
+        cache.store.free_pages(FULL_KV, holder.full_pages[first:], holder.owner)
     del holder.full_pages[keep:]
-    ps = cache.store.pools[SWA_KV].page_size
-    tail = [j for j in holder.swa_pages if j * ps >= prefix_len]
-    cache.store.pools[SWA_KV].free([holder.swa_pages.pop(j) for j in tail], holder.owner)
+    cache.store.free_swa_from(holder, prefix_len)
     holder.computed_len = holder.allocated_len = prefix_len
 
 

@@ -158,7 +158,7 @@ class SlotPrefixCache(CacheBase):
         holder.slot_ticket = None
         owner = slot_owner(ticket.slot)
         for group, ids in pend.pages.items():
-            self.store.pools[group].transfer(ids, holder.owner, owner)
+            self.store.transfer_pages(group, ids, holder.owner, owner)
         old, erased = self.slots.confirm(ticket, pend.pages)
         self.store.free_groups(old, owner, Tier.DEVICE)
         self.events.emit(

@@ -5,6 +5,12 @@ pruning as fallbacks, freeing a node's pages, and moving a snapshot between the
 device and host tiers. A backend (``RadixPrefixCache``, ``SlotPrefixCache``)
 owns one and builds the request lifecycle on top of it.
 
+A page has one way in and one way out, both here: ``alloc`` / ``alloc_groups``
+take pages from a pool, and the exits (``free_pages``, ``free_groups``,
+``transfer_pages`` and the holder helpers ``free_swa_from`` /
+``free_swa_behind``) give them back or hand them to another owner. No other
+module calls a pool's ``free`` or ``transfer``.
+
 Pressure order for one group (``alloc``):
 
 1. free pages;
@@ -27,8 +33,8 @@ from __future__ import annotations
 
 import heapq
 from collections import defaultdict
-from collections.abc import Callable, Mapping
-from typing import Protocol
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 import torch
@@ -36,11 +42,14 @@ import torch
 from kvwatch.engine.cache.failpoints import Failpoints, Site
 from kvwatch.engine.cache.node import Node, Snapshot, Tier
 from kvwatch.engine.cache.owner import Owner
-from kvwatch.engine.cache.pool import PageLayout, PagePool, PoolExhausted
+from kvwatch.engine.cache.pool import PageIds, PageLayout, PagePool, PoolExhausted
 from kvwatch.engine.cache.radix import TREE_OWNER, RadixTree
-from kvwatch.engine.config import FULL_KV, STATE_GROUPS, CacheConfig, Family, GroupSpec
+from kvwatch.engine.config import FULL_KV, STATE_GROUPS, SWA_KV, CacheConfig, Family, GroupSpec
 from kvwatch.engine.events import EventBus, NodeEvicted, SnapshotMoved, SnapshotReleased
 from kvwatch.engine.faults import Fault
+
+if TYPE_CHECKING:
+    from kvwatch.engine.cache.holder import Holder
 
 DEFAULT_LAYOUT = PageLayout((), torch.float32)
 Released = dict[tuple[str, Tier], list[np.ndarray]]  # pages an eviction frees, by group and tier
@@ -127,13 +136,62 @@ class CacheStorage:
                 got[group] = self._alloc(group, n, owner)
         except PoolExhausted:
             for group, pages in got.items():
-                self.pools[group].free(pages, owner)
+                self.free_pages(group, pages, owner)
             raise
         return got
 
+    # -- exits: every page leaves its owner here ------------------------------------
+    # A release cannot fail for want of room, so no failpoint ``Site`` sits here.
+    # Each exit names the owner it takes the pages from, and the pool checks it:
+    # a page freed twice, or by an owner that does not hold it, raises
+    # ``OwnershipError`` and changes nothing.
+    def free_pages(
+        self, group: str, pages: PageIds | Sequence[int], owner: Owner, tier: Tier = Tier.DEVICE
+    ) -> None:
+        """Give ``owner``'s ``pages`` of ``group`` back to the ``tier`` pool's free stack.
+
+        Keeps the pool's invariant that a page is on the free stack exactly
+        when it is tagged free, and once: every release of a page goes through
+        here, so none can skip the ownership check. No pages, no change.
+        """
+        self.pool(group, tier).free(pages, owner)
+
     def free_groups(self, pages: Mapping[str, np.ndarray], owner: Owner, tier: Tier) -> None:
+        """``free_pages`` for each group of ``pages`` (a snapshot's, a working
+        state's), in the mapping's order."""
         for group, ids in pages.items():
-            self.pool(group, tier).free(ids, owner)
+            self.free_pages(group, ids, owner, tier)
+
+    def transfer_pages(
+        self, group: str, pages: PageIds | Sequence[int], old: Owner, new: Owner
+    ) -> None:
+        """Hand ``old``'s device ``pages`` of ``group`` to ``new`` without freeing them.
+
+        The pages stay allocated throughout, so no allocation can take them
+        while they change hands (a holder's pages joining the tree, a staged
+        copy becoming a slot's); ``old`` must hold each page named, once.
+        """
+        self.pools[group].transfer(pages, old, new)
+
+    def free_swa_from(self, holder: Holder, start: int) -> None:
+        """Free the holder's ``swa.kv`` pages whose first position is ``start`` or
+        later (a trim, a session's tail), taking each out of ``holder.swa_pages``.
+
+        A page is taken out of the holder's table as it is freed, so the table
+        never names a free page and no page is freed twice. A page holding
+        positions on both sides of ``start`` stays: it still holds live tokens.
+        """
+        ps = self.pools[SWA_KV].page_size
+        tail = [j for j in holder.swa_pages if j * ps >= start]
+        self.free_pages(SWA_KV, [holder.swa_pages.pop(j) for j in tail], holder.owner)
+
+    def free_swa_behind(self, holder: Holder, cutoff: int) -> None:
+        """Free the holder's ``swa.kv`` pages whose every position is below
+        ``cutoff`` (fallen out of the sliding window), taking each out of
+        ``holder.swa_pages``, as ``free_swa_from`` does at the other end."""
+        ps = self.pools[SWA_KV].page_size
+        dead = [j for j in holder.swa_pages if (j + 1) * ps <= cutoff]
+        self.free_pages(SWA_KV, [holder.swa_pages.pop(j) for j in dead], holder.owner)
 
     def make_room(self, group: str, wanted: int, tier: Tier = Tier.DEVICE) -> int:
         """Free at least ``wanted`` pages of ``group`` if the cache can; returns pages freed."""
@@ -236,7 +294,7 @@ class CacheStorage:
     def _free_released(self, freed: Released) -> None:
         for (group, tier), pages in freed.items():
             if pages:  # the history list is there from the walk's start
-                self.pool(group, tier).free(np.concatenate(pages), TREE_OWNER)
+                self.free_pages(group, np.concatenate(pages), TREE_OWNER, tier)
 
     def drop_snapshot(self, node: Node, reason: str, into: Released | None = None) -> None:
         """Free a node's state pages (``into``: leave them there, for the caller
@@ -253,7 +311,7 @@ class CacheStorage:
     def give_state(self, node: Node, pages: Mapping[str, np.ndarray], owner: Owner) -> None:
         """Hand a holder's device state pages to ``node`` (ownership moves to the tree)."""
         for group, ids in pages.items():
-            self.pools[group].transfer(ids, owner, TREE_OWNER)
+            self.transfer_pages(group, ids, owner, TREE_OWNER)
             self.tree.attach_state(node, group, ids, Tier.DEVICE)
 
     # -- tiers --------------------------------------------------------------------
