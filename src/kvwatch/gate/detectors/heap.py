@@ -114,28 +114,14 @@ def _closed_since_mark(run: RunRecord) -> int:
 def session_rule(run: RunRecord) -> Verdict | None:
     """Sites that kept an allocation and some bytes for every session closed
     since the mark, once the run is over."""
-    end, closed = run.heap_end, _closed_since_mark(run)
-    if end is None or closed < MIN_SESSIONS:
+    closed = _closed_since_mark(run)
+    if run.heap_end is None or closed < MIN_SESSIONS:
         return None
-    left = [
-        g
-        for g in end.since_mark
-        if g.size_diff >= max(MIN_LEFT_BYTES, MIN_BYTES_PER_SESSION * closed)
-        and g.count_diff >= MIN_ALLOCATIONS_PER_SESSION * closed
-    ]
-    if not left:
+    kept = _kept_per(run, closed, MIN_BYTES_PER_SESSION, MIN_ALLOCATIONS_PER_SESSION)
+    if not kept:
         return passed(ID, f"nothing left per session ({closed} closed since the warm-up)")
-    ev = [
-        Evidence(
-            group=None,
-            pages=(),
-            detail=f"{g.site}: {g.size_diff} bytes in {g.count_diff} allocations left after the run, "
-            f"{g.size_diff / closed:.0f} bytes per closed session ({closed} since turn {run.warmup - 1})",
-            traceback=(g.site,),
-        )
-        for g in left
-    ]
-    return fail_after_drain(ID, run, ev)
+    each = f"closed session ({closed} since turn {run.warmup - 1})"
+    return fail_after_drain(ID, run, _left_evidence(kept, closed, each))
 
 
 def census_rule(run: RunRecord) -> Verdict | None:
@@ -175,30 +161,41 @@ def census_rule(run: RunRecord) -> Verdict | None:
 def request_rule(run: RunRecord) -> Verdict | None:
     """Sites that kept about an allocation and a few bytes for every request the
     judged turns served, once the run is over (``heap_end.since_mark``)."""
-    end, mark = run.heap_end, run.warmup - 1
     served = _served_since_mark(run)
-    if end is None or served <= 0:
+    if run.heap_end is None or served <= 0:
         return None
-    left = [
+    kept = _kept_per(run, served, MIN_BYTES_PER_REQUEST, MIN_ALLOCATIONS_PER_REQUEST)
+    if not kept:
+        total = sum(g.size_diff for g in run.heap_end.since_mark)
+        return passed(ID, f"{total / served:.0f} bytes left per request after the run")
+    each = f"request ({served} requests since turn {run.warmup - 1})"
+    return fail_after_drain(ID, run, _left_evidence(kept, served, each))
+
+
+def _kept_per(run: RunRecord, units: int, min_bytes: float, min_allocations: float) -> list:
+    """The sites of ``heap_end.since_mark`` that kept at least ``min_bytes`` and
+    ``min_allocations`` for each of ``units`` (requests served or sessions closed
+    since the mark), and never less than ``MIN_LEFT_BYTES`` in all."""
+    return [
         g
-        for g in end.since_mark
-        if g.size_diff >= max(MIN_LEFT_BYTES, MIN_BYTES_PER_REQUEST * served)
-        and g.count_diff >= MIN_ALLOCATIONS_PER_REQUEST * served
+        for g in run.heap_end.since_mark
+        if g.size_diff >= max(MIN_LEFT_BYTES, min_bytes * units)
+        and g.count_diff >= min_allocations * units
     ]
-    if not left:
-        kept = sum(g.size_diff for g in end.since_mark)
-        return passed(ID, f"{kept / served:.0f} bytes left per request after the run")
-    ev = [
+
+
+def _left_evidence(kept: list, units: int, each: str) -> list[Evidence]:
+    """``SITE: B bytes in N allocations left after the run, B/units bytes per EACH``."""
+    return [
         Evidence(
             group=None,
             pages=(),
             detail=f"{g.site}: {g.size_diff} bytes in {g.count_diff} allocations left after the run, "
-            f"{g.size_diff / served:.0f} bytes per request ({served} requests since turn {mark})",
+            f"{g.size_diff / units:.0f} bytes per {each}",
             traceback=(g.site,),
         )
-        for g in left
+        for g in kept
     ]
-    return fail_after_drain(ID, run, ev)
 
 
 def bytes_per_held_token(turn) -> float | None:
