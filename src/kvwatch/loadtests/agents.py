@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import time
+
 import gevent
 
 from kvwatch.loadtests.trajectory import Turn, trajectory_problem
@@ -107,6 +109,27 @@ class SessionUser(TurnUser):
                     return  # Locust judges the answer (a 2xx passes)
                 resp.success()  # not an error yet: try again
             gevent.sleep(0.1)
+
+    def await_idle_close(self, sid: str, since: float, timeout_s: float, looks: int) -> bool:
+        """Whether the server's idle timeout (``timeout_s``) closed session ``sid``,
+        last used at ``since`` (monotonic), within ``looks`` looks (409 session_closed).
+
+        A look is a use that restarts the session's idle clock, so each look
+        waits a whole timeout (and a margin) after the use before it.
+        """
+        last = since
+        for _ in range(looks):
+            gevent.sleep(max(0.0, last + timeout_s + 2 - time.monotonic()))
+            with self.client.get(
+                f"/v1/sessions/{sid}", name="abandoned session", catch_response=True
+            ) as resp:
+                if resp.status_code == 409 and "session_closed" in resp.text:
+                    resp.success()
+                    return True
+                if resp.status_code == 200:
+                    resp.success()  # not closed yet: look again
+            last = time.monotonic()
+        return False
 
     def conversations(self) -> int:
         return len(self.sessions)

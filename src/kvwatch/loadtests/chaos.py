@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import time
 
-import gevent
-
 from kvwatch.loadtests.agents import SessionUser
 from kvwatch.loadtests.turns import parallel
 from kvwatch.loadtests.users import sentence
@@ -142,23 +140,4 @@ class ChaosUser(SessionUser):
             if self._look(sid) is not None:
                 self._close(sid)
         if self.abandoned is not None:
-            self._await_timeout(*self.abandoned)
-
-    def _await_timeout(self, sid: str, since: float) -> None:
-        """Until the server has closed the abandoned session (409 session_closed).
-
-        A look is a use that restarts its idle clock, so the agent looks only
-        once a whole timeout (and a margin) has passed since its last use.
-        """
-        last = since
-        for _ in range(CHECKS):
-            gevent.sleep(max(0.0, last + IDLE_TIMEOUT_S + 2 - time.monotonic()))
-            with self.client.get(
-                f"/v1/sessions/{sid}", name="abandoned session", catch_response=True
-            ) as resp:
-                if resp.status_code == 409 and "session_closed" in resp.text:
-                    resp.success()
-                    return
-                if resp.status_code == 200:
-                    resp.success()  # not closed yet: look again
-            last = time.monotonic()
+            self.await_idle_close(*self.abandoned, IDLE_TIMEOUT_S, CHECKS)

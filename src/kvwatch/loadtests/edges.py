@@ -249,23 +249,7 @@ class EdgeUser(SessionUser):
     def finish(self) -> None:
         super().finish()
         for sid, since in self.abandoned:
-            self._await_timeout(sid, since)
-
-    def _await_timeout(self, sid: str, since: float) -> None:
-        """Until the idle timeout has closed the session (409 session_closed). A look
-        is a use, so the next look waits a whole timeout (and a margin) after it."""
-        last = since
-        for _ in range(LOOKS):
-            gevent.sleep(max(0.0, last + IDLE_TIMEOUT_S + 2 - time.monotonic()))
-            with self.client.get(
-                f"/v1/sessions/{sid}", name="abandoned session", catch_response=True
-            ) as resp:
-                if resp.status_code == 409 and "session_closed" in resp.text:
-                    resp.success()
-                    return
-                if resp.status_code == 200:
-                    resp.success()  # not closed yet: look again
-            last = time.monotonic()
+            self.await_idle_close(sid, since, IDLE_TIMEOUT_S, LOOKS)
 
     def conversations(self) -> int:
         return 1
