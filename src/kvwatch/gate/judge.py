@@ -31,7 +31,7 @@ class RunResult(NamedTuple):
     coverage: Mapping[str, Mapping[str, int]] = {}  # lifecycle transitions taken, per machine
     record: RunRecord | None = None  # what the detectors judged (None: the run never recorded)
     performance: Performance | None = None  # what the answered completions cost their clients
-    spent: TimeSpent | None = None  # where the run's time went (``time_spent.py``)
+    spent: TimeSpent | None = None  # where the run's time went (``harness/time_spent.py``)
 
     @property
     def name(self) -> str:

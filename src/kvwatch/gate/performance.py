@@ -1,6 +1,6 @@
 """A run's performance in numbers, from what its clients measured.
 
-Per run, from the answered completions' ``Timings`` (``run_record.py``):
+Per run, from the answered completions' ``Timings`` (``harness/run_record.py``):
 time to first token, inter-token latency and end to end at p50, p90 and p99,
 answered requests and output tokens per second over the window the answered
 requests spanned, and the prefix cache's hit rate as the server's usage

@@ -11,10 +11,10 @@
                  annotations, --junit FILE, report.html, the console's result lines
 
 Nothing here knows which target it runs: what it may ask of one is
-``target.py``. A run is judged only when it ran against a live
+``harness/target.py``. A run is judged only when it ran against a live
 engine: a run whose engine died, or whose every request failed, is broken
 (exit 3), so an engine that dies can never pass. Every path is built under
-``--out`` from checked names (``outputs.py``).
+``--out`` from checked names (``harness/outputs.py``).
 """
 
 from __future__ import annotations

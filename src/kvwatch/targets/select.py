@@ -58,10 +58,6 @@ def _http(flags: TargetFlags, out: Path) -> Target:
     for flag, url in (("--target", flags.target), ("--metrics-url", flags.metrics_url)):
         if not is_http_url(url):
             raise ValueError(f"{flag} takes an http(s) URL, not {url!r}")
-    if flags.engine is not None and flags.engine != "kvwatch":
-        raise ValueError(
-            f"--engine {flags.engine} starts {flags.engine} itself; it does not take --target"
-        )
     if flags.faults:
         raise ValueError("--inject needs the embedded engine; it cannot reach a --target")
     gauges = preset(flags.gauges or "kvwatch", flags.extra_gauges)
