@@ -67,6 +67,7 @@ def test_the_json_has_the_documented_fields():
         "registry",
         "abandoned",
         "starved",
+        "overdue",
     }
     assert {k.value for k in OWNERSHIP} == {"orphan", "double_owned", "free_and_owned"}
 

@@ -38,6 +38,9 @@ class FindingKind(StrEnum):
     REGISTRY = "registry"
     # a request still running steps after its client hung up: nothing aborted it
     ABANDONED = "abandoned"
+    # a session unused past its idle timeout, and a margin, still open: the idle
+    # timeout never closed it (``--session-idle-timeout``)
+    OVERDUE = "overdue"
     # a running request that holds pages and has work left was passed over by a
     # step that had budget to spare (the scheduler's liveness)
     STARVED = "starved"

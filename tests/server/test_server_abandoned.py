@@ -113,7 +113,7 @@ def test_an_ordered_abort_that_never_lands_is_found_abandoned(monkeypatch):
     run, every turn aborted and nothing found, is test_combinations'): with the
     planted bug the turn scripted for ``verifying`` runs on to its limit, and
     the oracle names it; every other stage still aborts."""
-    from test_combinations import cut_turns
+    from turncuts import cut_turns
 
     from kvwatch.instrumentation import combos
     from kvwatch.server import EngineWorker

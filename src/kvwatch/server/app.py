@@ -24,6 +24,7 @@ from kvwatch.server.departures import Departures
 from kvwatch.server.finished import FinishedLog
 from kvwatch.server.idle import IdleReaper, SessionClock
 from kvwatch.server.limits import RequestLimits
+from kvwatch.server.overdue import IdleDeadlines
 from kvwatch.server.settings import ServerSettings
 from kvwatch.server.worker import EngineWorker
 
@@ -76,6 +77,8 @@ def create_app(
     if settings.enable_probe:
         worker.finished = FinishedLog()
         worker.departures = Departures()
+        if app.state.reaper is not None:
+            worker.deadlines = _deadlines(app.state.reaper, worker)
         app.include_router(debug.router)
         served = ClientWatch(app, worker.departures)
 
@@ -83,6 +86,15 @@ def create_app(
     return RequestLimits(
         served, max_body_bytes=settings.max_body_bytes, max_header_bytes=settings.max_header_bytes
     )
+
+
+def _deadlines(reaper: IdleReaper, worker: EngineWorker) -> IdleDeadlines:
+    """The idle-timeout oracle beside the reaper it judges: its own clock readings
+    (the reaper's time source), its own subscription to the engine's events."""
+    deadlines = IdleDeadlines(reaper.timeout, reaper.sweeps_after, now=reaper.clock.now)
+    deadlines.follow(worker.engine.events)
+    reaper.clock.observer = deadlines.used
+    return deadlines
 
 
 def _add_plain_routes(

@@ -87,6 +87,8 @@ async def probe(request: Request):
         over = tuple(finding(FindingKind.REGISTRY, None, [], b.detail) for b in found.breaches)
         worker.check_departures()
         left = worker.departures.findings() if worker.departures is not None else ()
+        if worker.deadlines is not None:
+            left = (*left, *worker.deadlines.findings())
         return report._replace(registries=found.sizes, findings=(*report.findings, *over, *left))
 
     return (await worker.run(take)).to_json()

@@ -16,7 +16,9 @@ import asyncio
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
+from types import MappingProxyType
 
 from kvwatch.engine.engine import Engine
 from kvwatch.engine.errors import SessionError
@@ -30,6 +32,7 @@ from kvwatch.engine.events import (
 from kvwatch.server.worker import EngineWorker
 
 MAX_CHECK_PERIOD_S = 1.0
+SWEEPS_KEPT = 4  # the latest finished sweeps, for the oracle's count (``overdue.SWEEPS``)
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +46,8 @@ class SessionClock:
 
     def __init__(self, now: Callable[[], float] = time.monotonic) -> None:
         self.now = now
+        # told of every use too: the idle-timeout oracle (``overdue.py``), with --enable-probe
+        self.observer: Callable[[str], None] | None = None
         self._last: dict[str, float] = {}
         self._turns: dict[str, str] = {}  # request id -> session id, while the turn runs
         self._lock = threading.Lock()
@@ -55,6 +60,8 @@ class SessionClock:
         with self._lock:
             if session_id in self._last:
                 self._last[session_id] = self.now()
+        if self.observer is not None and session_id is not None:
+            self.observer(session_id)
 
     def forget(self, session_id: str) -> None:
         with self._lock:
@@ -94,8 +101,17 @@ class IdleReaper:
     readings and on which turns are in flight, never on when the round runs.
     """
 
+    # the latest finished sweeps only (registry walks check it)
+    __bounded__ = MappingProxyType({"_swept": SWEEPS_KEPT})
+
     def __init__(self, worker: EngineWorker, clock: SessionClock, timeout: float) -> None:
         self.worker, self.clock, self.timeout = worker, clock, timeout
+        self._swept: deque[float] = deque(maxlen=SWEEPS_KEPT)  # finished sweeps' starts
+
+    def sweeps_after(self, t: float) -> int:
+        """How many of the last finished sweeps began after ``t`` (on the clock's time):
+        each of them closed every session unused for the timeout when it began."""
+        return sum(1 for began in list(self._swept) if began > t)
 
     @property
     def period(self) -> float:
@@ -111,14 +127,16 @@ class IdleReaper:
 
     async def sweep(self) -> list[str]:
         """One round: the ids of the sessions it closed."""
+        began = self.clock.now()
         stale = self.clock.unused_for(self.timeout)
-        if not stale:
-            return []
-        closed = await self.worker.run(
-            close_if_idle, self.worker.engine, self.clock, stale, self.timeout
-        )
+        closed = []
+        if stale:
+            closed = await self.worker.run(
+                close_if_idle, self.worker.engine, self.clock, stale, self.timeout
+            )
         if closed:
             log.info("closed %d idle session(s): %s", len(closed), ", ".join(closed))
+        self._swept.append(began)
         return closed
 
 

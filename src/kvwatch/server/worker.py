@@ -56,6 +56,7 @@ from kvwatch.engine.request import RequestOutput, SamplingParams, Status
 from kvwatch.engine.views import ComputedBatch, RequestInfo
 from kvwatch.server.departures import Departures
 from kvwatch.server.finished import FinishedLog
+from kvwatch.server.overdue import IdleDeadlines
 from kvwatch.server.worktime import WorkTime
 
 IDLE_WAIT_S = 0.05
@@ -131,6 +132,8 @@ class EngineWorker:
         self._last_seen: frozenset = frozenset()  # what the last step's probe showed
         self.finished: FinishedLog | None = None  # set with --enable-probe
         self.departures: Departures | None = None  # set with --enable-probe
+        # and with --session-idle-timeout: the oracle of the idle timeout (overdue.py)
+        self.deadlines: IdleDeadlines | None = None
         self.work = WorkTime()  # what this thread spent its CPU on (GET /debug/timing)
         self._thread = threading.Thread(target=self._run, name="kvwatch-engine", daemon=True)
         engine.on_batch_computed(self._on_batch)
@@ -258,9 +261,12 @@ class EngineWorker:
                 self._fail_load_in[rid] = left - 1
 
     def check_departures(self) -> None:
-        """On the worker thread: requests still running long after their client left."""
+        """On the worker thread: requests still running long after their client left,
+        and sessions still open long after their idle timeout."""
         if self.departures is not None:
             self.departures.check(self.engine.step_count, lambda rid: self._live(rid) is not None)
+        if self.deadlines is not None:
+            self.deadlines.check(self.engine.step_count, self.engine.open_sessions)
 
     def _live(self, rid: str) -> RequestInfo | None:
         req = self.engine.request_info(rid)

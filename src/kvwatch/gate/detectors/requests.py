@@ -14,7 +14,9 @@ client hung up (an ``abandoned`` finding: nothing aborted it, and it spends
 the engine's time on tokens nobody reads) fails it too, at the first turn
 whose probe shows one; so does a running request that holds pages and has
 work left but was passed over by a step with budget to spare (a ``starved``
-finding: the scheduler's liveness, vLLM's white-box checks).
+finding: the scheduler's liveness, vLLM's white-box checks), and so does a
+session still open well past its idle timeout (an ``overdue`` finding: the
+server's ``--session-idle-timeout`` promise, ``server/overdue.py``).
 """
 
 from __future__ import annotations
@@ -36,7 +38,8 @@ NEEDS = frozenset({Signal.REQUESTS})
 
 
 def detect(run: RunRecord) -> Verdict:
-    abandoned = findings_detector(ID, {FindingKind.ABANDONED, FindingKind.STARVED}, run)
+    owed = {FindingKind.ABANDONED, FindingKind.STARVED, FindingKind.OVERDUE}
+    abandoned = findings_detector(ID, owed, run)
     if abandoned.failed:
         return abandoned
     sent = run.requests
