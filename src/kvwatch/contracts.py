@@ -102,7 +102,7 @@ class GroupReport(NamedTuple):
     # tree, request, session, slot; host: pages in the host tier; host_evictable: those of
     # them no retracted request will recover from (cache)
     by_owner: dict[str, int]
-    evictable: int  # tree pages eviction or pruning may take back
+    evictable: int  # pages eviction, pruning or a flush may take back (tree, idle slots)
     host_capacity: int
 
     @property

@@ -22,7 +22,9 @@ run time is up, and ``record`` receives the HTTP status counts instead.
 * ``drain``: back at their starting value once the run has ended;
 * ``settled``: back at their value at the end of the warm-up (the number of
   series on the page, ``scrape.SERIES``: label sets that appear with the
-  first requests are not a leak, one per request or session is).
+  first requests are not a leak, one per request or session is);
+* ``truth``: white-box only, read on both sides of the drain's flush beside
+  the probe (``flush_reading.py``): each must say what the probe counts.
 
 A series is ``name`` or ``name{label="value",...}``; samples matching it are
 kept apart by their remaining labels.
@@ -53,6 +55,9 @@ class GaugePreset(NamedTuple):
     # drain series whose label sets fill in during the first turns (the number of
     # series itself): back at their value at the end of the warm-up, not the start
     settled: tuple[str, ...] = ()
+    # pool gauges read on both sides of the drain's flush, against the probe's count
+    # (white-box targets whose probe counts the same pages: ``flush_reading.py``)
+    truth: tuple[str, ...] = ()
 
 
 _PAGES = n.prom(n.POOL_PAGES)
@@ -73,6 +78,7 @@ PRESETS = {
             _PAGES + '{state="host"}',
         ),
         settled=(SERIES,),
+        truth=(_PAGES,),
     ),
     "vllm": GaugePreset(
         name="vllm",

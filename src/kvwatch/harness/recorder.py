@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from kvwatch.contracts import OWNERSHIP, ProbeReport
+from kvwatch.harness.flush_reading import FlushReading
 from kvwatch.harness.run_record import (
     Candidate,
     Counts,
@@ -118,6 +119,7 @@ class RecorderOptions:
     busy_gauges: tuple[str, ...] = ()  # their sum is 0 when the engine is idle
     drain_gauges: tuple[str, ...] = ()  # back at their starting value after the run
     settled_gauges: tuple[str, ...] = ()  # back at their value when the warm-up ended
+    truth_gauges: tuple[str, ...] = ()  # read around the drain's flush (``FlushReading``)
 
 
 def _counts(reports: Sequence[Mapping]) -> Counts | None:
@@ -179,6 +181,7 @@ class TurnRecorder:
         self.requests: Counts | None = None
         self.soak: Soak | None = None
         self.heap_end: HeapSample | None = None
+        self.flushed: FlushReading | None = None
         self.timings: Timings | None = None
         self.census_mark: dict[str, int] | None = None
         self.census_end: dict[str, int] | None = None
@@ -219,11 +222,12 @@ class TurnRecorder:
         if self.white_box and self.options.flush_every_turn:
             self.source.flush()
         conversations = sum(r.get("conversations", 0) for r in reports)
-        probes = ()
+        probes, pool = (), None
         if self.white_box:
             self._collect_latched()
             self.sampled.sort(key=lambda p: p.step)
-            probes = (*self.sampled, self.source.probe())
+            pool, last = self._around(self.source.probe)
+            probes = (*self.sampled, last)
         self.sampled = []
         # the replay buffer is the harness's memory, not the engine's: hand it
         # over before the heap is sampled
@@ -251,6 +255,7 @@ class TurnRecorder:
             gauges=per_conversation or None,
             at=self.clock(),
             requests=_counts(reports),
+            pool_gauges=pool,
         )
         self.turns.append(entry)
         return entry
@@ -267,8 +272,9 @@ class TurnRecorder:
             self._drain()
             self.ended = f"{closed}{self._settled()}; not flushed: a black-box target has no flush"
         else:
-            flushed = False
+            flushed, before = False, None
             while not self.stuck and self._idle_by(deadline):
+                before = self._before_flush()
                 if flushed := self.source.flush():
                     break  # else a request arrived between idle and flush: wait again
             self.ended = closed + (
@@ -276,7 +282,9 @@ class TurnRecorder:
                 if flushed
                 else f"not idle in {self.options.drain_timeout:.0f} s: probed as it was"
             )
-            self.drained = self.source.probe()
+            after, self.drained = self._around(self.source.probe)
+            if flushed and before is not None and after is not None:
+                self.flushed = before._replace(gauges_after=after)
             self._collect_finished(len(self.turns))
             self._sessions_left(reports)
             if self.census_mark is not None:
@@ -330,9 +338,29 @@ class TurnRecorder:
             sessions_left=self.sessions_left,
             started_at=self.started_at,
             ended_at=self.ended_at,
+            flushed=self.flushed,
         )
 
     # -- pieces ---------------------------------------------------------------------------
+    def _around(self, probe: Callable[[], ProbeReport]) -> tuple[dict | None, ProbeReport]:
+        """``probe()`` with the pool gauges read before and after it: the gauges, when
+        the two reads agree (nothing moved: they say what the probe saw), and the probe.
+        None where the target names no pool gauges, or something moved (an idle
+        timeout closing a session between the reads)."""
+        if not self.options.truth_gauges:
+            return None, probe()
+        first = self._read(self.options.truth_gauges)
+        report = probe()
+        return (first if self._read(self.options.truth_gauges) == first else None), report
+
+    def _before_flush(self) -> FlushReading | None:
+        """The probe and the pool gauges of the idle engine, just before its flush
+        (None where the target names no pool gauges, or they moved around the probe)."""
+        gauges, report = self._around(self.source.probe)
+        if gauges is None:
+            return None
+        return FlushReading(before=report, gauges_before=gauges, gauges_after={})
+
     def _sessions_left(self, reports: Sequence[Mapping]) -> None:
         """Every session the users say they opened must be closed once the run has
         drained: the count of live sessions against the baseline cannot see it,

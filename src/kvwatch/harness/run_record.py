@@ -24,6 +24,7 @@ from enum import StrEnum
 from typing import NamedTuple
 
 from kvwatch.contracts import ProbeReport
+from kvwatch.harness.flush_reading import FlushReading
 from kvwatch.harness.time_spent import TimeSpent
 
 KEEP_FAILURES = 5  # failed requests and 5xx answers kept as evidence, per run
@@ -254,6 +255,9 @@ class Turn(NamedTuple):
     gauges: dict[str, float] | None = None  # black-box readings at the barrier
     at: float | None = None  # when the barrier probe was taken (epoch s; soak: s into the load)
     requests: Counts | None = None  # what the clients had sent by this barrier
+    # white-box: the pool gauges around the barrier probe, the engine idle (None: not
+    # read, or they moved between the reads around the probe)
+    pool_gauges: dict[str, float] | None = None
 
     @property
     def barrier(self) -> ProbeReport | None:
@@ -269,6 +273,7 @@ class Turn(NamedTuple):
             "gauges": self.gauges,
             "at": self.at,
             "requests": self.requests.to_json() if self.requests is not None else None,
+            "pool_gauges": self.pool_gauges,
         }
 
     @classmethod
@@ -282,6 +287,7 @@ class Turn(NamedTuple):
             t.get("gauges") or None,
             t.get("at"),
             Counts.from_json(t["requests"]) if t.get("requests") else None,
+            t.get("pool_gauges"),
         )
 
 
@@ -341,6 +347,7 @@ class RunRecord(NamedTuple):
     started_at: float | None = None  # the recorder's clock once its baseline was taken
     ended_at: float | None = None  # and once the run was drained
     spent: TimeSpent | None = None  # where the run's time went (``time_spent.py``)
+    flushed: FlushReading | None = None  # pool gauges around the drain's flush
 
     def to_json(self) -> dict:
         return {
@@ -368,6 +375,7 @@ class RunRecord(NamedTuple):
             "started_at": self.started_at,
             "ended_at": self.ended_at,
             "spent": self.spent.to_json() if self.spent is not None else None,
+            "flushed": self.flushed.to_json() if self.flushed is not None else None,
         }
 
     @classmethod
@@ -402,6 +410,7 @@ class RunRecord(NamedTuple):
             started_at=data.get("started_at"),
             ended_at=data.get("ended_at"),
             spent=TimeSpent.from_json(data.get("spent")),
+            flushed=FlushReading.from_json(data.get("flushed")),
         )
 
 

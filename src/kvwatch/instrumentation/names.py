@@ -150,7 +150,8 @@ _BY_MODEL = "labelled by operation and model (gen_ai.operation.name, gen_ai.requ
 # One sentence per instrument: what it counts, in which unit, labelled by what.
 HELP = {
     POOL_PAGES: "Pages of each cache group by state: free, used (capacity less free), "
-    "evictable (tree pages eviction may take back), pinned_request, pinned_session, "
+    "evictable (pages eviction or a flush may take back: tree pages nobody locks, and in "
+    "slot mode the filled slots not being restored from), pinned_request, pinned_session, "
     "host (host-tier pages a retracted request will recover from) and host_evictable "
     "(host-tier pages caching a snapshot nobody will recover from); in pages, labelled by "
     "group, family and state.",

@@ -44,6 +44,7 @@ def recorder_options(plan: RunPlan) -> RecorderOptions:
         busy_gauges=plan.gauges.busy,
         drain_gauges=plan.gauges.drain,
         settled_gauges=plan.gauges.settled,
+        truth_gauges=plan.gauges.truth if source.white_box else (),
     )
 
 

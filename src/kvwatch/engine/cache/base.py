@@ -393,6 +393,11 @@ class CacheBase(ServedCache):
         """The backend's own consistency findings."""
         return []
 
+    def stored_evictable(self) -> dict[str, int]:
+        """Pages of the backend's own storage that pressure or a flush may take back,
+        by group (the pool gauges' ``evictable`` counts them beside the tree's)."""
+        return {}
+
     def stored_snapshots(self) -> list[Slot]:
         """Whole-state snapshots the backend keeps outside the tree (for the bound)."""
         return []

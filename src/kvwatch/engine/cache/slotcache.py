@@ -220,6 +220,16 @@ class SlotPrefixCache(CacheBase):
     def stored_findings(self) -> list[Finding]:
         return list(self.slots.findings())
 
+    def stored_evictable(self) -> dict[str, int]:
+        """Every filled slot but those being restored from: what ``_reclaim`` and
+        ``flush`` take back."""
+        out: dict[str, int] = {}
+        for slot in self.slots.slots:
+            if not slot.empty and slot.index not in self.slots.pinned:
+                for group, ids in slot.pages.items():
+                    out[group] = out.get(group, 0) + len(ids)
+        return out
+
     def stored_snapshots(self) -> list[Slot]:
         return [s for s in self.slots.slots if not s.empty]
 

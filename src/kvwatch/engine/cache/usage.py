@@ -68,6 +68,8 @@ def group_usage(cache: CacheBase) -> dict[str, GroupUsage]:
     pages eviction or pruning may take back (one walk over the tree)."""
     anchored = _anchored(cache)
     evictable = dict.fromkeys(cache.store.pools, 0)
+    for group, n in cache.stored_evictable().items():  # slot mode: the filled slots
+        evictable[group] += n
     host_cached = dict.fromkeys(cache.store.pools, 0)
     for node in cache.store.tree.nodes()[1:]:
         locked = node.refs > 0
@@ -160,7 +162,9 @@ def _full_bound(cache: CacheBase, live: _LiveHolders, full: GroupUsage) -> Bound
         for pend in h.pending.values()
         if pend.kind is PendingKind.SLOT
     )
-    pinned = full.capacity - full.free - full.evictable
+    # stored slots count against the limit above, so not as evictable here either
+    tree_evictable = full.evictable - cache.stored_evictable().get(FULL_KV, 0)
+    pinned = full.capacity - full.free - tree_evictable
     return Bound(group=FULL_KV, pinned=pinned, limit=limit, shared=0, holders=live.count)
 
 

@@ -6,11 +6,15 @@ turn barrier (for kvwatch, state-group pages that eviction cannot
 take back, used minus evictable; for other engines,
 whatever usage gauge the preset names). Where the run recorded drain
 gauges before the first turn and after it ended (black-box runs), each must
-be back at its starting value.
+be back at its starting value. Where it read the pool gauges around the
+barrier probes and on both sides of the drain's flush (kvwatch, white-box),
+each must say what the probe counts, and the evictable figures what the flush
+freed (``gauge_truth.py``).
 """
 
 from __future__ import annotations
 
+from kvwatch.gate.detectors import gauge_truth
 from kvwatch.gate.detectors.stats import first_rise
 from kvwatch.gate.detectors.story import trajectory
 from kvwatch.gate.detectors.verdict import (
@@ -36,7 +40,7 @@ NEEDS = frozenset({Signal.GAUGES})
 
 def detect(run: RunRecord) -> Verdict:
     turns = [t for t in run.turns if t.gauges]
-    if not turns:
+    if not turns and not gauge_truth.read(run):
         return skipped(ID, "no gauge readings")
     names = sorted({name for t in turns for name in t.gauges})
     for name in names:
@@ -52,7 +56,14 @@ def detect(run: RunRecord) -> Verdict:
             )
     if (left := _not_drained(run)) is not None:
         return left
-    return passed(ID, f"{len(names)} gauge series flat over {len(turns)} turns")
+    if (lied := gauge_truth.untrue_at_barriers(run)) is not None:
+        return fail(ID, lied[0], lied[1])
+    if lies := gauge_truth.untrue_at_flush(run):
+        return fail_after_drain(ID, run, lies)
+    checked = (
+        f"; pool gauges true at {gauge_truth.read(run)} probes" if gauge_truth.read(run) else ""
+    )
+    return passed(ID, f"{len(names)} gauge series flat over {len(turns)} turns{checked}")
 
 
 def _not_drained(run: RunRecord) -> Verdict | None:
