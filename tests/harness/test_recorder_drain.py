@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import pytest
 
+from kvwatch.contracts import FindingKind, finding
 from kvwatch.engine import Engine, SamplingParams
+from kvwatch.gate.detectors import requests
 from kvwatch.gate.detectors.allocator import drain_rule
 from kvwatch.harness.recorder import RecorderOptions, TurnRecorder
 
@@ -79,3 +81,59 @@ def test_a_request_live_forever_fails_the_drain_rule_after_one_wait(stuck):
     else:
         assert waits == [0, 0, 0, 0]
         assert verdict is None  # the rule found nothing left
+
+
+class OnceSource(EngineSource):
+    """A server that reports a finding once only, in whichever probe comes next
+    (as kvwatch's server does an abandoned request): here, the first probe taken
+    while a request is still live, during a drain."""
+
+    def __init__(self, engine: Engine, rid: str, when: str) -> None:
+        super().__init__(engine)
+        self.rid, self.when, self.told = rid, when, False
+
+    def probe(self):
+        report = self.engine.probe()
+        info = self.engine.request_info(self.rid) if self.rid else None
+        live = info is not None and not info.done
+        if live and not self.told and self.when == self.phase:
+            self.told = True
+            said = finding(FindingKind.ABANDONED, None, [], f"request {self.rid} still runs")
+            return report._replace(findings=(*report.findings, said))
+        return report
+
+    def sleep(self, seconds: float) -> None:
+        self.engine.step()  # the engine works on while the recorder waits for it
+
+
+def _told_during_a_drain(when: str):
+    """A request live across a barrier's drain (``when="barrier"``) or across the
+    drain at the run's end (``"finish"``); the server tells of it once, then."""
+    engine = Engine()
+    params = SamplingParams(max_tokens=6)
+    source = OnceSource(engine, "", when)
+    source.phase = "start"
+    recorder = TurnRecorder(source, RecorderOptions(warmup=1, drain_timeout=60))
+    recorder.start()
+    source.rid = engine.add_request("a request nobody reads any more " * 3, params)
+    source.phase = "barrier"
+    for turn in range(2):
+        recorder.barrier(turn)
+    source.rid = engine.add_request("another one after the last barrier " * 3, params)
+    source.phase = "finish"
+    recorder.finish()
+    assert source.told
+    return recorder.record()
+
+
+def test_a_finding_told_once_while_a_barrier_waits_for_idle_is_kept():
+    verdict = requests.detect(_told_during_a_drain("barrier"))
+    assert verdict.failed and verdict.first_turn == 0, verdict
+    assert "still runs" in verdict.evidence[0].detail
+
+
+def test_a_finding_told_once_while_the_run_drains_at_its_end_is_kept():
+    record = _told_during_a_drain("finish")
+    verdict = requests.detect(record)
+    assert verdict.failed and verdict.after_drain, verdict
+    assert "still runs" in verdict.evidence[0].detail

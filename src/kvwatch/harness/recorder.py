@@ -282,7 +282,8 @@ class TurnRecorder:
                 if flushed
                 else f"not idle in {self.options.drain_timeout:.0f} s: probed as it was"
             )
-            after, self.drained = self._around(self.source.probe)
+            after, drained = self._around(self.source.probe)
+            self.drained = self._with_leftovers(drained)
             if flushed and before is not None and after is not None:
                 self.flushed = before._replace(gauges_after=after)
             self._collect_finished(len(self.turns))
@@ -311,7 +312,7 @@ class TurnRecorder:
         if not self.white_box:
             return ""
         try:
-            probe = self.source.probe()
+            probe = self._probe()
         except Exception:  # the engine no longer answers: nothing to name
             return ""
         full = full_pools(probe)
@@ -342,6 +343,15 @@ class TurnRecorder:
         )
 
     # -- pieces ---------------------------------------------------------------------------
+    def _with_leftovers(self, drained: ProbeReport) -> ProbeReport:
+        """The drained probe with the findings of the probes taken since the last
+        barrier (while the run drained) that it does not carry itself."""
+        left = [f for p in self.sampled for f in p.findings]
+        self.sampled = []
+        have = {f.identity for f in drained.findings}
+        new = tuple(dict.fromkeys(f for f in left if f.identity not in have))
+        return drained._replace(findings=(*new, *drained.findings)) if new else drained
+
     def _around(self, probe: Callable[[], ProbeReport]) -> tuple[dict | None, ProbeReport]:
         """``probe()`` with the pool gauges read before and after it: the gauges, when
         the two reads agree (nothing moved: they say what the probe saw), and the probe.
@@ -356,7 +366,7 @@ class TurnRecorder:
     def _before_flush(self) -> FlushReading | None:
         """The probe and the pool gauges of the idle engine, just before its flush
         (None where the target names no pool gauges, or they moved around the probe)."""
-        gauges, report = self._around(self.source.probe)
+        gauges, report = self._around(self._probe)
         if gauges is None:
             return None
         return FlushReading(before=report, gauges_before=gauges, gauges_after={})
@@ -374,6 +384,17 @@ class TurnRecorder:
             done = self.source.finished()
             self.finished += done["finished"]
             self.candidates += [Candidate.from_finished(turn, r) for r in done["requests"]]
+
+    def _probe(self) -> ProbeReport:
+        """A probe taken to look (is the engine idle? which pools are full?), kept with
+        the next barrier's probes when it carries findings: a server reports some of
+        them once only, in whichever probe comes next (a request still running after
+        its client left, a session past its idle timeout, a container over its
+        bound), so a probe that was only looked at must not drop them."""
+        report = self.source.probe()
+        if report.findings:
+            self.sampled.append(report)
+        return report
 
     def _collect_latched(self) -> None:
         if self.options.watch:
@@ -397,7 +418,7 @@ class TurnRecorder:
         """White-box: wait until no request is live; False (and ``stuck``) if
         ``deadline`` passed first."""
         while time.monotonic() < deadline:
-            if self.source.probe().live_requests == 0:
+            if self._probe().live_requests == 0:
                 return True
             self.source.sleep(0.05)
         self.stuck = True

@@ -215,9 +215,20 @@ class RolloutUser(SessionUser):
         self.kept.append((data["usage"]["prompt_tokens"], data["choices"][0]["token_ids"]))
 
 
+# tokens a cut request asks for: seconds of decode left behind every hang-up
+CUT_ANSWER = 1500
+
+
 class AbortStormUser(TurnUser):
     """abort-storm: a chat goes on while long prompts are cut mid-prefill, a stream
-    is cut mid-decode, and a reader stalls."""
+    is cut mid-decode, a non-streamed answer is hung up on while it decodes, and a
+    reader stalls.
+
+    Every cut request asks for a long answer (``CUT_ANSWER`` tokens, ``ignore_eos``):
+    one whose abort is lost anywhere (the handler, the SSE generator, the worker,
+    the engine) runs on for far longer than the abandoned oracle's margin of 32
+    steps and 3 s, on any machine; aborted, it costs nothing.
+    """
 
     def setup(self) -> None:
         self.chats = [Chat([self.system])]
@@ -225,29 +236,23 @@ class AbortStormUser(TurnUser):
     def turn(self, t: int) -> None:
         def cut_in_prefill() -> None:
             long = sentence(self.rng, 70, 110)
-            wait = self.rng.uniform(0.03, 0.25)
             prompt = [self.system, self.schema, {"role": "user", "content": long}]
-            # a long answer, as below: a hang-up that never reaches the engine leaves a
-            # request that runs on long enough for the abandoned oracle to see it
-            self.chat(
-                prompt,
-                name="cut in prefill",
-                max_tokens=400,
-                timeout=wait,
-                extra={"ignore_eos": True},
-            )
+            self._hang_up(prompt, "cut in prefill", self.rng.uniform(0.03, 0.25))
 
         def cut_in_decode() -> None:
             prompt = [self.system, {"role": "user", "content": sentence(self.rng)}]
-            # a long answer cut after a few chunks: one left unaborted would run on for
-            # hundreds of steps and seconds, far past what the abandoned oracle allows
             self.stream_chat(
                 prompt,
                 name="cut in decode",
-                max_tokens=400,
+                max_tokens=CUT_ANSWER,
                 cut_after=self.rng.randint(2, 8),
                 extra={"ignore_eos": True},
             )
+
+        def hung_up_in_decode() -> None:
+            # a short prompt's prefill is over well within the wait; the answer is not
+            prompt = [self.system, {"role": "user", "content": sentence(self.rng)}]
+            self._hang_up(prompt, "hung up in decode", self.rng.uniform(0.6, 1.5))
 
         def stalled_reader() -> None:
             prompt = [self.system, {"role": "user", "content": sentence(self.rng)}]
@@ -256,7 +261,14 @@ class AbortStormUser(TurnUser):
         def step() -> None:
             self.chats[0].step(self, sentence(self.rng), name="agent turn")
 
-        parallel(step, cut_in_prefill, cut_in_prefill, cut_in_decode, stalled_reader)
+        parallel(
+            step, cut_in_prefill, cut_in_prefill, cut_in_decode, hung_up_in_decode, stalled_reader
+        )
+
+    def _hang_up(self, prompt: list[dict], name: str, wait: float) -> None:
+        """A non-streamed request whose client leaves after ``wait`` seconds."""
+        extra = {"ignore_eos": True}
+        self.chat(prompt, name=name, max_tokens=CUT_ANSWER, timeout=wait, extra=extra)
 
     def conversations(self) -> int:
         return 1
