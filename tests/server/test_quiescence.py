@@ -86,8 +86,8 @@ def test_a_breach_is_a_registry_finding_quiescence_fails_on(monkeypatch):
     monkeypatch.setattr(finished.FinishedLog, "__bounded__", MappingProxyType({"_kept": 2}))
     original = finished.FinishedLog.__init__
 
-    def unbounded(self) -> None:
-        original(self)
+    def unbounded(self, *args) -> None:
+        original(self, *args)
         self._kept = deque()  # the plant: the deque keeps every entry
 
     monkeypatch.setattr(finished.FinishedLog, "__init__", unbounded)

@@ -89,3 +89,43 @@ def spread(items: list, most: int | None) -> list:
         return [items[-1]]
     step = (len(items) - 1) / (most - 1)
     return [items[round(i * step)] for i in range(most)]
+
+
+def choose(candidates: list[Candidate], most: int | None) -> list[Candidate]:
+    """The requests to replay: all of them, or ``most``, those that exercised
+    something first (``Candidate.marks``: resumed at a boundary, retracted,
+    recovered, paused), then the rest evenly spread, in the run's order.
+
+    Marked requests are taken a mark at a time, the rarest mark first, each
+    mark's requests evenly spread, so a small budget still reaches every kind
+    of boundary the run crossed rather than the most frequent one only.
+    """
+    if most is None or len(candidates) <= most:
+        return list(candidates)
+    by_mark: dict[str, list[int]] = {}
+    for i, c in enumerate(candidates):
+        for mark in c.marks:
+            by_mark.setdefault(mark, []).append(i)
+    # the rarest mark first; within a mark, any first few taken lie across the run
+    queues = [spread_order(ids) for ids in sorted(by_mark.values(), key=len)]
+    taken: dict[int, None] = {}  # in the order taken
+    while len(taken) < most and any(queues):
+        for queue in queues:
+            while queue and queue[0] in taken:
+                queue.pop(0)
+            if queue and len(taken) < most:
+                taken[queue.pop(0)] = None
+    rest = [i for i in range(len(candidates)) if i not in taken]
+    picked = [*taken, *spread(rest, most - len(taken))]
+    return [candidates[i] for i in sorted(picked)]
+
+
+def spread_order(items: list) -> list:
+    """``items`` reordered so that every prefix is evenly spread over them: the
+    last, then the first, then the middle, then the quarters, ..."""
+    out: dict = {}
+    most = 1
+    while len(out) < len(items):
+        out.update(dict.fromkeys(spread(items, min(most, len(items)))))
+        most *= 2
+    return list(out)

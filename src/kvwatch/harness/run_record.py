@@ -96,6 +96,8 @@ class Candidate(NamedTuple):
     seed: int | None = None
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
+    # what it exercised while it ran (server/finished.py): shallow, page-edge, ...
+    marks: tuple[str, ...] = ()
 
     @classmethod
     def from_finished(cls, turn: int, data: dict) -> Candidate:
@@ -110,6 +112,7 @@ class Candidate(NamedTuple):
             data.get("seed"),
             tuple(data.get("stop_token_ids", ())),
             data.get("ignore_eos", False),
+            tuple(data.get("marks", ())),
         )
 
     def to_json(self) -> list:
@@ -119,6 +122,7 @@ class Candidate(NamedTuple):
             "seed": self.seed,
             "stop_token_ids": list(self.stop_token_ids),
             "ignore_eos": self.ignore_eos,
+            "marks": list(self.marks),
         }
         return [self.turn, list(self.prompt), list(self.output), self.max_tokens, params]
 

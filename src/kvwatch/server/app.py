@@ -21,7 +21,7 @@ from kvwatch.server import session_routes as sessions
 from kvwatch.server.clients import ClientWatch
 from kvwatch.server.debug import heap_tracker
 from kvwatch.server.departures import Departures
-from kvwatch.server.finished import FinishedLog
+from kvwatch.server.finished import Exercised, FinishedLog
 from kvwatch.server.idle import IdleReaper, SessionClock
 from kvwatch.server.limits import RequestLimits
 from kvwatch.server.overdue import IdleDeadlines
@@ -75,7 +75,7 @@ def create_app(
     app.include_router(sessions.router)
     served = app
     if settings.enable_probe:
-        worker.finished = FinishedLog()
+        worker.finished = FinishedLog(_exercised(worker))
         worker.departures = Departures()
         if app.state.reaper is not None:
             worker.deadlines = _deadlines(app.state.reaper, worker)
@@ -86,6 +86,15 @@ def create_app(
     return RequestLimits(
         served, max_body_bytes=settings.max_body_bytes, max_header_bytes=settings.max_header_bytes
     )
+
+
+def _exercised(worker: EngineWorker) -> Exercised:
+    """What each request exercised, for the finished log (page and window as the
+    engine's cache has them)."""
+    cache = worker.engine.config.cache
+    exercised = Exercised(page=cache.page_size, window=cache.window)
+    exercised.follow(worker.engine.events)
+    return exercised
 
 
 def _deadlines(reaper: IdleReaper, worker: EngineWorker) -> IdleDeadlines:

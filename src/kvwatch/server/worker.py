@@ -421,6 +421,8 @@ class EngineWorker:
             params = info.params
             completion = self.engine.take(request_id)
             if self.finished is not None and completion.finish_reason in ("stop", "length"):
-                self.finished.add(completion.prompt_token_ids, completion.token_ids, params)
+                self.finished.add(
+                    completion.prompt_token_ids, completion.token_ids, params, request_id
+                )
             if stream is not None:
                 stream.put(completion)

@@ -30,7 +30,7 @@ from kvwatch.harness.locust_run import HANDOVER, run_turns
 from kvwatch.harness.plan import GaugePreset, ProbeSpec, RunPlan, preset
 from kvwatch.harness.profiles import PROFILES, Profile, merge, soak_profile
 from kvwatch.harness.progress import Progress
-from kvwatch.harness.replay import spread
+from kvwatch.harness.replay import choose
 from kvwatch.harness.run_record import RunRecord, Signal
 from kvwatch.harness.soak_load import SoakLoad, SoakSpec
 from kvwatch.harness.sources import HttpSource
@@ -193,11 +193,16 @@ class KvwatchServed(Served):
         )
 
     def replayed(self, run: RunRecord, progress: Progress) -> RunRecord:
-        """``run`` with its comparable requests (at most ``--max-replays``, spread over
+        """``run`` with its comparable requests (at most ``--max-replays``, those that
+        exercised a boundary first, the rest spread over
         the run) replayed on the cache-off reference engine."""
         started = time.monotonic()
-        chosen = spread(run.candidates, self.target.max_replays)
-        progress.say(f"    replaying {len(chosen)} requests on a cache-off engine")
+        chosen = choose(list(run.candidates), self.target.max_replays)
+        marked = sum(1 for c in chosen if c.marks)
+        progress.say(
+            f"    replaying {len(chosen)} requests on a cache-off engine "
+            f"({marked} resumed at a boundary, retracted, recovered or paused)"
+        )
         run = run._replace(replays=self.reference.replay(chosen))
         progress.say(
             f"    {len(run.replays)} of {run.finished} finished requests (greedy or seeded) "
