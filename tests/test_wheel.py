@@ -46,6 +46,8 @@ print(json.dumps(sorted({f.parts[0] for f in files if f.parts[0] != ".."})))
 """
 
 PLUGIN_TEST = """
+import pytest
+
 from kvwatch.engine import Engine, EngineConfig, SamplingParams
 
 def run_turns(faults, leak_gate):
@@ -60,6 +62,16 @@ def test_clean(leak_gate):
 
 def test_leaky(leak_gate):
     run_turns(frozenset({"root-ref-leak-on-miss"}), leak_gate)
+
+@pytest.fixture
+def engine():
+    return Engine(EngineConfig())
+
+@pytest.mark.leak_gate(probe="engine", warmup=1)
+def test_marked(engine, leak_gate_turn):
+    for turn in range(4):
+        engine.generate([[50 + turn] * 20], SamplingParams(max_tokens=2))
+        leak_gate_turn()
 """
 
 
@@ -117,7 +129,8 @@ def test_the_quick_gate_passes_from_the_checkouts_root(venv, tmp_path):
 
 
 def test_the_pytest_plugin_judges_from_the_checkouts_root(venv, tmp_path):
-    """The plugin the wheel registers (``pytest11``) fails the leaky test, passes the clean one."""
+    """The plugin the wheel registers (``pytest11``) fails the leaky test, passes the clean
+    one and the marked one, and lists the marked one in its summary."""
     (tmp_path / "test_turns.py").write_text(PLUGIN_TEST)
     (tmp_path / "pytest.ini").write_text("[pytest]\n")  # not the checkout's pyproject.toml
     config = ["-c", str(tmp_path / "pytest.ini"), "--rootdir", str(tmp_path), str(tmp_path)]
@@ -125,5 +138,6 @@ def test_the_pytest_plugin_judges_from_the_checkouts_root(venv, tmp_path):
         [str(venv / "bin" / "python"), "-m", "pytest", "-q", "-p", "no:cacheprovider", *config],
         timeout=INSTALL_TIMEOUT_S,
     )
-    assert "1 failed, 1 passed" in result.stdout, result.stdout[-3000:] + result.stderr[-2000:]
+    assert "1 failed, 2 passed" in result.stdout, result.stdout[-3000:] + result.stderr[-2000:]
+    assert "kvwatch leak gate" in result.stdout and "test_marked" in result.stdout
     assert "kvwatch detector 'refcount' failed" in result.stdout
