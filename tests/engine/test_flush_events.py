@@ -3,7 +3,7 @@ leaves the same cache: every page the tree held free, in the same stack order,
 the locked path kept, the evict set exact (the audit clean).
 
 With a listener, each evicted node's ``NodeEvicted`` names the pages it held and
-its path's key, and each snapshot it held is released with reason "evicted".
+its path's key, and each snapshot it held is released with reason "flushed".
 """
 
 from __future__ import annotations
@@ -78,7 +78,7 @@ def test_a_flush_with_a_listener_and_one_without_leave_the_same_cache():
         assert sorted(e.node_id for e in evicted) == sorted(gone)
         for e in evicted:  # the walk's remembered path keys: a fresh climb's
             assert (e.depth, list(e.page_ids), e.path_key) == expect[e.node_id]
-        by_reason = {r.node_id for r in released if r.reason == "evicted"}
+        by_reason = {r.node_id for r in released if r.reason == "flushed"}
         assert by_reason == snapped & gone and by_reason
         assert all(nodes[i].snapshot.history_only for i in by_reason)
         assert all(nodes[i].parent is None and not nodes[i].children for i in gone)

@@ -79,7 +79,7 @@ class Feed:
 def test_the_boundary_geometry_is_the_engines_default():
     assert (CacheConfig().page_size, CacheConfig().window) == (combos.PAGE, combos.WINDOW)
     names = [m[0] for m in combos.MACHINES]
-    assert names == list(MACHINES)[3:]  # registered after the lifecycles, in order
+    assert names == list(MACHINES)[4:]  # registered after the lifecycles, in order
 
 
 # -- turn abort ---------------------------------------------------------------------------

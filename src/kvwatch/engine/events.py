@@ -44,7 +44,7 @@ class SnapshotTaken(NamedTuple):
 class SnapshotReleased(NamedTuple):
     node_id: int
     depth: int
-    reason: str  # "superseded", "pruned" or "evicted"
+    reason: str  # "superseded", "pruned" (pressure), "evicted" (with its node) or "flushed"
 
 
 class SnapshotMoved(NamedTuple):

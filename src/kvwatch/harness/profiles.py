@@ -161,8 +161,16 @@ PROFILES: dict[str, Profile] = {
             kvwatch_api=True,
             serve_flags=("--session-idle-timeout", "4"),  # edges.IDLE_TIMEOUT_S
             # a full.kv pool that a turn's trunks, siblings and long prompts overfill:
-            # leaves on the shared path are evicted while others on it are in flight
-            engine={"cache": {"full_kv": {"capacity": 640}}},
+            # leaves on the shared path are evicted while others on it are in flight;
+            # a host tier of 4 snapshots, which its retractions fill with cache, so an
+            # offload takes cache back from the host (host snapshot: host -> pruned)
+            engine={
+                "cache": {
+                    "full_kv": {"capacity": 640},
+                    "swa_window": {"host_capacity": 4},
+                    "linear_state": {"host_capacity": 4},
+                }
+            },
         ),
         Profile(
             name="bad-input",

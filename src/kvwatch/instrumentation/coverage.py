@@ -133,9 +133,29 @@ SLOT = Machine(
     also=_edges(("filled", "evicted (flush)")),
 )
 
+# A state snapshot on the host tier: offloaded there when the request at its node was
+# retracted, then loaded back for the recovery, or left as cache (the request was
+# aborted while retracted, or its recovery failed) and taken back by pressure on the
+# host pool or by a flush.
+HOST_SNAPSHOT = Machine(
+    name="host snapshot",
+    states=("device", "host", "pruned", "evicted", "flushed"),
+    transitions=_edges(
+        ("device", "host"),
+        ("host", "device"),
+        ("host", "pruned"),  # the host pool ran short: cache taken back
+        ("host", "flushed"),
+    ),
+    # a node evicted with its host snapshot (only once nothing on its path is cached
+    # deeper), or a host snapshot superseded by a deeper one on its path: no load can
+    # be sure to reach either; listed, not owed
+    also=_edges(("host", "evicted"), ("host", "superseded")),
+)
+
 # The lifecycles, then the combination and boundary machines (combos.py).
 MACHINES: Mapping[str, Machine] = {
-    m.name: m for m in (REQUEST, SESSION, SLOT, *(Machine(*data) for data in combos.MACHINES))
+    m.name: m
+    for m in (REQUEST, SESSION, SLOT, HOST_SNAPSHOT, *(Machine(*data) for data in combos.MACHINES))
 }
 
 

@@ -32,6 +32,8 @@ from kvwatch.engine.events import (
     SlotMissed,
     SlotPrepared,
     SlotRestored,
+    SnapshotMoved,
+    SnapshotReleased,
     SpecVerified,
     TokensGenerated,
 )
@@ -60,6 +62,7 @@ class LifecycleCounter:
         self.sessions: dict[str, str] = {}
         self.turns: dict[str, str] = {}  # request id -> its session, while the turn runs
         self.slots: dict[int, str] = {}
+        self.hosted: set[int] = set()  # nodes whose state snapshot is on the host tier
         self._lock = threading.Lock()
         handlers: dict[type, Callable] = {
             RequestAdded: self._added,
@@ -82,6 +85,8 @@ class LifecycleCounter:
             SlotRestored: lambda e: self._slot(e.slot, "restored"),
             SlotMissed: lambda e: self._slot(e.slot, "missed"),
             SlotEvicted: lambda e: self._slot(e.slot, f"evicted ({e.reason})"),
+            SnapshotMoved: self._moved,
+            SnapshotReleased: self._released,
         }
         self._unsubscribe = [events.subscribe(t, h) for t, h in handlers.items()]
 
@@ -135,6 +140,21 @@ class LifecycleCounter:
     def _closed(self, e: SessionClosed) -> None:
         self._session(e.session_id, "timed out" if e.reason == "idle timeout" else "closed")
         self.sessions.pop(e.session_id, None)
+
+    def _moved(self, e: SnapshotMoved) -> None:
+        """A snapshot moved between the tiers (``host`` or ``device``)."""
+        if e.tier == "host":
+            self.hosted.add(e.node_id)
+            self._count("host snapshot", "device", "host")
+        elif e.node_id in self.hosted:
+            self.hosted.discard(e.node_id)
+            self._count("host snapshot", "host", "device")
+
+    def _released(self, e: SnapshotReleased) -> None:
+        """A snapshot let go; counted when it was on the host tier."""
+        if e.node_id in self.hosted:
+            self.hosted.discard(e.node_id)
+            self._count("host snapshot", "host", e.reason)
 
     def _slot(self, slot: int, what: str, *, start: str | None = None) -> None:
         """A slot's content is empty or filled; a capture into it is prepared, then

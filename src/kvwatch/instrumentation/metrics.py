@@ -229,5 +229,5 @@ class EngineMetrics:
         self.finished.add(1, {**attrs, n.REASON: "error"})
 
     def _snapshot_released(self, e: SnapshotReleased) -> None:
-        if e.reason in ("pruned", "evicted"):
+        if e.reason in ("pruned", "evicted", "flushed"):
             self.evictions.add(1, {n.KIND: "snapshot"})

@@ -231,7 +231,9 @@ class CacheStorage:
             got += self.on_unbranched(parents, group)
         return got
 
-    def prune(self, group: str, wanted: int, tier: Tier = Tier.DEVICE) -> int:
+    def prune(
+        self, group: str, wanted: int, tier: Tier = Tier.DEVICE, reason: str = "pruned"
+    ) -> int:
         """Drop snapshots of unreferenced nodes, LRU first, until ``wanted`` pages are freed."""
         candidates = [
             (n.last_access, n.id, n)
@@ -243,24 +245,26 @@ class CacheStorage:
         while got < wanted and candidates:
             node = heapq.heappop(candidates)[2]
             got += len(node.snapshot.pages.get(group, ()))
-            self.drop_snapshot(node, "pruned")
+            self.drop_snapshot(node, reason)
         return got
 
     def flush(self) -> None:
         """Evict every unreferenced node and prune every unreferenced snapshot."""
         freed: Released = defaultdict(list)
-        self.tree.evict_all(self._releaser(FULL_KV, freed))
+        self.tree.evict_all(self._releaser(FULL_KV, freed, reason="flushed"))
         self._free_released(freed)
         for tier in (Tier.DEVICE, Tier.HOST):
             for group in STATE_GROUPS:
-                self.prune(group, self.pool_capacity(group, tier), tier)
+                self.prune(group, self.pool_capacity(group, tier), tier, reason="flushed")
 
     def pool_capacity(self, group: str, tier: Tier) -> int:
         pools = self.pools if tier is Tier.DEVICE else self.host_pools
         return pools[group].capacity if group in pools else 0
 
     # -- node pages ---------------------------------------------------------------
-    def _releaser(self, group: str, freed: Released) -> Callable[[Node], int]:
+    def _releaser(
+        self, group: str, freed: Released, reason: str = "evicted"
+    ) -> Callable[[Node], int]:
         """The callback that releases an eviction walk's victims, one at a time.
 
         ``release(node)`` detaches the victim's snapshot and counts its pages of
@@ -282,7 +286,7 @@ class CacheStorage:
             counted = len(pages) if counts_history else 0
             if snap is not None and snap.pages:  # not history-only
                 counted += len(snap.pages.get(group, ()))
-                self.drop_snapshot(node, "evicted", freed)
+                self.drop_snapshot(node, reason, freed)
             history.append(pages)
             if emit is not None:
                 ids, key = tuple(pages.tolist()), path_key(node, keys)
