@@ -123,3 +123,65 @@ def test_an_ordered_abort_that_never_lands_is_found_abandoned(monkeypatch):
     assert reasons["verifying"] == "length"
     assert {r for s, r in reasons.items() if s != "verifying"} == {"abort"}
     assert len(abandoned) == 1 and "after the server aborted it" in abandoned[0], abandoned
+
+
+def _answers_only_from_scratch(monkeypatch) -> None:
+    """The plant: a non-streamed handler that aborts on a disconnect only while its
+    request has produced nothing yet (so a hang-up mid-decode is never aborted)."""
+    original = completions._next
+
+    async def counting_next(request, stream):
+        item = await original(request, stream)
+        if item is None and request.scope.get("kvwatch.produced"):
+            return await _wait_out(stream)
+        request.scope["kvwatch.produced"] = item is not None
+        return item
+
+    async def _wait_out(stream):  # read on to the end, as if the client were there
+        while not isinstance(item := await stream.queue.get(), completions.Completion):
+            pass
+        return item
+
+    monkeypatch.setattr(completions, "_next", counting_next)
+
+
+@pytest.mark.slow  # the lost abort's request runs its 3000 tokens out
+def test_a_non_streamed_hang_up_mid_decode_whose_abort_is_lost_is_found(monkeypatch):
+    """The real margins (32 steps and 3 s): the request asks for far more tokens than
+    a fast engine decodes in 3 s; with the abort in place nothing is found."""
+    verdict = _hung_up_mid_decode(monkeypatch, plant=True)
+    assert verdict.failed and "after its client left" in verdict.evidence[0].detail, verdict
+
+
+def test_a_non_streamed_hang_up_mid_decode_is_aborted(monkeypatch):
+    assert _hung_up_mid_decode(monkeypatch, plant=False).verdict != "fail"
+
+
+def _hung_up_mid_decode(monkeypatch, plant: bool):
+    if plant:
+        _answers_only_from_scratch(monkeypatch)
+    app, _, telemetry = build(ServeOptions(settings=ServerSettings(enable_probe=True)))
+    try:
+        with serving(app) as url:
+            host, port = url.removeprefix("http://").split(":")
+            body = json.dumps({**BODY, "max_tokens": 3000}).encode()
+            head = (
+                f"POST /v1/completions HTTP/1.1\r\nHost: {host}\r\n"
+                f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+            ).encode()
+            with socket.create_connection((host, int(port)), timeout=WAIT_S) as client:
+                client.sendall(head + body)
+                deadline = time.monotonic() + WAIT_S
+                start = None
+                while True:  # hang up once the request has decoded for a while
+                    probe = httpx.get(f"{url}/debug/probe", timeout=WAIT_S).json()
+                    if probe["live_requests"] and start is None:
+                        start = probe["step"]
+                    if start is not None and probe["step"] - start >= 20:
+                        break
+                    assert time.monotonic() < deadline, "the request never decoded"
+                    time.sleep(0.01)
+            probes = _probes_until_idle(url)
+    finally:
+        telemetry.shutdown()
+    return requests.detect(RunRecord(turns=(Turn(turn=0, probes=tuple(probes)),), warmup=0))
