@@ -1,4 +1,4 @@
-"""The pool gauges' truth: each says what the probe counts; evictable is what a flush frees.
+"""The gauges' truth: each says what the probe counts; evictable is what a flush frees.
 
 A real server in this process (``kvwatch serve``'s app, its OTel exporter on
 ``/metrics``), a recorder reading the pool gauges around every barrier probe
@@ -85,7 +85,7 @@ def test_a_gauge_that_files_sessions_pages_as_requests_fails_at_the_first_barrie
     verdict = gauge_trend.detect(record_a_run())
     assert verdict.failed and verdict.first_turn == 0, verdict
     details = " ".join(e.detail for e in verdict.evidence)
-    assert "state=pinned_session} at turn 0" in details and "the probe counts" in details
+    assert 'state="pinned_session"} at turn 0' in details and "the probe counts" in details
 
 
 def test_an_evictable_figure_that_leaves_out_snapshots_fails_against_the_flush(monkeypatch):
@@ -113,4 +113,24 @@ def test_a_pool_gauge_that_is_no_longer_exported_fails(monkeypatch):
     monkeypatch.setattr(metrics, "_pool_pages", lambda stats: iter(()))
     verdict = gauge_trend.detect(record_a_run())
     assert verdict.failed and verdict.first_turn == 0, verdict
-    assert "state=free} at turn 0: no series" in verdict.evidence[0].detail
+    assert 'state="free"} at turn 0: no series' in verdict.evidence[0].detail
+
+
+def test_a_tree_gauge_that_lags_the_tree_fails(monkeypatch):
+    """Any engine gauge, not only the pools: a snapshot count read off a stale copy."""
+    honest = metrics.EngineMetrics._gauges
+
+    def stale_nodes(self, meter):
+        honest(self, meter)
+        stats = self.stats.get
+
+        def lagging():
+            s = stats()
+            return s._replace(tree=s.tree._replace(nodes=max(0, s.tree.nodes - 1)))
+
+        self.stats.get = lagging
+
+    monkeypatch.setattr(metrics.EngineMetrics, "_gauges", stale_nodes)
+    verdict = gauge_trend.detect(record_a_run())
+    assert verdict.failed, verdict
+    assert any("kvwatch_tree_nodes" in e.detail for e in verdict.evidence), verdict.evidence

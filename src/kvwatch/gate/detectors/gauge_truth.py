@@ -1,15 +1,15 @@
-"""The pool gauges' truth at the drain: each says what the probe counts, and the
+"""The engine's gauges tell the truth: each says what the probe counts, and the
 evictable figures are what the flush then frees.
 
-A dashboard, an autoscaler or an alert reads ``kvwatch_pool_pages`` and
-believes it. Two promises are checked where the record holds the pool gauges
-read around a probe of the idle engine (at every turn barrier, and on both
-sides of the drain's flush: ``harness/flush_reading.py``; kvwatch's own
-server, white-box):
+A dashboard, an autoscaler or an alert reads ``kvwatch_pool_pages`` (and the
+tree, session, request and slot gauges) and believes it. Two promises are
+checked where the record holds the gauges read around a probe of the idle
+engine (at every turn barrier, and on both sides of the drain's flush:
+``harness/flush_reading.py``; kvwatch's own server, white-box):
 
-* each state's gauge, per group, equals the probe of the same moment (read
-  before and after the probe, and kept only when both reads agree), by the
-  state's definition below;
+* each gauge series equals the probe of the same moment (read before and
+  after the probe, and kept only when both reads agree), by its definition
+  in ``promised`` (the pool states below);
 * ``evictable`` before the flush equals the device pages the flush freed, and
   ``host_evictable`` the host pages it freed: the flush takes back everything
   nobody references, and nothing else, so a figure that counts pages the
@@ -31,13 +31,34 @@ from __future__ import annotations
 from kvwatch.contracts import GroupReport, ProbeReport
 from kvwatch.gate.detectors.verdict import Evidence
 from kvwatch.harness.run_record import RunRecord
-from kvwatch.harness.scrape import parse_spec
+from kvwatch.harness.scrape import parse_spec, selector
+from kvwatch.instrumentation import names as n
 
-POOL_PAGES = "kvwatch_pool_pages"
+POOL_PAGES = n.prom(n.POOL_PAGES)
+# every gauge the engine exports from its stats, by its series name
+GAUGES = tuple(
+    n.prom(name)
+    for name in (
+        n.POOL_PAGES,
+        n.POOL_CAPACITY,
+        n.ROOT_REFS,
+        n.ROOT_REFS_EXPECTED,
+        n.TREE_NODES,
+        n.TREE_SNAPSHOTS,
+        n.TREE_INTERIOR_SNAPSHOTS,
+        n.SESSION_PAGES,
+        n.SESSIONS_LIVE,
+        n.RECORD_BYTES,
+        n.REQUESTS_LIVE,
+        n.SLOTS_FILLED,
+        n.SLOT_ENTRIES,
+    )
+)
 
 
-def promised(g: GroupReport) -> dict[str, int]:
-    """What each state's gauge must say of a group the probe reports as ``g``."""
+def pool_states(g: GroupReport) -> dict[str, int]:
+    """What each state's ``kvwatch_pool_pages`` must say of a group the probe
+    reports as ``g``."""
     host_cache = g.by_owner.get("host_evictable", 0)
     return {
         "free": g.free,
@@ -48,6 +69,36 @@ def promised(g: GroupReport) -> dict[str, int]:
         "host": g.by_owner.get("host", 0) - host_cache,
         "host_evictable": host_cache,
     }
+
+
+def promised(probe: ProbeReport) -> dict[str, float]:
+    """Every gauge series the engine must export at the moment of ``probe``, by its
+    selector (``name{label="v",...}``, labels sorted, as ``scrape`` reads them)."""
+    s, out = probe.stats, {}
+
+    def put(name: str, value: float, **labels: str) -> None:
+        out[selector(n.prom(name), labels)] = value
+
+    for group, g in s.groups.items():
+        for state, value in pool_states(g).items():
+            put(n.POOL_PAGES, value, group=group, family=g.family, state=state)
+        put(n.POOL_CAPACITY, g.capacity, group=group, family=g.family)
+        put(n.SESSION_PAGES, g.by_owner.get("session", 0), group=group)
+    put(n.ROOT_REFS, s.root_refs.actual)
+    put(n.ROOT_REFS_EXPECTED, s.root_refs.expected)
+    put(n.TREE_NODES, s.tree.nodes)
+    for group, value in s.tree.snapshots.items():
+        put(n.TREE_SNAPSHOTS, value, group=group)
+    for group, value in s.tree.interior_snapshots.items():
+        put(n.TREE_INTERIOR_SNAPSHOTS, value, group=group)
+    put(n.SESSIONS_LIVE, s.live_sessions)
+    put(n.RECORD_BYTES, s.record_bytes)
+    for state, value in s.queue._asdict().items():
+        put(n.REQUESTS_LIVE, value, state=state)
+    if s.slots is not None:
+        put(n.SLOTS_FILLED, s.slots.filled)
+        put(n.SLOT_ENTRIES, s.slots.entries)
+    return out
 
 
 def by_group(gauges: dict[str, float]) -> dict[tuple[str, str], float]:
@@ -61,18 +112,18 @@ def by_group(gauges: dict[str, float]) -> dict[tuple[str, str], float]:
 
 
 def read(run: RunRecord) -> int:
-    """How many probes the record holds pool gauges beside (barriers, the flush's two)."""
+    """How many probes the record holds gauges beside (barriers, the flush's two)."""
     barriers = sum(1 for t in run.turns if t.pool_gauges is not None and t.barrier is not None)
     return barriers + (2 if run.flushed is not None else 0)
 
 
 def untrue_at_barriers(run: RunRecord) -> tuple[int, list[Evidence]] | None:
-    """The first barrier whose pool gauges disagree with its probe, and how."""
+    """The first barrier whose gauges disagree with its probe, and how."""
     for turn in run.turns:
-        if turn.pool_gauges is not None and turn.barrier is not None:
-            when = f"at turn {turn.turn}"
-            if ev := _against_probe(turn.barrier, by_group(turn.pool_gauges), when):
-                return turn.turn, ev
+        if turn.pool_gauges is None or turn.barrier is None:
+            continue
+        if ev := _against_probe(turn.barrier, turn.pool_gauges, f"at turn {turn.turn}"):
+            return turn.turn, ev
     return None
 
 
@@ -83,20 +134,24 @@ def untrue_at_flush(run: RunRecord) -> list[Evidence]:
     reading, after = run.flushed, run.drained
     if reading is None or after is None:
         return []
-    ev = _against_probe(reading.before, by_group(reading.gauges_before), "before the flush")
-    ev += _against_probe(after, by_group(reading.gauges_after), "after the flush")
+    ev = _against_probe(reading.before, reading.gauges_before, "before the flush")
+    ev += _against_probe(after, reading.gauges_after, "after the flush")
     return ev + _against_flush(reading.before, after, by_group(reading.gauges_before))
 
 
-def _against_probe(probe: ProbeReport, read: dict, when: str) -> list[Evidence]:
-    ev = []
-    for group, g in probe.groups.items():
-        for state, want in promised(g).items():
-            got = read.get((group, state))
-            if got is None or got != want:
-                shown = "no series" if got is None else f"{got:g}"
-                detail = f"{POOL_PAGES}{{group={group},state={state}}} {when}: {shown}, "
-                ev.append(_evidence(group, detail + f"the probe counts {want}"))
+def _against_probe(probe: ProbeReport, gauges: dict[str, float], when: str) -> list[Evidence]:
+    """Each promised series missing or other than promised, and each series read of
+    an engine gauge that the probe gives no reason for (a group it does not have)."""
+    want, ev = promised(probe), []
+    for series, value in want.items():
+        got = gauges.get(series)
+        if got != value:
+            shown = "no series" if got is None else f"{got:g}"
+            ev.append(_evidence(series, f"{series} {when}: {shown}, the probe counts {value:g}"))
+    for series, got in gauges.items():
+        name, _ = parse_spec(series)
+        if series not in want and name in GAUGES:
+            ev.append(_evidence(series, f"{series} {when}: {got:g}, for nothing the probe has"))
     return ev
 
 
@@ -114,9 +169,10 @@ def _against_flush(before: ProbeReport, after: ProbeReport, read: dict) -> list[
                     f"{POOL_PAGES}{{group={group},state={state}}} said {said:g} pages before "
                     f"the flush, and the flush freed {freed}"
                 )
-                ev.append(_evidence(group, detail))
+                ev.append(Evidence(group=group, pages=(), detail=detail))
     return ev
 
 
-def _evidence(group: str, detail: str) -> Evidence:
-    return Evidence(group=group, pages=(), detail=detail)
+def _evidence(series: str, detail: str) -> Evidence:
+    _, labels = parse_spec(series)
+    return Evidence(group=labels.get("group"), pages=(), detail=detail)
