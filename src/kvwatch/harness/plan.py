@@ -58,6 +58,8 @@ class GaugePreset(NamedTuple):
     # pool gauges read on both sides of the drain's flush, against the probe's count
     # (white-box targets whose probe counts the same pages: ``flush_reading.py``)
     truth: tuple[str, ...] = ()
+    # counters read before and after a run, against the engine's transitions
+    counters: tuple[str, ...] = ()
 
 
 _PAGES = n.prom(n.POOL_PAGES)
@@ -72,6 +74,12 @@ PRESETS = {
             SERIES,
         ),
         busy=(n.prom(n.REQUESTS_LIVE),),
+        counters=(
+            n.prom(n.RETRACTIONS),
+            n.prom(n.ABORTS),
+            n.prom(n.REQUESTS_FINISHED),
+            n.prom(n.REQUEST_DURATION) + "_count",
+        ),
         drain=(
             _PAGES + '{state="pinned_request"}',
             _PAGES + '{state="pinned_session"}',

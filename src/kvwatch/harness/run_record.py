@@ -352,6 +352,8 @@ class RunRecord(NamedTuple):
     ended_at: float | None = None  # and once the run was drained
     spent: TimeSpent | None = None  # where the run's time went (``time_spent.py``)
     flushed: FlushReading | None = None  # pool gauges around the drain's flush
+    # counters' rises over the run, by series (kvwatch's server: ``counter_truth.py``)
+    counters: Mapping[str, float] | None = None
 
     def to_json(self) -> dict:
         return {
@@ -380,6 +382,7 @@ class RunRecord(NamedTuple):
             "ended_at": self.ended_at,
             "spent": self.spent.to_json() if self.spent is not None else None,
             "flushed": self.flushed.to_json() if self.flushed is not None else None,
+            "counters": dict(self.counters) if self.counters is not None else None,
         }
 
     @classmethod
@@ -415,6 +418,7 @@ class RunRecord(NamedTuple):
             ended_at=data.get("ended_at"),
             spent=TimeSpent.from_json(data.get("spent")),
             flushed=FlushReading.from_json(data.get("flushed")),
+            counters=data.get("counters"),
         )
 
 

@@ -141,18 +141,27 @@ class KvwatchServed(Served):
         if gone := self.server.exited():
             return RunRecord(turns=(), error=f"not run: {gone}")
         started = time.monotonic()
-        counted = HttpSource(self.server.url, white_box=True, token=self.server.token)
+        counted = HttpSource(
+            self.server.url,
+            white_box=True,
+            token=self.server.token,
+            metrics_url=f"{self.server.url}/metrics",
+        )
         # c = 1 runs the load as written (a seed's sequence, step by step); the
         # cache's failure paths are taken at c >= 2, on the schedule's next hits
         counted.arm_failpoints(spec.concurrency > 1)
         before, work = counted.coverage(), counted.timing()
+        counters = counted.gauges(self.target.gauges.counters)
         run = run_turns(self.plan(spec), spec, self.profile.user)
         if gone := self.server.exited():
             return RunRecord(turns=(), error=gone)  # a partial record is not judged
         if not run.turns and run.error:
             return run
         # everything the server did for this run, its users' setup too
-        run = run._replace(coverage=since(before, counted.coverage()))
+        run = run._replace(
+            coverage=since(before, counted.coverage()),
+            counters=risen(counters, counted.gauges(self.target.gauges.counters)),
+        )
         work = engine_cpu(work, counted.timing())
         replay_started = time.monotonic()
         if run.error is None:
@@ -209,3 +218,9 @@ class KvwatchServed(Served):
             f"replayed on a cache-off engine ({time.monotonic() - started:.1f} s)"
         )
         return run
+
+
+def risen(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """Each counter series' rise between two readings (a series first seen after
+    counts from 0)."""
+    return {series: value - before.get(series, 0.0) for series, value in after.items()}

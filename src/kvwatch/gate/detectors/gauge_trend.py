@@ -9,12 +9,14 @@ gauges before the first turn and after it ended (black-box runs), each must
 be back at its starting value. Where it read the pool gauges around the
 barrier probes and on both sides of the drain's flush (kvwatch, white-box),
 each must say what the probe counts, and the evictable figures what the flush
-freed (``gauge_truth.py``).
+freed (``gauge_truth.py``); where it read the engine's counters before and
+after the run, each must have risen by what the engine's transitions say
+(``counter_truth.py``).
 """
 
 from __future__ import annotations
 
-from kvwatch.gate.detectors import gauge_truth
+from kvwatch.gate.detectors import counter_truth, gauge_truth
 from kvwatch.gate.detectors.stats import first_rise
 from kvwatch.gate.detectors.story import trajectory
 from kvwatch.gate.detectors.verdict import (
@@ -58,7 +60,7 @@ def detect(run: RunRecord) -> Verdict:
         return left
     if (lied := gauge_truth.untrue_at_barriers(run)) is not None:
         return fail(ID, lied[0], lied[1])
-    if lies := gauge_truth.untrue_at_flush(run):
+    if lies := gauge_truth.untrue_at_flush(run) + counter_truth.untrue(run):
         return fail_after_drain(ID, run, lies)
     checked = (
         f"; pool gauges true at {gauge_truth.read(run)} probes" if gauge_truth.read(run) else ""
