@@ -41,19 +41,29 @@ def record_a_run() -> RunRecord:
     try:
         with serving(app) as url:
             source = HttpSource(url, white_box=True, metrics_url=f"{url}/metrics")
+            source.finished()  # nothing before the run counts
             before, counted = source.coverage(), source.gauges(COUNTERS)
             _load(url)
             coverage = since(before, source.coverage())
             counters = risen(counted, source.gauges(COUNTERS))
+            done = source.finished()
     finally:
         telemetry.shutdown()
-    return RunRecord(turns=(), coverage=coverage, counters=counters)
+    return RunRecord(
+        turns=(),
+        coverage=coverage,
+        counters=counters,
+        finished=done["finished"],
+        output_tokens=done["tokens"],
+    )
 
 
 def test_a_clean_servers_counters_rise_by_its_transitions():
     run = record_a_run()
     owed = counter_truth.owed(run.coverage["request"])
     assert owed[counter_truth.ABORTS] == 1 and owed[counter_truth.RETRACTIONS] >= 1  # not vacuous
+    assert run.output_tokens > 0
+    assert counter_truth.rises(run.counters)[counter_truth.TOKENS] == run.output_tokens
     assert counter_truth.untrue(run) == []
 
 
@@ -70,6 +80,17 @@ def test_a_listener_that_loses_the_aborts_of_one_stage_fails(monkeypatch):
     assert any(d.startswith("kvwatch_aborts_total rose 0") for d in details), details
     verdict = gauge_trend.detect(run._replace(flushed=None))
     assert verdict.verdict != "pass"  # no turns here: it says why, never passes
+
+
+def test_a_listener_that_misses_the_first_token_of_each_request_fails(monkeypatch):
+    honest = metrics.EngineMetrics._tokens
+
+    def short(self, e):
+        honest(self, e._replace(count=e.count - 1) if e.first else e)
+
+    monkeypatch.setattr(metrics.EngineMetrics, "_tokens", short)
+    details = [e.detail for e in counter_truth.untrue(record_a_run())]
+    assert any(d.startswith("kvwatch_tokens_generated_total rose") for d in details), details
 
 
 def test_no_readings_no_verdict():

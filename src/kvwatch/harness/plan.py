@@ -79,6 +79,7 @@ PRESETS = {
             n.prom(n.ABORTS),
             n.prom(n.REQUESTS_FINISHED),
             n.prom(n.REQUEST_DURATION) + "_count",
+            n.prom(n.TOKENS_GENERATED),
         ),
         drain=(
             _PAGES + '{state="pinned_request"}',

@@ -77,7 +77,7 @@ class FinishedLog:
         self.exercised = exercised or Exercised(page=0, window=0)
         self._kept: deque[FinishedRequest] = deque(maxlen=MAX_KEPT)
         self._lock = threading.Lock()
-        self._finished = self._dropped = 0
+        self._finished = self._dropped = self._tokens = 0
 
     def add(
         self, prompt: list[int], output: list[int], params: SamplingParams, request_id: str = ""
@@ -95,16 +95,24 @@ class FinishedLog:
                 )
             )
 
+    def ended(self, output_tokens: int) -> None:
+        """Any request that ended (finished, aborted or failed), with the tokens it
+        generated: what ``kvwatch_tokens_generated`` must have counted for it."""
+        with self._lock:
+            self._tokens += output_tokens
+
     def take(self) -> dict:
-        """Everything kept since the previous call, and how many finished in all."""
+        """Everything kept since the previous call, how many finished in all, and the
+        tokens every request that ended since generated."""
         with self._lock:
             kept, self._kept = list(self._kept), deque(maxlen=MAX_KEPT)
             out = {
                 "requests": [r.to_json() for r in kept],
                 "finished": self._finished,
                 "dropped": self._dropped,
+                "tokens": self._tokens,
             }
-            self._finished = self._dropped = 0
+            self._finished = self._dropped = self._tokens = 0
         return out
 
 

@@ -420,6 +420,8 @@ class EngineWorker:
         if info is not None and info.done:
             params = info.params
             completion = self.engine.take(request_id)
+            if self.finished is not None:
+                self.finished.ended(len(completion.token_ids))
             if self.finished is not None and completion.finish_reason in ("stop", "length"):
                 self.finished.add(
                     completion.prompt_token_ids, completion.token_ids, params, request_id

@@ -10,6 +10,8 @@ equal the transitions the lifecycle counter took::
     kvwatch_requests_finished_total{reason}      stop + length: edges into ``finished``;
                                                  abort: into ``aborted``; error: into ``failed``
     gen_ai_server_request_duration_seconds_count edges into ``finished``
+    kvwatch_tokens_generated_total               the tokens of every request that ended
+                                                 (the server counts them as each ends)
 
 A listener that drops, double-counts or mislabels an event shows here; a
 dashboard built on these series would otherwise believe it. The rises are
@@ -29,6 +31,7 @@ RETRACTIONS = n.prom(n.RETRACTIONS)
 ABORTS = n.prom(n.ABORTS)
 FINISHED = n.prom(n.REQUESTS_FINISHED)
 DURATION_COUNT = n.prom(n.REQUEST_DURATION) + "_count"
+TOKENS = n.prom(n.TOKENS_GENERATED)
 
 
 def rises(counters: Mapping[str, float]) -> dict[str, float]:
@@ -41,14 +44,16 @@ def rises(counters: Mapping[str, float]) -> dict[str, float]:
     return out
 
 
-def owed(edges: Mapping[str, int]) -> dict[str, int]:
+def owed(edges: Mapping[str, int], tokens: int | None = None) -> dict[str, int]:
     """What each counter must have risen by, from the request machine's edges."""
 
     def into(state: str) -> int:
         return sum(count for edge, count in edges.items() if edge.endswith(f"-> {state}"))
 
     finished = into("finished")
+    tokens_owed = {} if tokens is None else {TOKENS: tokens}
     return {
+        **tokens_owed,
         RETRACTIONS: into("retracted"),
         ABORTS: into("aborted"),
         "finished:stop+length": finished,
@@ -66,7 +71,8 @@ def untrue(run: RunRecord) -> list[Evidence]:
     got = rises(run.counters)
     got["finished:stop+length"] = got.pop("finished:stop", 0.0) + got.pop("finished:length", 0.0)
     ev = []
-    for what, want in owed(run.coverage["request"]).items():
+    tokens = run.output_tokens if run.finished or run.output_tokens else None
+    for what, want in owed(run.coverage["request"], tokens).items():
         have = got.get(what)
         if have is None and want == 0:
             continue  # a labelled series appears with its first count
