@@ -87,24 +87,7 @@ PRESETS = {
             _PAGES + '{state="host"}',
         ),
         settled=(SERIES,),
-        truth=tuple(
-            n.prom(name)
-            for name in (
-                n.POOL_PAGES,
-                n.POOL_CAPACITY,
-                n.ROOT_REFS,
-                n.ROOT_REFS_EXPECTED,
-                n.TREE_NODES,
-                n.TREE_SNAPSHOTS,
-                n.TREE_INTERIOR_SNAPSHOTS,
-                n.SESSION_PAGES,
-                n.SESSIONS_LIVE,
-                n.RECORD_BYTES,
-                n.REQUESTS_LIVE,
-                n.SLOTS_FILLED,
-                n.SLOT_ENTRIES,
-            )
-        ),
+        truth=tuple(n.prom(name) for name in n.ENGINE_GAUGES),
     ),
     "vllm": GaugePreset(
         name="vllm",

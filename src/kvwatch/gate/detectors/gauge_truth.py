@@ -36,24 +36,7 @@ from kvwatch.instrumentation import names as n
 
 POOL_PAGES = n.prom(n.POOL_PAGES)
 # every gauge the engine exports from its stats, by its series name
-GAUGES = tuple(
-    n.prom(name)
-    for name in (
-        n.POOL_PAGES,
-        n.POOL_CAPACITY,
-        n.ROOT_REFS,
-        n.ROOT_REFS_EXPECTED,
-        n.TREE_NODES,
-        n.TREE_SNAPSHOTS,
-        n.TREE_INTERIOR_SNAPSHOTS,
-        n.SESSION_PAGES,
-        n.SESSIONS_LIVE,
-        n.RECORD_BYTES,
-        n.REQUESTS_LIVE,
-        n.SLOTS_FILLED,
-        n.SLOT_ENTRIES,
-    )
-)
+GAUGES = tuple(n.prom(name) for name in n.ENGINE_GAUGES)
 
 
 def pool_states(g: GroupReport) -> dict[str, int]:
