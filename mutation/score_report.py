@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from mutation import fresh_report
 from mutation.operators import OPERATORS
 from mutation.survivors import NOTES, UNREACHED
 
@@ -94,7 +95,8 @@ def render(verdicts: Sequence[MutantVerdict], meta: dict) -> str:
             f"| {op} | {len(mine)} | {alive_n} | {n['caught']} | {n['survived']} "
             f"| {n['equivalent']} | {n['unreached']} |"
         )
-    parts = lines + _survivors(alive) + _unreached(unreached) + _every_mutant(verdicts)
+    parts = lines + _survivors(alive) + _unreached(unreached) + fresh_report.section()
+    parts += _every_mutant(verdicts)
     return "\n".join(parts) + "\n"
 
 
