@@ -73,3 +73,45 @@ def test_the_server_marks_what_a_request_exercised():
     assert (
         Candidate.from_json(parsed.to_json()).marks == parsed.marks == tuple(finished[2]["marks"])
     )
+
+
+def test_a_small_budget_replays_the_shallow_resume_that_shows_a_bad_restore(monkeypatch):
+    """The window restore planted to read the padding (a resume shallower than the
+    window): twenty-odd ordinary requests, two that resume shallow. Four replays chosen
+    by what the requests exercised catch it; four spread evenly over the run do not."""
+    from kvwatch.engine.cache import working
+    from kvwatch.harness.replay import Reference, spread
+
+    honest = working.WorkingState.restore_state
+
+    def padded(self, holder, snapshot, d):
+        read = self.pools[working.SWA_WINDOW].read_tokens
+        monkeypatch.setattr(
+            self.pools[working.SWA_WINDOW], "read_tokens", lambda pages, off, n: read(pages, 0, n)
+        )
+        try:
+            honest(self, holder, snapshot, d)
+        finally:
+            monkeypatch.setattr(self.pools[working.SWA_WINDOW], "read_tokens", read)
+
+    monkeypatch.setattr(working.WorkingState, "restore_state", padded)
+    engine = Engine()
+    body = {"model": MODEL, "max_tokens": 16, "temperature": 0}
+    shared = "twenty chars shared"  # a first page (16 tokens) and a few more
+    with TestClient(create_app(EngineWorker(engine), ServerSettings(enable_probe=True))) as c:
+        c.get("/debug/finished")
+        for i in range(24):  # raw prompts: no chat template shared by all
+            prompt = f"{i:02d} an ordinary request with a first page of its own"
+            if i in (4, 11, 19):  # the later two resume from the first one's 16-token snapshot
+                prompt = f"{shared}{i}: then it goes a long way of its own to the end"
+            assert c.post("/v1/completions", json={**body, "prompt": prompt}).is_success
+        finished = c.get("/debug/finished").json()["requests"]
+    candidates = [Candidate.from_finished(0, r) for r in finished]
+    assert any("shallow" in c.marks for c in candidates)
+    reference = Reference(engine.config)
+
+    def wrong(chosen):
+        return [r for r in reference.replay(chosen) if r.cached != r.reference]
+
+    assert wrong(choose(candidates, 4))  # the shallow resume is among the four
+    assert not wrong(spread(candidates, 4))  # evenly spread, it is not
