@@ -155,4 +155,145 @@ FRESH: tuple[FreshBug, ...] = (
         promise="evictable is what a flush frees",
         written="found by its oracle: it was in the engine until gauge truth saw it",
     ),
+    FreshBug(
+        id="abort-skips-parked-requests",
+        file="engine/engine.py",
+        find=(
+            "            req = self._requests.get(rid)\n"
+            "            if req is not None and not req.done:\n"
+            "                self._scheduler.abort(req)\n"
+        ),
+        replace=(
+            "            req = self._requests.get(rid)\n"
+            "            if req is not None and req.status in (Status.WAITING, Status.RUNNING):\n"
+            "                self._scheduler.abort(req)\n"
+        ),
+        summary="an abort of a retracted or paused request is dropped: it comes back and runs on",
+        promise="a client that leaves has its request stopped",
+        written="held out",
+    ),
+    FreshBug(
+        id="cut-turn-stays-in-flight",
+        file="engine/records.py",
+        find=(
+            "        self.in_flight = None\n"
+            "        if not record:\n"
+            "            if not req.admitted:\n"
+            "                del self.tokens[self.turn_start :]\n"
+            "            return\n"
+        ),
+        replace=(
+            "        if not record:\n"
+            "            if not req.admitted:\n"
+            "                del self.tokens[self.turn_start :]\n"
+            "            return\n"
+            "        self.in_flight = None\n"
+        ),
+        summary="an aborted or failed session turn leaves its session busy for good",
+        promise="once clients stop, the engine gets idle: no request or session left",
+        written="held out",
+    ),
+    FreshBug(
+        id="engine-refusals-answered-as-bad-prompt",
+        file="server/completions.py",
+        find=(
+            "    except (ApiError, EngineError):  # answered by their handlers (errors.py)\n"
+            "        raise\n"
+        ),
+        replace="    except ApiError:  # answered by its handler (errors.py)\n        raise\n",
+        summary="a turn on a closed, busy or unknown session answers 400 invalid_prompt",
+        promise="a session call on a closed session answers 409 session_closed; during a turn, 409 session_busy",
+        written="held out",
+    ),
+    FreshBug(
+        id="retracted-release-keeps-host-ref",
+        file="engine/cache/base.py",
+        find=(
+            "            anchor, holder.anchor = holder.anchor, None\n"
+            "            self.store.tree.drop_host_ref(anchor)\n"
+        ),
+        replace="            anchor, holder.anchor = holder.anchor, None\n",
+        summary="a request aborted while retracted keeps its host ref on its recovery node",
+        promise="a snapshot on the host tier is loaded back or taken back as cache",
+        written="held out",
+    ),
+    FreshBug(
+        id="trim-frees-partly-kept-page",
+        file="engine/cache/base.py",
+        find="        keep_pages = math.ceil(keep_len / self.page_size)\n",
+        replace="        keep_pages = keep_len // self.page_size\n",
+        summary="trimming rejected drafts frees the page that still holds the last accepted tokens",
+        promise="a cached request gives the tokens a cache-off engine gives",
+        written="held out",
+    ),
+    FreshBug(
+        id="host-gauge-counts-host-cache",
+        file="instrumentation/metrics.py",
+        find='            "host": g.by_owner.get("host", 0) - g.by_owner.get("host_evictable", 0),\n',
+        replace='            "host": g.by_owner.get("host", 0),\n',
+        summary="the host pool gauge counts host-tier cache as pinned too, so it is counted twice",
+        promise="kvwatch_pool_pages says what the probe counts",
+        written="held out",
+    ),
+    FreshBug(
+        id="mid-step-abort-ends-stream-early",
+        file="server/worker.py",
+        find=(
+            "        if self.engine.abort(request_id) and not self.engine.in_step:\n"
+            "            self._finish(request_id)\n"
+        ),
+        replace="        if self.engine.abort(request_id):\n            self._finish(request_id)\n",
+        summary="an abort inside a step drops the stream before the request ends: it is never taken",
+        promise="a stream ends with [DONE] or an error event",
+        written="held out",
+    ),
+    FreshBug(
+        id="session-close-touches-clock",
+        file="server/session_routes.py",
+        find="    _clock(request).forget(session_id)\n",
+        replace="    _clock(request).touch(session_id)\n",
+        summary="closing a session over HTTP counts as a use: the idle clock keeps its entry",
+        promise="a session's pages, slot and records end with its close",
+        written="held out",
+    ),
+    FreshBug(
+        id="failed-admission-unlocks-only-anchor",
+        file="engine/cache/radix_cache.py",
+        find=(
+            "            if anchor is not None:\n"
+            "                tree.unlock(anchor)\n"
+            "            raise\n"
+        ),
+        replace=(
+            "            if anchor is not None:\n"
+            "                tree.dec(anchor)\n"
+            "            raise\n"
+        ),
+        summary="an admission that finds no working pages gives back the anchor's ref but not its path's",
+        promise="a request's pages, refs and per-request state end with it",
+        written="held out",
+    ),
+    FreshBug(
+        id="rollback-settles-before-cut",
+        file="engine/engine.py",
+        find=(
+            "        del session.tokens[session.turn_ends[-1 - steps] :]\n"
+            "        del session.turn_ends[-steps:]\n"
+            "        if session.records is not None:\n"
+            "            session.records.rollback(steps)\n"
+            "        if session.holder is not None:  # the slot's state must not outrun its tokens\n"
+            "            self._cache.settle(session.holder, len(session.tokens))\n"
+        ),
+        replace=(
+            "        if session.holder is not None:  # the slot's state must not outrun its tokens\n"
+            "            self._cache.settle(session.holder, len(session.tokens))\n"
+            "        del session.tokens[session.turn_ends[-1 - steps] :]\n"
+            "        del session.turn_ends[-steps:]\n"
+            "        if session.records is not None:\n"
+            "            session.records.rollback(steps)\n"
+        ),
+        summary="a rollback settles the session slot before cutting its tokens: the slot keeps the undone turn",
+        promise="a cached request gives the tokens a cache-off engine gives",
+        written="held out",
+    ),
 )
