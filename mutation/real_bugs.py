@@ -23,6 +23,11 @@ the bug and on the release with the fix.
      "expect": "allocator",              the detector that must fail on "buggy"
      "ci": true,                         the test suite runs this row's two gates
                                          (tests/mutation/test_real_bugs_live.py, make test)
+     "decided_by": "engine",             what decides the verdicts: "engine", the engine's
+                                         own code (SGLang's scheduler and caches as shipped,
+                                         vLLM's own scheduler), or "modelled", a kvwatch
+                                         stand-in for part of it (a scheduler shim): such a
+                                         row is kept, but does not count
      "result": {"buggy": {"exit": 1, "detector": "allocator", "evidence": "..."},
                 "fixed": {"exit": 0, "detector": null, "evidence": ""}},
                                          what the last `make real-bugs` measured (null:
@@ -34,7 +39,8 @@ the bug and on the release with the fix.
                                          exactly why
 
 A row holds when its buggy run exits 1 with ``expect`` failing and its fixed
-run exits 0 (``problems``). Each run is ``kvwatch gate GATE VERSION_FLAG V
+run exits 0 (``problems``); it counts (``counted``) when it holds and the
+engine's own code decided both runs. Each run is ``kvwatch gate GATE VERSION_FLAG V
 --out DIR --no-report`` in a process of its own. ``docs/real-bugs.md`` is
 rendered from the JSON alone (``render``), so the test that checks the
 document reads the same rows; only what follows the ``HAND_WRITTEN`` line
@@ -59,6 +65,7 @@ ROOT = Path(__file__).resolve().parents[1]
 CORPUS = ROOT / "docs" / "real-bugs.json"
 DOC = ROOT / "docs" / "real-bugs.md"
 RUN_TIMEOUT_S = 1800
+DECIDERS = ("engine", "modelled")  # decided_by: the engine's own code, or a kvwatch stand-in
 REPOS = {"sglang": "sgl-project/sglang", "vllm": "vllm-project/vllm"}
 # below this line docs/real-bugs.md is prose written by hand (a hunt's write-up), kept
 HAND_WRITTEN = "<!-- written by hand below this line; make real-bugs keeps it -->"
@@ -89,6 +96,7 @@ class BugRow:
     version_flag: str | None
     expect: str | None
     ci: bool
+    decided_by: str
     result: dict[str, Side] | None
     note: str
 
@@ -189,6 +197,8 @@ def problems(rows: Sequence[BugRow]) -> list[str]:
     detector, a fixed run that did not pass, a gated row never run."""
     out = []
     for row in rows:
+        if row.decided_by not in DECIDERS:
+            out.append(f"{row.id}: decided_by is one of {', '.join(DECIDERS)}")
         if row.gate is None:
             continue
         if not row.result:
@@ -201,6 +211,13 @@ def problems(rows: Sequence[BugRow]) -> list[str]:
         if row.fixed is not None and (fix is None or fix.exit != 0):
             out.append(f"{row.id}: {row.fixed} should exit 0: {fix}")
     return out
+
+
+def counted(rows: Sequence[BugRow]) -> list[BugRow]:
+    """The gated rows that hold and that the engine's own code decided: the score."""
+    wrong = {p.split(":")[0] for p in problems(rows)}
+    gated = [r for r in rows if r.gate is not None and r.result and r.id not in wrong]
+    return [r for r in gated if r.decided_by == "engine"]
 
 
 def _linked(row: BugRow, ref: str | None) -> str:
@@ -226,8 +243,8 @@ def _outcome(side: Side | None) -> str:
 
 def _table(rows: Sequence[BugRow]) -> list[str]:
     lines = [
-        "| bug | engine | fix | with the bug | with the fix | expected |",
-        "|---|---|---|---|---|---|",
+        "| bug | engine | fix | with the bug | with the fix | expected | decided by |",
+        "|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         result = r.result or {}
@@ -235,7 +252,7 @@ def _table(rows: Sequence[BugRow]) -> list[str]:
         fix = f"{r.fixed}: {_outcome(result.get('fixed'))}" if r.fixed else "no fix yet"
         lines.append(
             f"| [{r.id}](#{r.id}) | {r.engine} | {_linked(r, r.fix)} | {bug} | {fix} "
-            f"| `{r.expect or '-'}` |"
+            f"| `{r.expect or '-'}` | {r.decided_by} |"
         )
     return lines
 
@@ -252,6 +269,12 @@ def _gated(row: BugRow) -> list[str]:
     return out
 
 
+DECIDED = {
+    "engine": "the engine's own code: its scheduler and caches as released.",
+    "modelled": "a kvwatch stand-in for part of the engine (a scheduler shim): kept, not counted.",
+}
+
+
 def _section(row: BugRow) -> list[str]:
     refs = ", ".join(x for x in (_linked(row, row.fix), _linked(row, row.issue)) if x != "-")
     out = [
@@ -261,6 +284,7 @@ def _section(row: BugRow) -> list[str]:
     ]
     out[-1] += f" ({refs})" if refs else ""
     out += ["", row.summary, "", f"**Trigger.** {row.trigger}"]
+    out += ["", f"**Decided by.** {DECIDED[row.decided_by]}"]
     if row.gate is not None:
         out += _gated(row)
     if row.note:
@@ -279,7 +303,10 @@ def render(rows: Sequence[BugRow]) -> str:
         "`docs/real-bugs.json`, and checked by `tests/mutation/test_real_bugs.py`. Each gated row is",
         "`kvwatch gate` run twice, on the release with the bug and on the release with the",
         "fix; the bug must exit 1 with the expected detector failing, the fix exit 0. The",
-        "evidence is the failing detector's line from `summary.json`. The row schema is in",
+        "evidence is the failing detector's line from `summary.json`. A row counts only when",
+        "the engine's own code decided both runs (`decided by: engine`); a `modelled` row's",
+        "verdict comes from a kvwatch stand-in for part of the engine, and is kept but not",
+        f"counted ({len(counted(rows))} rows count). The row schema is in",
         "`mutation/real_bugs.py` and `docs/README.md`.",
         "",
         "## Fixed bugs",
@@ -332,7 +359,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     previous = args.out.read_text() if args.out.exists() else ""
     args.out.write_text(document(rows, previous))
     wrong = problems(rows)
-    print(f"wrote {args.out}: {len(rows)} rows, {len(wrong)} wrong")
+    print(f"wrote {args.out}: {len(rows)} rows, {len(counted(rows))} count, {len(wrong)} wrong")
     for line in wrong:
         print(f"  {line}")
     return 1 if wrong else 0

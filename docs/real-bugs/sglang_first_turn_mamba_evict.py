@@ -3,6 +3,7 @@ streaming session is evicted from the waiting queue by a higher-priority arrival
 (``--enable-priority-scheduling`` with ``--max-queued-requests``).
 
     .venv/bin/python docs/real-bugs/sglang_first_turn_mamba_evict.py [VERSION]   (default 0.5.23)
+    (VERSION: 0.5.22 or later, the releases kvwatch's checkpoint shim plays)
 
 SGLang's own classes from the release's wheel, driven by hand in its scheduler's order:
 

@@ -2,6 +2,7 @@
 turn aborted while it waits in the queue is committed to its session as if it had finished.
 
     .venv/bin/python docs/real-bugs/sglang_queued_abort_mamba.py [VERSION]   (default 0.5.23)
+    (VERSION: 0.5.22 or later, the releases kvwatch's checkpoint shim plays)
 
 SGLang's own classes from the release's wheel, driven by hand in its scheduler's order:
 

@@ -2,6 +2,7 @@
 its session while it is still queued.
 
     .venv/bin/python docs/real-bugs/sglang_retract_commits_turn.py [VERSION]   (default 0.5.23)
+    (VERSION: 0.5.22 or later, the releases kvwatch's checkpoint shim plays)
 
 SGLang's own classes from the release's wheel (downloaded once, as ``kvwatch gate
 --engine sglang-cache`` does), driven by hand in the order its scheduler calls them:

@@ -45,7 +45,12 @@ def test_every_row_has_exactly_the_schema_keys():
 
 
 def test_every_gated_row_fails_before_its_fix_and_passes_after():
-    assert {r.id for r in GATED} >= {"sglang-pr-22862", "sglang-pr-12693", "sglang-pr-21404"}
+    assert {r.id for r in GATED} >= {
+        "sglang-pr-22862",
+        "sglang-pr-12693",
+        "sglang-pr-21404",
+        "sglang-pr-23496",
+    }
     assert real_bugs.problems(ROWS) == []
     for row in GATED:
         assert row.expect in IDS and row.version_flag in row.argv("V", real_bugs.ROOT)
@@ -58,7 +63,28 @@ def test_every_gated_row_fails_before_its_fix_and_passes_after():
 def test_sglang_evidence_names_sglangs_objects(row):
     evidence = row.result["buggy"].evidence
     assert re.search(r"sglang\.(kv|mamba|swa)", evidence)
-    assert re.search(r"(request \S+|session \S+ SessionSlot row \d+)", evidence), evidence
+    holder = r"(request \S+|session \S+ SessionSlot (row|mamba slot) \d+)"
+    assert re.search(holder, evidence), evidence
+
+
+def test_what_decides_each_row_is_said_and_only_the_engine_counts():
+    assert {r.decided_by for r in ROWS} <= set(real_bugs.DECIDERS)
+    assert all(r.decided_by == "engine" for r in ROWS if r.engine == "vllm")
+    counted = real_bugs.counted(ROWS)
+    assert counted and all(r.decided_by == "engine" and r.gate for r in counted)
+    modelled = [r for r in GATED if r.decided_by == "modelled"]
+    assert modelled and not {r.id for r in modelled} & {r.id for r in counted}
+    assert f"{len(counted)} rows count" in real_bugs.render(ROWS)
+    wrong = real_bugs.replace(counted[0], decided_by="shim")
+    assert [p.split(":")[0] for p in real_bugs.problems([wrong])] == [wrong.id]
+
+
+def test_the_sglang_rows_say_what_their_trigger_is_on_those_releases():
+    rows = {r.id: r for r in ROWS}
+    seed = rows["sglang-pr-22862"]
+    assert "retract" in seed.trigger and "speculative" not in seed.trigger.lower()
+    assert "SessionSlot row" in seed.result["buggy"].evidence
+    assert (rows["sglang-pr-21404"].buggy, rows["sglang-pr-21404"].fixed) == ("0.5.9", "0.5.10")
 
 
 def test_a_row_no_gate_drives_says_why_and_how_to_see_it():

@@ -47,10 +47,20 @@ def test_the_target_is_judged_by_the_detectors_its_records_feed():
     )
 
 
-def test_its_profiles_are_the_shim_workloads():
+def test_its_profiles_are_the_workloads():
     assert list(SglangCacheTarget("0.5.23").profiles()) == list(PROFILES)
-    assert list(PROFILES) == ["agentic", "sessions", "aborts", "pressure"]
+    assert list(PROFILES) == [
+        "agentic",
+        "sessions",
+        "aborts",
+        "pressure",
+        "priority",
+        "abort-stages",
+        "session-churn",
+        "session-pressure",
+    ]
     assert PROFILES["sessions"].workload.sessions and not PROFILES["aborts"].workload.sessions
+    assert PROFILES["session-churn"].workload.sessions
 
 
 def test_the_flags_pick_it(tmp_path):

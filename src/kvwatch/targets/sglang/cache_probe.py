@@ -9,12 +9,14 @@
 * the audit's findings (``pool_audit.py``), and one ``REGISTRY`` finding per
   container SGLang bounds that holds more than its bound;
 * ``registries``: the size of every container SGLang's cache, session and
-  pool objects hold (``registry_walk.py``), for ``quiescence``.
+  pool objects hold (``registry_walk.py``), for ``quiescence``;
+* the driver's own findings (``shim.checks()``): a scheduler that stopped
+  admitting (``admission_watch.py``, a ``starved`` finding).
 
-The pools' *universe* is what was free when the probe was built (the shim's
-pools are new and empty then): a unit of the universe that is neither free
+The pools' *universe* is what was free when the probe was built (the
+driver's pools are new and empty then): a unit of the universe that is neither free
 nor held is an orphan. After every step the probe notes who held each unit
-(``remember``, an observer of the shim), so an orphan names its last holder
+(``remember``, an observer of the driver), so an orphan names its last holder
 and what became of it ("..., finished at step 12"). With ``watch()`` it also
 audits after every step and keeps the first reports that show a finding
 (``latched()``, what kvwatch's recorder collects at the next barrier), so a
@@ -171,6 +173,7 @@ class CacheProbe:
         findings += pool_audit.audit_counters(nodes, counters, type(inner(cache)).__name__)
         walked = registry_walk.walk(registry_walk.roots(self.shim))
         findings += [finding(FindingKind.REGISTRY, None, [], b) for b in walked.breaches]
+        findings += self.shim.checks()  # the driver's liveness (admission_watch)
         return ProbeReport(
             stats=self._stats(nodes, groups),
             findings=tuple(findings),

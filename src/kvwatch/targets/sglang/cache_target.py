@@ -1,16 +1,21 @@
 """SGLang's prefix caches as a gate target: ``--engine sglang-cache --sglang-version V``.
 
-SGLang release V's own cache, pool, request, session and batch classes, from
-its wheel, run in the gate's process on CPU under a scheduler shim
-(``kvwatch.targets.sglang``); no server, no model, no Locust. Its profiles
-are the shim's workloads (``agentic``, ``sessions``, ``aborts``,
-``pressure``); ``--sglang-cache`` picks the model family whose cache is
+SGLang release V's own scheduler, cache, pool, request, session and batch
+classes, from its wheel, run in the gate's process on CPU
+(``kvwatch.targets.sglang``): the release's own ``Scheduler`` where it can
+be built here (0.5.4.post3 .. 0.5.13.post1), a scheduler shim where it
+cannot (0.5.22+; ``shim_choice`` says which and why); no server, no model,
+no Locust. Its profiles are the workloads of ``cache_workloads``;
+``--sglang-cache`` picks the model family whose cache is
 built (``radix``: full attention; ``mamba``: hybrid SSM; ``swa``: hybrid
 sliding window) and ``--page-size`` the page size (mamba: 1 only, as
 SGLang's mamba cache without its extra buffer)::
 
+    selected(names)    every profile the release's driver runs (or those named:
+                       a profile it cannot run is an error, exit 3, saying why)
     serving(profile)   the release loaded once (fetched into the cache folder);
-                       ServerError (exit 3) if it cannot be, or no shim drives it
+                       ServerError (exit 3) if it cannot be, or nothing drives
+                       the profile on it
     run(spec)          the profile's workload at spec.concurrency conversations
                        for spec.turns turns, recorded (recorded_run.record_run)
 
@@ -29,7 +34,7 @@ from SGLang's. Nothing is replayed (no model) and there are no gauges.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -37,7 +42,8 @@ from kvwatch.harness.progress import Progress
 from kvwatch.harness.run_record import RunRecord, Signal
 from kvwatch.harness.target import RunSpec, Served, Target
 from kvwatch.processes import ServerError
-from kvwatch.targets.sglang.cache_workloads import WORKLOADS, Workload
+from kvwatch.targets.sglang import cache_workloads, scheduler_workloads
+from kvwatch.targets.sglang.cache_workloads import Workload
 from kvwatch.targets.sglang.wheel_fetch import check_version
 
 if TYPE_CHECKING:
@@ -47,7 +53,7 @@ CACHES = ("radix", "mamba", "swa")
 
 
 class CacheProfile(NamedTuple):
-    """A profile of this target: one of the shim's workloads."""
+    """A profile of this target: one of the workloads."""
 
     name: str
     summary: str
@@ -55,6 +61,7 @@ class CacheProfile(NamedTuple):
     turns: int = 6
 
 
+WORKLOADS = {**cache_workloads.WORKLOADS, **scheduler_workloads.WORKLOADS}
 PROFILES: Mapping[str, CacheProfile] = {
     name: CacheProfile(name=name, summary=w.summary, workload=w) for name, w in WORKLOADS.items()
 }
@@ -86,31 +93,80 @@ class SglangCacheTarget(Target):
         self.wheel_cache = wheel_cache
         self.release: Release | None = None
         self.unavailable: str | None = None  # why the release could not be loaded
+        self.left_out: dict[str, str] = {}  # profile -> why its driver cannot run it
 
     def profiles(self) -> Mapping[str, CacheProfile]:
         return PROFILES
 
-    def loaded(self, profile: CacheProfile, progress: Progress) -> Release:
-        """The release, loaded on first use; ServerError when it cannot be had, or no
-        shim drives its ``--sglang-cache`` (or, for ``profile``, its sessions)."""
-        from kvwatch.targets.sglang.release_import import load
-        from kvwatch.targets.sglang.shim_choice import Unsupported, check
+    def workload(self, profile: CacheProfile, c: int = 1, seed: int = 0) -> Workload:
+        """``profile``'s workload for this target's cache and release."""
+        from kvwatch.targets.sglang.shim_choice import SHIM, driver_of
+
+        drafts = self.release is not None and driver_of(self.release) == SHIM
+        return profile.workload(
+            c=c, seed=seed, page_size=self.page_size, cache=self.cache, drafts=drafts
+        )
+
+    def _load(self, progress: Progress | None) -> Release | None:
+        """The release, loaded on first use (None, and ``unavailable`` set, when it
+        cannot be had or nothing drives it)."""
+        from kvwatch.targets.sglang.shim_choice import Unsupported, load
         from kvwatch.targets.sglang.wheel_fetch import Unavailable
 
-        if self.unavailable is not None:  # tried once for the gate: not again per profile
-            raise ServerError(self.unavailable)
-        try:
-            if self.release is None:
-                progress.say(f"loading sglang {self.version}'s cache modules from its wheel")
+        say = progress.say if progress is not None else (lambda line: None)
+        if self.release is None and self.unavailable is None:
+            say(f"loading sglang {self.version}'s scheduler and caches from its wheel")
+            try:
                 self.release = load(self.version, self.wheel_cache)
-        except Unavailable as exc:
-            self.unavailable = str(exc)
-            raise ServerError(self.unavailable) from None
-        try:
-            check(self.release, cache=self.cache, sessions=profile.workload.sessions)
-        except Unsupported as exc:
-            raise ServerError(str(exc)) from None
+            except (Unavailable, Unsupported) as exc:
+                self.unavailable = str(exc)
+                return None
+            if progress is not None:
+                say(f"sglang {self.version}: driven by {self.driver()}")
         return self.release
+
+    def driver(self) -> str:
+        from kvwatch.targets.sglang.shim_choice import OWN, driver_of
+
+        own = driver_of(self.release) == OWN
+        return "its own Scheduler" if own else "kvwatch's checkpoint shim"
+
+    def refusal(self, profile: CacheProfile) -> str | None:
+        """Why the loaded release's driver cannot run ``profile`` here, or None."""
+        from kvwatch.targets.sglang.shim_choice import Unsupported, check
+
+        try:
+            check(self.release, self.workload(profile).config())
+        except Unsupported as exc:
+            return str(exc)
+        return None
+
+    def selected(self, names: Sequence[str]) -> tuple[CacheProfile, ...]:
+        """The profiles asked for by name; with none named, every profile the
+        release's driver runs here (``started`` says which are left out and why)."""
+        chosen = super().selected(names)
+        if names or self._load(None) is None:
+            return chosen
+        self.left_out = {p.name: why for p in chosen if (why := self.refusal(p))}
+        return tuple(p for p in chosen if p.name not in self.left_out) or chosen
+
+    @contextlib.contextmanager
+    def started(self, progress: Progress) -> Iterator[None]:
+        if self.release is not None:
+            progress.say(f"sglang {self.version}: driven by {self.driver()}")
+        for name, why in self.left_out.items():
+            progress.say(f"leaving out the {name} profile: {why}")
+        yield
+
+    def loaded(self, profile: CacheProfile, progress: Progress) -> Release:
+        """The release, loaded on first use; ServerError when it cannot be had, or
+        nothing drives ``profile`` on it with its ``--sglang-cache``."""
+        release = self._load(progress)
+        if release is None:  # tried once for the gate: not again per profile
+            raise ServerError(self.unavailable)
+        if (why := self.refusal(profile)) is not None:
+            raise ServerError(why)
+        return release
 
     @contextlib.contextmanager
     def serving(self, profile: CacheProfile, progress: Progress) -> Iterator[Served]:
@@ -124,10 +180,7 @@ class SglangServed(Served):
     def run(self, spec: RunSpec) -> RunRecord:
         from kvwatch.targets.sglang.recorded_run import record_run
 
-        target = self.target
-        workload = self.profile.workload(
-            c=spec.concurrency, seed=spec.seed, page_size=target.page_size, cache=target.cache
-        )
+        workload = self.target.workload(self.profile, c=spec.concurrency, seed=spec.seed)
         return record_run(
             self.release, workload, turns=spec.turns, warmup=spec.warmup, say=spec.progress.say
         )

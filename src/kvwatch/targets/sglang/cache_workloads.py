@@ -1,8 +1,12 @@
-"""Seeded token-level workloads for a shim: the gate's profiles for ``--engine sglang-cache``.
+"""Seeded token-level workloads for a scheduler driver: the gate's profiles for
+``--engine sglang-cache`` (more in ``scheduler_workloads``).
 
-Each workload sizes the pools (``config``); each ``turn`` submits one request
-(or a few) per conversation, all at once so they share the shim's batches,
-steps the scheduler until it is idle and says how many conversations are
+The driver is SGLang's own scheduler (``own_scheduler``) or the shim
+(``checkpoint_shim``); both take the same calls. Each workload sizes the
+pools (``config``); each ``turn`` submits one request (or a few) per
+conversation, all at once so they share the scheduler's batches, steps the
+scheduler until it is idle (its clients give up, aborting what is live,
+when it stops admitting) and says how many conversations are
 live and how many tokens they hold (``TurnStats``, what the recorder's
 barrier wants); ``close`` ends the conversations (closes their sessions).
 Tokens are random ints from one seeded ``Random``, so a (workload, c, seed)
@@ -11,22 +15,23 @@ is the same run on every release.
 * ``agentic``: a shared system prompt; per agent and turn one request with
   its history, two parallel tool calls sharing a tool-schema prefix, and on
   odd turns a sub-agent forked from the agent's history (a radix trie);
-* ``sessions``: one streaming session per conversation, EAGLE spec-v2
-  over-allocation (rejected drafts) and a forced retraction every 3 decode
-  steps (retract-and-retry re-matches the session slot): seed 001's load;
+* ``sessions``: one streaming session per conversation and a forced
+  retraction every 3 decode steps (retract-and-retry re-matches the session
+  slot), and under the shim EAGLE spec-v2 over-allocation (rejected drafts;
+  ``drafts``): seed 001's load;
 * ``aborts``: per turn, one conversation's request is aborted while queued
   (the prefill adder rejected it after matching its prefix), one between
-  its prefill chunks, one while decoding, and (releases that have one) one
-  is dropped by the waiting timeout; the rest finish;
+  its prefill chunks, one while decoding, and one waits for memory past the
+  waiting timeout (releases without one run it late); the rest finish;
 * ``pressure``: multi-turn conversations on a pool too small for all of
   them, so the tree is evicted and running requests are retracted.
 
 ``cache="mamba"`` adds a mamba state pool (the release's cache for a hybrid
 SSM model), ``cache="swa"`` a sliding-window sub-pool (a hybrid SWA model).
 
-Invariant: a workload drives the shim only through ``submit``, ``abort``,
-``open_session``, ``close_session`` and ``step``, as SGLang's clients and
-event loop would.
+Invariant: a workload drives the scheduler only through ``submit``,
+``abort``, ``open_session``, ``close_session`` and ``step``, as SGLang's
+clients and event loop would.
 """
 
 from __future__ import annotations
@@ -37,8 +42,8 @@ from typing import Any, ClassVar, NamedTuple
 
 from kvwatch.targets.sglang.shim_parts import PoolConfig, ShimConfig, SpecConfig
 
-MAX_STEPS = 20_000
-BIG_MARGIN = 24  # aborts: a waiting prompt leaves this much of the pool for its output  # per turn: a scheduler that never gets idle breaks the run
+MAX_STEPS = 20_000  # per turn: a scheduler that never gets idle breaks the run
+BIG_MARGIN = 24  # aborts: a waiting prompt leaves this much of the pool for its output
 Actions = dict[int, list[Callable[[], None]]]  # before step k: what the clients do
 
 
@@ -53,9 +58,16 @@ class Workload:
     sessions: ClassVar[bool] = False  # it needs the release's streaming sessions
 
     def __init__(
-        self, *, c: int = 4, seed: int = 0, page_size: int = 1, cache: str = "radix"
+        self,
+        *,
+        c: int = 4,
+        seed: int = 0,
+        page_size: int = 1,
+        cache: str = "radix",
+        drafts: bool = False,
     ) -> None:
         self.c, self.seed, self.page_size, self.cache = c, seed, page_size, cache
+        self.drafts = drafts  # speculative decoding (a shim's spec-v2 drafts) where driven
         self.sliding_window = 16
         self.rng = random.Random(seed)
         self.histories: dict[str, list[int]] = {}
@@ -94,9 +106,15 @@ class Workload:
 
     def run(self, shim: Any, actions: Actions | None = None) -> None:
         """Step until idle, running ``actions[k]`` before the k-th step, then one idle
-        loop iteration (SGLang's loop keeps polling: deferred closes are reaped)."""
-        actions, k = dict(actions or {}), 0
+        loop iteration (SGLang's loop keeps polling: deferred closes are reaped). When
+        the scheduler stops admitting (``shim.stalled()``: its probe reports it), the
+        clients give up: they abort every request still live, once."""
+        actions, k, gave_up = dict(actions or {}), 0, False
         while not shim.idle() or any(i >= k for i in actions):
+            if shim.stalled() and not gave_up:
+                gave_up = True
+                for req in shim.live_requests():
+                    shim.abort(req.rid)
             for act in actions.pop(k, []):
                 act()
             shim.step()
@@ -145,13 +163,15 @@ class Agentic(Workload):
 class Sessions(Workload):
     name = "sessions"
     sessions = True
-    summary = "streaming sessions with spec-v2 drafts and a forced retraction every 3 decode steps"
+    summary = (
+        "streaming sessions with a forced retraction every 3 decode steps (and a shim's drafts)"
+    )
 
     def config(self) -> ShimConfig:
         return ShimConfig(
             pools=self.pool_config(512 * self.c),
             streaming=True,
-            spec=SpecConfig(num_steps=3),
+            spec=SpecConfig(num_steps=3) if self.drafts else None,
             retract_every=3,
         )
 
@@ -174,6 +194,7 @@ class Sessions(Workload):
         for sid in self.histories:
             shim.close_session(sid)
         self.histories = {}
+        self.run(shim)  # the scheduler takes the closes at its next iterations
 
 
 class Aborts(Workload):
@@ -201,7 +222,7 @@ class Aborts(Workload):
             rid = f"{name}-t{t}-queued"
             later.append((rid, big))
             actions.setdefault(3, []).append(lambda: shim.abort(rid))
-        elif stage == 1 and shim.traits.waiting_timeout:  # waits until the waiting timeout
+        elif stage == 1:  # waits until the waiting timeout (or, without one, runs late)
             later.append((f"{name}-t{t}-late", big))
         elif stage == 2:  # a long prompt, aborted between its prefill chunks
             rid = f"{name}-t{t}-chunked"

@@ -40,7 +40,10 @@ is popped, ``_release_aborted_request`` (``tree.finish(handle, ABORT)``,
 ``session.abort_req()``) and, holding a mamba slot, ``release_kv_cache``;
 running ones get ``to_finish = FINISH_ABORT()``.
 
-Where this differs from SGLang (besides what ``legacy_shim.py`` lists):
+Where this differs from SGLang: no overlap, mixed chunked prefill, PP / DP /
+disaggregation / grammar / LoRA / HiCache or priority scheduling; FCFS order;
+spec decoding's drafts are drawn (``draft_decode.accept``); the waiting timeout counts
+steps; ``retract_every`` stands in for ``SGLANG_TEST_RETRACT``;
 ``init_req_max_new_tokens`` and ``calc_priority`` are not called; spec
 decoding runs without overlap (the release supports that); the mamba
 "can cache finished req" rule is re-stated (``_can_cache_finished``).
@@ -181,7 +184,7 @@ class CheckpointScheduler(ShimLoop):
             finally:
                 allocator.free_group_end()
         self.last_batch, self.last_kind = batch, kind
-        self.notify()
+        self.after_step(batch is not None)
         return batch is not None
 
     def _process_pending_chunked_abort(self) -> None:
@@ -368,7 +371,7 @@ class CheckpointScheduler(ShimLoop):
         if batch.is_empty():
             return batch
         if self.config.spec is not None and not batch.spec_info:
-            batch.spec_info = draft_decode.DraftInput(self.common, 0)  # the worker's draft input
+            batch.spec_info = draft_decode.DraftInput()  # the worker's draft input
         batch.prepare_for_decode()
         return batch
 
@@ -395,7 +398,7 @@ class CheckpointScheduler(ShimLoop):
             else:
                 self.common.checkpoint_kv_cache(req, self.tree_cache)
         if self.config.spec is not None:
-            batch.spec_info = draft_decode.DraftInput(self.common, 0)
+            batch.spec_info = draft_decode.DraftInput()
 
     def _can_cache_finished(self, req: Any) -> bool:
         """``_mamba_can_cache_finished_req``: after a spec step on a mamba tree the live

@@ -235,8 +235,8 @@ UTILS: dict[str, Any] = {
 }
 
 
-def utils_module(name: str) -> StubModule:
-    return StubModule(name, dict(UTILS), package=name.endswith("utils"))
+def utils_module(name: str, extra: dict | None = None) -> StubModule:
+    return StubModule(name, {**UTILS, **(extra or {})}, package=name.endswith("utils"))
 
 
 @dataclasses.dataclass

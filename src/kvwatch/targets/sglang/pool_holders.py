@@ -41,6 +41,16 @@ class Holding(NamedTuple):
     rid: str | None = None  # a request's id
 
 
+def open_group(allocator: Any, attr: str = "free_group") -> list:
+    """The frees an allocator holds back in an open free group. Before 0.5.22 the
+    group's list outlives ``free_group_end`` (which frees it and sets
+    ``is_not_in_free_group``) until the next begin: it is open only while that
+    flag is False; from 0.5.22 a closed group is None."""
+    if getattr(allocator, "is_not_in_free_group", False) is True:
+        return []
+    return getattr(allocator, attr, None) or []
+
+
 def free_units(allocator: Any, page: int, group_attr: str = "free_group") -> list[int]:
     """An allocator's free units: its free, release and staged lists, and the frees
     held in an open free group (page ids at page size > 1)."""
@@ -51,7 +61,7 @@ def free_units(allocator: Any, page: int, group_attr: str = "free_group") -> lis
             units += [int(x) for x in lst.tolist()]
     for staged in getattr(allocator, "staged_pages", None) or []:
         units += [int(x) for x in staged.tolist()]
-    group = getattr(allocator, group_attr, None) or []
+    group = open_group(allocator, group_attr)
     units += sorted({int(x) // page for g in group for x in g.tolist()})
     return units
 
@@ -68,13 +78,13 @@ class PoolReader:
         allocator = self.shim.pools.allocator
         units = free_units(getattr(allocator, "full_attn_allocator", None) or allocator, self.page)
         if self.swa:  # the composite allocator's own free group holds full indices
-            groups = allocator.free_group or []
+            groups = open_group(allocator)
             units += sorted({int(x) // self.page for g in groups for x in g.tolist()})
         return units
 
     def swa_free(self) -> list[int]:
         allocator = self.shim.pools.allocator
-        groups = getattr(allocator, "swa_free_group", None) or []
+        groups = open_group(allocator, "swa_free_group")
         extra = sorted({int(x) // self.page for g in groups for x in g.tolist()})
         return free_units(allocator.swa_attn_allocator, self.page) + extra
 

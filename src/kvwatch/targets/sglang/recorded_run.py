@@ -3,13 +3,16 @@
 ``record_run(release, workload, turns=6, warmup=2)`` is what a gate run of
 ``--engine sglang-cache`` does, in this process::
 
-    release.active(), SGLANG_INVARIANT_CHECK=2 (SGLang's own invariants raise)
-      shim = shim_choice.make(release, workload.config())     fresh pools and cache
+    release.active(), SGLANG_INVARIANT_CHECK=2 (SGLang's own invariants raise),
+                      SGLANG_REQ_WAITING_TIMEOUT (own scheduler)
+      shim = shim_choice.make(release, workload.config())     fresh pools and cache:
+             SGLang's own Scheduler (0.5.4.post3 .. 0.5.13.post1) or a shim (0.5.22+)
       probe = CacheProbe(shim); recorder = TurnRecorder(ShimSource(probe), watch=True)
       recorder.start()                       baseline probe, per-step audits on
       workload.start(shim)                   sessions opened, histories seeded
       for t in turns: workload.turn(shim, t) -> recorder.barrier(t, reports)
       workload.close(shim); recorder.finish(reports)   drained, flushed, probed
+      shim.close()                           the own scheduler's loop thread ends
 
 The barrier reports carry the live conversations and their tokens, the
 requests ended so far as the clients would count them (``counts``: finished
@@ -70,7 +73,11 @@ def counts(shim: Any) -> dict:
     """The requests ended so far, in the shape of a client process's counts."""
     by_status = Counter(o.status for o in shim.outcomes)
     failures = [
-        {"name": o.rid, "status": 0, "error": f"SGLang aborted it at step {o.step}"}
+        {
+            "name": o.rid,
+            "status": 0,
+            "error": f"SGLang aborted it at step {o.step}" + (f": {o.why}" if o.why else ""),
+        }
         for o in shim.outcomes
         if o.status == ABORTED_BY_SGLANG
     ]
@@ -128,14 +135,18 @@ def record_run(
 ) -> RunRecord:
     """Run ``workload`` for ``turns`` turns on ``release`` and return its record."""
     options = RecorderOptions(warmup=warmup, watch=True, replays=False, drain_timeout=2.0)
-    with release.active(), environment(STRICT_INVARIANTS):
+    config = workload.config()
+    values = {**STRICT_INVARIANTS, **shim_choice.environment(release, config)}
+    with release.active(), environment(values):
         try:
-            shim = shim_choice.make(release, workload.config(), seed=workload.seed)
+            shim = shim_choice.make(release, config, seed=workload.seed)
         except Exception as exc:  # the release's constructors broke: nothing to judge
             return RunRecord(turns=(), error=where_it_broke(release, exc))
         recorder = TurnRecorder(ShimSource(CacheProbe(shim)), options)
         try:
             _drive(shim, workload, recorder, turns, say)
-        except Exception as exc:  # the release or the shim broke: judge what was recorded
+        except Exception as exc:  # the release or the driver broke: judge what was recorded
             recorder.broke(where_it_broke(release, exc))
+        finally:
+            shim.close()
         return recorder.record()

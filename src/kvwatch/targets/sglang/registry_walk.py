@@ -15,7 +15,10 @@ the same walk over SGLang's objects, by the same rules:
   (``tree_cache.session.slots``), and for a dict of containers also the sum
   of their lengths (``path[*]``);
 * never walk into a container's elements: tree nodes, a session's requests
-  and a pool's free lists are contents, not registries;
+  and a pool's free lists are contents, not registries; nor report an
+  allocator's free group (``FREE_GROUPS``): frees held back between
+  ``free_group_begin`` and ``free_group_end``, whose list, before 0.5.22,
+  keeps the last group's (already freed) pages until the next begin;
 * a container SGLang bounds on purpose is named in ``BOUNDED`` with the
   module constant that bounds it (``UnifiedSessionRefTracker._closed_session_ids``,
   the last ``_CLOSED_SESSION_TOMBSTONE_LIMIT`` closed session ids): it is
@@ -36,6 +39,7 @@ MAX_OBJECTS = 4000
 PACKAGE = "sglang."
 # (class, attribute) -> the constant in the class's module that bounds it
 BOUNDED = {("UnifiedSessionRefTracker", "_closed_session_ids"): "_CLOSED_SESSION_TOMBSTONE_LIMIT"}
+FREE_GROUPS = ("free_group", "swa_free_group")
 
 
 class Walk(NamedTuple):
@@ -87,6 +91,8 @@ def walk(roots: dict[str, object]) -> Walk:
         if not _sglang_object(obj):
             continue
         for name, value in object_fields(obj):
+            if name in FREE_GROUPS:
+                continue
             if (bound := _bound(obj, name)) is not None:
                 if breach := _breach(path, obj, name, value, bound):
                     breaches.append(breach)

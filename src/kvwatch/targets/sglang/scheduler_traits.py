@@ -71,7 +71,7 @@ class Traits(NamedTuple):
     evidence: dict[str, str]  # trait -> "file:line: text"
 
 
-def _first_line(path: Path, snippets: tuple[str, ...]) -> tuple[int, str] | None:
+def first_line(path: Path, snippets: tuple[str, ...]) -> tuple[int, str] | None:
     lines = path.read_text().splitlines() if path.is_file() else []
     for number, line in enumerate(lines, 1):
         if any(s in line for s in snippets):
@@ -85,7 +85,7 @@ def read(root: Path) -> Traits:
     found, evidence = {}, {}
     for trait, (file, snippets) in SNIPPETS.items():
         alternatives = (snippets,) if isinstance(snippets, str) else snippets
-        hit = _first_line(srt / file, alternatives)
+        hit = first_line(srt / file, alternatives)
         found[trait] = hit is not None
         if hit is not None:
             evidence[trait] = f"{file}:{hit[0]}: {hit[1]}"

@@ -1,23 +1,27 @@
-"""What both scheduler shims share: the run's settings, the messages they pass to
+"""What the scheduler drivers share: the run's settings, the messages they pass to
 SGLang's code, what became of each request, and the loop's bookkeeping.
 
-SGLang's ``Scheduler`` cannot be imported on a CPU host; a shim plays its
-event loop over SGLang's own ``Req``, ``Session``, ``ScheduleBatch``,
-``PrefillAdder``, caches and pools (``legacy_shim.py`` for 0.5.4.post3 ..
-0.5.13.post1, ``checkpoint_shim.py`` for 0.5.22+). This module holds:
+Two drivers step a release's scheduling: ``own_scheduler.OwnScheduler``
+runs the release's own ``Scheduler`` (0.5.4.post3 .. 0.5.13.post1), and
+``checkpoint_shim.CheckpointScheduler`` plays its event loop over SGLang's
+own ``Req``, ``Session``, ``ScheduleBatch``, ``PrefillAdder``, caches and
+pools where the scheduler cannot be built on a CPU host (0.5.22+). Both
+present the same surface to the probe, the workloads and the recorder. This
+module holds:
 
 * ``PoolConfig``, ``SpecConfig``, ``ShimConfig``: the pools, speculative
   decoding and scheduler settings of one run;
 * ``Params`` / ``Incoming`` / ``ModelConfig``: the sampling parameters,
-  incoming request messages and model facts SGLang's code reads (the fields
-  given, ``None`` for the rest);
+  incoming request messages and model facts the shim hands SGLang's code
+  (the fields given, ``None`` for the rest);
 * ``Outcome``: what became of a request, as its client would hear it;
 * ``ShimLoop``: the queue, the batches, what is live, stepping until idle,
-  the observers called after every step (the probe's per-step audit).
+  the observers called after every step (the probe's per-step audit), and
+  the liveness hooks (``stalled``, ``checks``) a driver may answer.
 
-Invariant: requests and sessions are handled when the workload calls
-``submit`` / ``abort`` / ``open_session`` / ``close_session`` (SGLang handles
-them at its next ``process_input_requests``); the model is random tokens.
+Invariant: a driver hands requests and sessions to SGLang when the workload
+calls ``submit`` / ``abort`` / ``open_session`` / ``close_session`` (the
+shim at once, the own scheduler at its next ``recv_requests``).
 """
 
 from __future__ import annotations
@@ -32,8 +36,11 @@ FINISHED = "finished"
 ABORTED = "aborted"  # the client aborted it while it ran
 ABORTED_IN_QUEUE = "aborted-in-queue"  # the client aborted it while it waited
 TIMED_OUT = "timed-out"  # the waiting timeout dropped it
+# SGLang turned it away by design: the queue was full, or a higher-priority request
+# took its place in it (--max-queued-requests, priority scheduling)
+REJECTED = "rejected"
 ABORTED_BY_SGLANG = "aborted-by-sglang"  # SGLang ended it without being asked
-ON_PURPOSE = (ABORTED, ABORTED_IN_QUEUE, TIMED_OUT)  # what the load provokes
+ON_PURPOSE = (ABORTED, ABORTED_IN_QUEUE, TIMED_OUT, REJECTED)  # what the load provokes
 
 
 class PoolConfig(NamedTuple):
@@ -65,6 +72,11 @@ class ShimConfig:
     max_running_requests: int = 32  # plays pp_max_micro_batch_size
     waiting_timeout_steps: int | None = None  # SGLANG_REQ_WAITING_TIMEOUT, in steps
     retract_every: int | None = None  # a forced retraction every N decode steps
+    # the own scheduler only (refused by the shims): --enable-priority-scheduling,
+    # --max-queued-requests, the overlap event loop
+    priority_scheduling: bool = False
+    max_queued_requests: int | None = None
+    overlap: bool = False
     init_new_token_ratio: float = 0.7
     min_new_token_ratio: float = 0.1
     new_token_ratio_decay: float = 0.001
@@ -72,8 +84,9 @@ class ShimConfig:
 
 class Outcome(NamedTuple):
     rid: str
-    status: str  # FINISHED, ABORTED, ABORTED_IN_QUEUE, TIMED_OUT or ABORTED_BY_SGLANG
+    status: str  # FINISHED, ABORTED, ABORTED_IN_QUEUE, TIMED_OUT, REJECTED, ABORTED_BY_SGLANG
     step: int
+    why: str = ""  # SGLang's message for an abort it sent (the own scheduler)
 
 
 class Params:
@@ -134,15 +147,23 @@ class ShimLoop:
         self.step_no = 0
         self.outcomes: list[Outcome] = []
         self.asked_aborts: list[str] = []  # rid prefixes the client asked to abort
+        self.observers: list[Callable[[], None]] = []  # after every step and abort
+        from kvwatch.targets.sglang.admission_watch import AdmissionWatch
+
+        self.watch = AdmissionWatch()  # does the scheduler still admit?
+        self._loop_state()
+
+    def _loop_state(self) -> None:
+        """The loop's own queue and batches (a driver over SGLang's scheduler reads
+        SGLang's instead)."""
         self.waiting_queue: list[Any] = []
         self.queued_at: dict[int, int] = {}  # id(req) -> the step it was queued at
         self.last_batch: Any = None
         self.last_kind: str | None = None  # "extend" or "decode"
         self.chunked_req: Any = None
-        self.new_token_ratio = config.init_new_token_ratio
+        self.new_token_ratio = self.config.init_new_token_ratio
         self.decode_steps = 0
         self.retractions = 0  # requests retracted, all told
-        self.observers: list[Callable[[], None]] = []  # after every step and abort
         self.sessions: Any = None  # SGLang's SessionController (0.5.10+)
         self.running_batch: Any = None
 
@@ -151,8 +172,8 @@ class ShimLoop:
         self.waiting_queue.append(req)
         self.queued_at[id(req)] = self.step_no
 
-    def ended(self, rid: str, status: str) -> None:
-        self.outcomes.append(Outcome(rid=rid, status=status, step=self.step_no))
+    def ended(self, rid: str, status: str, why: str = "") -> None:
+        self.outcomes.append(Outcome(rid=rid, status=status, step=self.step_no, why=why))
 
     def asked_to_abort(self, rid: str) -> bool:
         return any(rid.startswith(prefix) for prefix in self.asked_aborts)
@@ -194,6 +215,22 @@ class ShimLoop:
 
     def step(self) -> bool:
         raise NotImplementedError
+
+    def after_step(self, ran: bool) -> None:
+        """The end of every step: the liveness watch, then the observers."""
+        self.watch.observe(self, ran)
+        self.notify()
+
+    def stalled(self) -> bool:
+        """Whether the scheduler stopped admitting with requests waiting."""
+        return self.watch.stalled
+
+    def checks(self) -> list[Any]:
+        """The driver's own findings for the probe (``admission_watch``)."""
+        return self.watch.findings()
+
+    def close(self) -> None:
+        """The run is over (a driver with a thread ends it)."""
 
     def run_until_idle(self, max_steps: int = 10_000) -> int:
         steps = 0

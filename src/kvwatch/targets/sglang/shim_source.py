@@ -1,12 +1,13 @@
-"""The recorder's probe source for a shim in this process: kvwatch's ``CallableSource``
-with the probe's per-step watching, its flush, and the shim's session registry.
+"""The recorder's probe source for a scheduler driver in this process: kvwatch's
+``CallableSource`` with the probe's per-step watching, its flush, and the driver's
+session registry.
 
 ``TurnRecorder`` (``kvwatch.harness.recorder``) asks its source for probes, a
 flush once the run drained, the reports the engine kept between barriers
 (``latched``) and whether each session the load opened is still open. Here
-every answer comes from the shim and its ``CacheProbe``; there is no heap
-sampler (the target does not claim ``Signal.HEAP``: ``sglang_target.py``
-says why) and nothing is replayed.
+every answer comes from the driver (SGLang's own scheduler or the shim) and
+its ``CacheProbe``; there is no heap sampler (the target does not claim
+``Signal.HEAP``: ``cache_target.py`` says why) and nothing is replayed.
 
 Invariant: only ``watch``, ``latched`` and ``session_open`` differ from
 ``CallableSource``.

@@ -1,0 +1,96 @@
+"""SGLang's own ``Scheduler`` driven in this process, on 0.5.11 from its wheel.
+
+The driver is the release's class, stepped one loop iteration at a time; the
+scheduler paths the new profiles exist for are taken as SGLang takes them:
+priority scheduling with a queued-requests limit (higher-priority arrivals
+evict queued requests, a full queue rejects one, a lowest-priority request
+times out waiting), aborts at every stage, and a scheduler that stops
+admitting, which the probe reports. The wheel is downloaded at test time
+(once per machine); skipped, saying why, when PyPI cannot be reached.
+"""
+
+from __future__ import annotations
+
+import collections
+
+import pytest
+
+from kvwatch.contracts import FindingKind
+from kvwatch.targets.sglang import scheduler_workloads, shim_choice, wheel_fetch
+from kvwatch.targets.sglang.recorded_run import STRICT_INVARIANTS, environment, record_run
+from kvwatch.targets.sglang.shim_parts import (
+    ABORTED,
+    ABORTED_IN_QUEUE,
+    FINISHED,
+    REJECTED,
+    TIMED_OUT,
+)
+
+pytestmark = pytest.mark.e2e
+VERSION = "0.5.11"
+
+
+@pytest.fixture(scope="module")
+def release():
+    try:
+        return shim_choice.load(VERSION)
+    except wheel_fetch.Unavailable as exc:
+        pytest.skip(f"cannot download sglang {VERSION}'s wheel (is PyPI reachable?): {exc}")
+
+
+def drive(release, workload, turns=1):
+    """``workload`` for ``turns`` turns on the release's own scheduler; its driver."""
+    config = workload.config()
+    values = {**STRICT_INVARIANTS, **shim_choice.environment(release, config)}
+    with release.active(), environment(values):
+        driver = shim_choice.make(release, config, seed=workload.seed)
+        try:
+            workload.start(driver)
+            for t in range(turns):
+                workload.turn(driver, t)
+        finally:
+            driver.close()
+    return driver
+
+
+def test_the_driver_is_the_release_scheduler_one_iteration_a_step(release):
+    driver = drive(release, scheduler_workloads.Priority(c=2, seed=0))
+    scheduler = release.modules["sglang.srt.managers.scheduler"].Scheduler
+    assert isinstance(driver.sched, scheduler)
+    assert driver.loop.iterations == driver.step_no > 0
+    assert driver.worker.forwards > 0 and driver.sched.tree_cache is driver.tree_cache
+
+
+def test_priority_evicts_rejects_and_times_out_as_sglang_does(release):
+    driver = drive(release, scheduler_workloads.Priority(c=4, seed=0))
+    status = {o.rid: o.status for o in driver.outcomes}
+    why = {o.rid: o.why for o in driver.outcomes}
+    assert collections.Counter(status.values()) == {FINISHED: 8, REJECTED: 3, TIMED_OUT: 1}
+    evicted = [r for r, w in why.items() if "higher priority" in w]
+    assert len(evicted) == 2 and all(r.endswith("-queued") for r in evicted)
+    assert "queue is full" in why["conv0-t0-full"] and status["conv0-t0-lowest"] == TIMED_OUT
+    assert all(status[f"conv{i}-t0-high"] == FINISHED for i in range(2))
+
+
+def test_a_request_is_aborted_at_each_stage(release):
+    workload = scheduler_workloads.AbortStages(c=5, seed=0)
+    driver = drive(release, workload)
+    status = {o.rid: o.status for o in driver.outcomes}
+    stages = {rid.rsplit("-", 1)[1]: s for rid, s in status.items() if not rid.endswith("-ok")}
+    assert stages == {
+        "arrival": ABORTED_IN_QUEUE,
+        "queued": ABORTED_IN_QUEUE,
+        "chunked": ABORTED,
+        "decoding": ABORTED,
+        "retracted": ABORTED_IN_QUEUE,
+    }
+    assert all(status[f"conv{i}-t0-ok"] == FINISHED for i in range(5))
+
+
+def test_a_scheduler_that_stops_admitting_is_reported_and_the_run_ends(release):
+    workload = scheduler_workloads.SessionPressure(c=2, seed=0)
+    record = record_run(release, workload, turns=2, warmup=1)
+    found = [f for t in record.turns for p in t.probes for f in p.findings]
+    starved = [f for f in found if f.kind == FindingKind.STARVED]
+    assert starved and "request short-t0" in starved[0].detail, found
+    assert "batch_is_full=True" in starved[0].detail and record.error is None
