@@ -128,6 +128,8 @@ NOT_FOR_SOAK = {
     "sglang_version": "--sglang-version",
     "sglang_cache": "--sglang-cache",
     "page_size": "--page-size",
+    "lightllm_src": "--lightllm-src",
+    "lightllm_cache": "--lightllm-cache",
     "no_report": "--no-report",  # a soak writes no report.html to skip
     "grafana_token": "--grafana-token",  # a soak annotates no Grafana
 }
@@ -214,6 +216,8 @@ def _gate(args: argparse.Namespace) -> int:
         sglang_version=args.sglang_version,
         sglang_cache=args.sglang_cache,
         page_size=args.page_size,
+        lightllm_src=args.lightllm_src,
+        lightllm_cache=args.lightllm_cache,
         seed=args.seed,
         engine_sets=tuple(args.engine_set),
     )

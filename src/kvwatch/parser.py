@@ -188,6 +188,7 @@ def _add_gate(sub: argparse._SubParsersAction) -> None:
     _add_gate_locust(gate)
     _add_gate_engine(gate)
     _add_gate_sglang(gate)
+    _add_gate_lightllm(gate)
     _add_gate_publishing(gate)
     gate.set_defaults(handler="gate")
 
@@ -269,11 +270,12 @@ def _add_gate_engine(gate: argparse.ArgumentParser) -> None:
     )
     gate.add_argument(
         "--engine",
-        choices=("kvwatch", "vllm", "vllm-scheduler", "sglang-cache"),
+        choices=("kvwatch", "vllm", "vllm-scheduler", "sglang-cache", "lightllm-cache"),
         default=None,
         help="the engine to start and probe (default: kvwatch); vllm: from --model DIR; "
         "vllm-scheduler: vLLM's own scheduler in process, with no model; "
-        "sglang-cache: SGLang's caches in process, from --sglang-version",
+        "sglang-cache: SGLang's caches in process, from --sglang-version; "
+        "lightllm-cache: LightLLM's caches and infer loop, from --lightllm-src",
     )
     gate.add_argument(
         "--vllm-python",
@@ -330,6 +332,23 @@ def _add_gate_sglang(gate: argparse.ArgumentParser) -> None:
     )
     gate.add_argument(
         "--page-size", type=int, default=None, metavar="N", help="SGLang's page size (default: 1)"
+    )
+
+
+def _add_gate_lightllm(gate: argparse.ArgumentParser) -> None:
+    """``--engine lightllm-cache``: which LightLLM checkout, which of its caches."""
+    gate.add_argument(
+        "--lightllm-src",
+        default=None,
+        metavar="DIR",
+        help="a LightLLM source checkout whose caches and infer loop run (on CPU, unmodified)",
+    )
+    gate.add_argument(
+        "--lightllm-cache",
+        choices=("radix", "linear"),
+        default=None,
+        help="LightLLM's RadixCache (radix, default) or the LinearAttPagedRadixCache of "
+        "hybrid linear-attention models (linear)",
     )
 
 

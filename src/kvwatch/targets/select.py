@@ -8,6 +8,8 @@
     --engine vllm-scheduler [--vllm-python P] [--vllm-version V]  VllmSchedulerTarget
     --engine sglang-cache --sglang-version V [--sglang-cache C] [--page-size N]
                                                                   SglangCacheTarget
+    --engine lightllm-cache --lightllm-src DIR [--lightllm-cache C]
+                                                                  LightllmCacheTarget
 
 ``choose`` raises ValueError (the CLI's exit 2) for flags that do not fit the
 target they pick, with the message the user reads.
@@ -42,6 +44,8 @@ class TargetFlags:
     sglang_version: str | None = None  # --engine sglang-cache only, as the two below
     sglang_cache: str | None = None  # default: radix
     page_size: int | None = None  # default: 1
+    lightllm_src: str | None = None  # --engine lightllm-cache only, as the one below
+    lightllm_cache: str | None = None  # default: radix
     seed: int = 0  # the gate's: kvwatch's failpoints draw from it
     engine_sets: tuple[str, ...] = ()  # --engine-set KEY=VALUE, kvwatch only
 
@@ -139,11 +143,32 @@ def _sglang_flags_alone(flags: TargetFlags, engine: str) -> None:
         raise ValueError(f"{', '.join(given)} goes with --engine sglang-cache only")
 
 
+def _lightllm_cache(flags: TargetFlags, out: Path) -> Target:
+    from kvwatch.targets.lightllm.checkout_check import find_checkout
+    from kvwatch.targets.lightllm.lightllm_target import LightllmCacheTarget
+
+    if flags.lightllm_src is None:
+        raise ValueError("--engine lightllm-cache needs --lightllm-src DIR, a LightLLM checkout")
+    if flags.faults:
+        raise ValueError("--engine lightllm-cache runs LightLLM as it is; it takes no --inject")
+    cache = flags.lightllm_cache or "radix"
+    return LightllmCacheTarget(find_checkout(flags.lightllm_src, cache), cache=cache)
+
+
+def _lightllm_flags_alone(flags: TargetFlags, engine: str) -> None:
+    """The ``--lightllm-*`` flags go with ``--engine lightllm-cache`` only."""
+    names = ("lightllm_src", "lightllm_cache")
+    given = [f"--{n.replace('_', '-')}" for n in names if getattr(flags, n) is not None]
+    if given and (engine != "lightllm-cache" or flags.target is not None):
+        raise ValueError(f"{', '.join(given)} goes with --engine lightllm-cache only")
+
+
 ENGINES: dict[str, Callable[[TargetFlags, Path], Target]] = {
     "kvwatch": _kvwatch,
     "vllm": _vllm,
     "vllm-scheduler": _vllm_scheduler,
     "sglang-cache": _sglang_cache,
+    "lightllm-cache": _lightllm_cache,
 }
 
 
@@ -155,6 +180,7 @@ def choose(flags: TargetFlags, out: Path) -> Target:
     if flags.engine_sets and (engine != "kvwatch" or flags.target is not None):
         raise ValueError("--engine-set configures the embedded kvwatch engine only")
     _sglang_flags_alone(flags, engine)
+    _lightllm_flags_alone(flags, engine)
     if flags.vllm_version is not None and not engine.startswith("vllm"):
         raise ValueError("--vllm-version picks the vLLM that --engine vllm or vllm-scheduler runs")
     if flags.target is not None or flags.metrics_url is not None:
