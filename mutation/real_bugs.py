@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import subprocess
 import sys
@@ -66,7 +67,16 @@ CORPUS = ROOT / "docs" / "real-bugs.json"
 DOC = ROOT / "docs" / "real-bugs.md"
 RUN_TIMEOUT_S = 1800
 DECIDERS = ("engine", "modelled")  # decided_by: the engine's own code, or a kvwatch stand-in
-REPOS = {"sglang": "sgl-project/sglang", "vllm": "vllm-project/vllm"}
+REPOS = {
+    "sglang": "sgl-project/sglang",
+    "vllm": "vllm-project/vllm",
+    "lightllm": "ModelTC/LightLLM",
+}
+# LightLLM is not on PyPI: its rows name commits, exported from this git repository (a
+# clone or a bare git dir); without it they keep their last result and say so
+LIGHTLLM_REPO = "KVWATCH_LIGHTLLM_REPO"
+CHECKOUT_FLAG = "--lightllm-src"  # a row whose version is a commit of a source checkout
+VLLM_PYTHON = ".venv-vllm/bin/python"  # what make vllm-release unpacks releases beside
 # below this line docs/real-bugs.md is prose written by hand (a hunt's write-up), kept
 HAND_WRITTEN = "<!-- written by hand below this line; make real-bugs keeps it -->"
 
@@ -125,8 +135,14 @@ class BugRow:
         return ["gate", *self.gate, self.version_flag, version, "--out", str(out), "--no-report"]
 
     def command(self, version: str) -> str:
-        """The command line a reader runs (``--out`` and ``--no-report`` left out)."""
-        return " ".join(["kvwatch", "gate", *self.gate, self.version_flag, version])
+        """The command line a reader runs (``--out`` and ``--no-report`` left out); a
+        commit of a source checkout reads ``DIR`` (a checkout of that commit)."""
+        if self.version_flag == CHECKOUT_FLAG:
+            version = f"DIR  # DIR: a LightLLM checkout of {version[:12]}"
+        gate = ["kvwatch", "gate", *self.gate]
+        if self.version_flag == "--vllm-version":  # vLLM's own venv, the release over it
+            gate = [f"make vllm-release V={version} &&", *gate, "--vllm-python", VLLM_PYTHON]
+        return " ".join([*gate, self.version_flag, version])
 
 
 def load(path: Path = CORPUS) -> list[BugRow]:
@@ -166,11 +182,28 @@ def side_of(code: int, summary: dict | None, expect: str | None, output: str) ->
     return Side(exit=code, detector=None, evidence=errors[0] if errors else tail[0])
 
 
+def checkout(repo: Path, commit: str, where: Path) -> Path:
+    """``commit`` of the git repository ``repo``, exported once under ``where``
+    (``git archive``: no work tree or ``.git`` of its own)."""
+    folder = where / f"checkout-{commit[:12]}"
+    if not folder.exists():
+        folder.mkdir(parents=True)
+        archive = subprocess.run(
+            ["git", "-C", str(repo), "archive", "--format=tar", commit],
+            capture_output=True, check=True,
+        )  # fmt: skip
+        subprocess.run(["tar", "-x", "-C", str(folder)], input=archive.stdout, check=True)
+    return folder
+
+
 def run_side(row: BugRow, version: str, where: Path) -> tuple[Side, float]:
     """One ``kvwatch gate`` process on ``version``; what it showed and its seconds."""
     out = where / f"{row.id}-{version}"
     started = time.monotonic()
-    cmd = [sys.executable, "-m", "kvwatch", *row.argv(version, out)]
+    given = version
+    if row.version_flag == CHECKOUT_FLAG:
+        given = str(checkout(Path(os.environ[LIGHTLLM_REPO]), version, where))
+    cmd = [sys.executable, "-m", "kvwatch", *row.argv(given, out)]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
     summary_path = out / "summary.json"
     summary = json.loads(summary_path.read_text()) if summary_path.exists() else None
@@ -179,8 +212,12 @@ def run_side(row: BugRow, version: str, where: Path) -> tuple[Side, float]:
 
 
 def run_row(row: BugRow, where: Path, say=print) -> BugRow:
-    """``row`` with its ``result`` measured (unchanged when no gate drives it)."""
+    """``row`` with its ``result`` measured (unchanged when no gate drives it, or when
+    its commits' repository is not given)."""
     if row.gate is None:
+        return row
+    if row.version_flag == CHECKOUT_FLAG and not os.environ.get(LIGHTLLM_REPO):
+        say(f"{row.id}: not run: set {LIGHTLLM_REPO} to a LightLLM git repository")
         return row
     result = {}
     for name, version in (("buggy", row.buggy), ("fixed", row.fixed)):
@@ -308,6 +345,11 @@ def render(rows: Sequence[BugRow]) -> str:
         "verdict comes from a kvwatch stand-in for part of the engine, and is kept but not",
         f"counted ({len(counted(rows))} rows count). The row schema is in",
         "`mutation/real_bugs.py` and `docs/README.md`.",
+        "",
+        "Each command below runs as written from the checkout's root once kvwatch is",
+        "installed (`make .venv/.installed`, then `.venv/bin/kvwatch`, or `pip install .`);",
+        "a vLLM row's command first unpacks the release over vLLM's own venv (`make",
+        "vllm-release`), a LightLLM row's needs a checkout of the commit it names.",
         "",
         "## Fixed bugs",
         "",
