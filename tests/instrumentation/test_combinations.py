@@ -349,14 +349,17 @@ def test_the_coverage_line_is_a_count_and_the_first_few_never_taken():
     assert coverage_line(_Summary(odd)).endswith("; 1 seen outside the machines")
 
 
-def test_a_rare_transition_is_listed_and_counted_but_never_owed():
-    """``recovering -> failed`` (a recovery that finds no pages even alone) is a
-    correct transition no load can be sure to take: seen, it is taken, not
-    unlisted; unseen, it is not among the never taken."""
-    seen = coverage({"request": {"new -> queued": 1, "recovering -> failed": 2}})["request"]
-    assert seen["taken"]["recovering -> failed"] == 2 and seen["unlisted"] == {}
+@pytest.mark.parametrize("stage", ["queued", "prefilling", "decoding", "verifying", "recovering"])
+def test_a_rare_transition_is_listed_and_counted_but_never_owed(stage):
+    """``STAGE -> failed`` (a request that finds no pages even alone: a failpoint
+    while nothing else can be let go) is a correct transition no load can be
+    sure to take: seen, it is taken, not unlisted; unseen, not among the never
+    taken."""
+    edge = f"{stage} -> failed"
+    seen = coverage({"request": {"new -> queued": 1, edge: 2}})["request"]
+    assert seen["taken"][edge] == 2 and seen["unlisted"] == {}
     unseen = coverage({"request": {"new -> queued": 1}})["request"]
-    assert "recovering -> failed" not in unseen["never"]
+    assert edge not in unseen["never"]
     assert coverage({"request": {"new -> failed": 1}})["request"]["unlisted"] == {
         "new -> failed": 1
     }

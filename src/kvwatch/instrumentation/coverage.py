@@ -10,8 +10,9 @@ the engine's events). Transitions are ``"from -> to"``::
                                     aborted      retracted -> recovering -> decoding
                                                  (decoding ->) paused -> recovering
                                                               ... -> finished | aborted
-             queued | prefilling | recovering -> failed (no pages for it even
-             alone; listed, but no load can be sure to take them: not owed)
+             queued | prefilling | decoding | verifying | recovering -> failed
+             (no pages for it even alone; listed, but no load can be sure to
+             take them: not owed)
     session  new -> open -> running -> parked | cut -> running | rolled back
                                                      -> closed | timed out
     slot     empty -> prepared -> filled | aborted;  filled -> prepared (reused),
@@ -88,10 +89,12 @@ REQUEST = Machine(
         *((s, "aborted") for s in _LIVE),  # an abort at each stage
     ),
     # a request that cannot go on even alone (its admission into an idle cache,
-    # its lone chunk, or its recovery found no pages): a 400 to its client. They
-    # follow a failpoint, or a full pool, at a moment nothing else can be unpinned,
-    # which no load can time; the failpoint machine owes the failures themselves
-    also=_edges(("queued", "failed"), ("prefilling", "failed"), ("recovering", "failed")),
+    # its lone chunk, its lone decode step or its recovery found no pages): an
+    # error to its client. They follow a failpoint, or a full pool, at a moment
+    # nothing else can be unpinned, which no load can time; the failpoint machine owes the failures themselves
+    also=_edges(
+        *((s, "failed") for s in ("queued", "prefilling", "decoding", "verifying", "recovering"))
+    ),
 )
 
 SESSION = Machine(
