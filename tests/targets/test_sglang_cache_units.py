@@ -17,6 +17,7 @@ import pytest
 
 from kvwatch.contracts import FindingKind
 from kvwatch.gate.detectors import for_signals
+from kvwatch.targets import unit_audit
 from kvwatch.targets.select import TargetFlags, choose
 from kvwatch.targets.sglang import (
     pool_audit,
@@ -31,7 +32,7 @@ from kvwatch.targets.sglang.cache_views import Lock, NodeView
 from kvwatch.targets.sglang.pool_holders import Holding
 from kvwatch.targets.sglang.recorded_run import counts
 from kvwatch.targets.sglang.shim_parts import Outcome
-from kvwatch.targets.sglang.stand_ins import Stub, StubModule, defines
+from kvwatch.targets.stand_ins import Stub, StubModule, defines
 
 
 # -- which detectors, which profiles, which flags -------------------------------------------
@@ -227,8 +228,8 @@ def audit(free, universe, holdings, last=lambda group, unit: f"holder of {unit}"
 
 
 def test_ranges_read_as_runs():
-    assert pool_audit.ranges([9, 3, 4, 5, 12, 13]) == "3-5, 9, 12-13"
-    assert pool_audit.ranges(range(0, 40, 2)).endswith("(+12 ranges)")
+    assert unit_audit.ranges([9, 3, 4, 5, 12, 13]) == "3-5, 9, 12-13"
+    assert unit_audit.ranges(range(0, 40, 2)).endswith("(+12 ranges)")
 
 
 def test_a_clean_pool_has_no_findings_and_counts_its_owners():

@@ -18,6 +18,7 @@ import torch
 
 from kvwatch.contracts import FindingKind, RootRefs
 from kvwatch.gate.detectors import for_signals
+from kvwatch.targets import unit_audit
 from kvwatch.targets.lightllm import slot_audit, state_read
 from kvwatch.targets.lightllm.infer_probe import InferProbe
 from kvwatch.targets.lightllm.lightllm_target import PROFILES, LightllmCacheTarget
@@ -213,7 +214,7 @@ def test_the_pool_audit_alone():
     assert by_kind[FindingKind.ORPHAN].pages == (3, 4)
     assert [f.pages for f in found if f.kind is FindingKind.DOUBLE_OWNED] == [(0,), (2,), (7,)]
     assert counts == {"tree": 2, "request": 1}
-    assert slot_audit.ranges([1, 2, 3, 7, 9, 10]) == "1-3, 7, 9-10"
+    assert unit_audit.ranges([1, 2, 3, 7, 9, 10]) == "1-3, 7, 9-10"
 
 
 def test_nodes_are_read_parents_first():

@@ -38,7 +38,7 @@ from kvwatch.targets.sglang.shim_parts import (
     REJECTED,
     TIMED_OUT,
 )
-from kvwatch.targets.sglang.stand_ins import StubModule
+from kvwatch.targets.stand_ins import StubModule
 
 
 # -- which driver -----------------------------------------------------------------------------

@@ -10,13 +10,17 @@ tree into kvwatch's ``ProbeReport`` after every iteration; kvwatch's
 recorder and detectors judge the run. The target itself is
 ``kvwatch.targets.lightllm.lightllm_target``.
 
+Stubs (``kvwatch.targets.stand_ins``), the units' audit (``unit_audit``), the
+per-step probe's memory (``step_probe``) and the container walk
+(``object_walk``) are shared with ``kvwatch.targets.sglang``; the driver
+process per run (``driver_process``) with ``kvwatch.targets.vllm.scheduler_target``.
+
 Modules, in the order data flows::
 
     checkout_check    --lightllm-src DIR: a LightLLM checkout? its commit; has the linear cache?
     lightllm_target   LightllmCacheTarget: a driver process per run, its record read back
     run_driver        the driver process: plan in, record and progress lines out
     loop_recording    one workload on the checkout with kvwatch's TurnRecorder; where LightLLM broke
-    inert_stubs       Stub, stub classes and modules for what is not needed
     host_stand_ins    stand-ins with behaviour: triton, the rank, shared memory, custom_cat, easydict
     source_hooks      the import hook: LightLLM's modules from DIR, stand-ins, stubs
     cpu_torch         torch on CPU: pin_memory dropped, "cuda" -> cpu, .cpu()/.cuda() copy

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from kvwatch.targets.lightllm.inert_stubs import Stub
+from kvwatch.targets.stand_ins import Stub
 
 CONSTRUCTORS = ("zeros", "empty", "arange", "ones", "full", "tensor")
 _patched = False

@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from kvwatch.targets.lightllm.inert_stubs import StubModule
+from kvwatch.targets.stand_ins import StubModule
 
 DIST_ZERO = (
     "get_current_rank_in_node",

@@ -40,8 +40,8 @@ import torch
 
 from kvwatch.targets.lightllm import cpu_torch, source_hooks
 from kvwatch.targets.lightllm.forward_stand_in import StandInModel, cpu_backend
-from kvwatch.targets.lightllm.inert_stubs import Stub
 from kvwatch.targets.lightllm.infer_records import EOS, IOBuffer, ShmReqManager, start_args
+from kvwatch.targets.stand_ins import Stub
 
 CACHES = ("radix", "linear")
 MODULES = {

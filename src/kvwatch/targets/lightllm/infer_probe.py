@@ -26,7 +26,8 @@ After every iteration the probe notes who held each unit (``remember``, an
 observer of the loop), so an orphan names its last holder and what became
 of it (``request 7 pending big page at 16, aborted at iteration 3``). With
 ``watch()`` it audits after every iteration and keeps the first reports
-that show a finding (``latched()``), for the recorder's next barrier.
+that show a finding (``latched()``), for the recorder's next barrier
+(``kvwatch.targets.step_probe``).
 
 Invariant: the probe only reads LightLLM's state; ``flush`` is the one call
 that changes it, through the cache's own eviction.
@@ -34,6 +35,7 @@ that changes it, through the cache's own eviction.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from kvwatch.contracts import (
@@ -47,44 +49,25 @@ from kvwatch.contracts import (
 )
 from kvwatch.targets.lightllm import object_sizes, slot_audit, state_read, tree_read
 from kvwatch.targets.lightllm.infer_loop import InferLoop
-from kvwatch.targets.lightllm.state_read import KV, SMALL, STATE, PoolView
+from kvwatch.targets.lightllm.state_read import KV, SMALL, STATE, Holding, PoolView
+from kvwatch.targets.step_probe import StepProbe
 
-MAX_LATCHED = 4
 OWNERS = ("tree", "request")
 
 
-class InferProbe:
+class InferProbe(StepProbe):
     def __init__(self, loop: InferLoop) -> None:
+        super().__init__()
         self.loop = loop
-        self.last_holder: dict[tuple[str, int], tuple[str, int | None]] = {}
-        self.watching = False
-        self.kept: list[ProbeReport] = []
         loop.observers.append(self.remember)
 
-    # -- per-iteration watching ------------------------------------------------------------
-    def watch(self) -> None:
-        self.watching = True
-
-    def latched(self) -> list[ProbeReport]:
-        out, self.kept = self.kept, []
-        return out
-
-    def remember(self) -> None:
-        if self.watching:
-            report = self.report()
-            if report.findings and len(self.kept) < MAX_LATCHED:
-                self.kept.append(report)
-            return
-        for view in self.pools(state_read.nodes_of(self.loop.parts.radix)):
-            self._note(view)
-
-    def _note(self, view: PoolView) -> None:
-        for unit, holders in slot_audit.owners_of(view.holdings).items():
-            h = next((h for h in holders if h.owner != "tree"), holders[0])
-            self.last_holder[(view.group, unit)] = (h.who, h.rid)
+    # -- per-iteration watching (StepProbe) --------------------------------------------------
+    def holdings(self) -> Iterable[tuple[str, list[Holding]]]:
+        views = self.pools(state_read.nodes_of(self.loop.parts.radix))
+        return [(view.group, view.holdings) for view in views]
 
     def last(self, group: str, unit: int) -> str:
-        who, rid = self.last_holder.get((group, unit), ("no holder seen", None))
+        who, rid = self.last_seen(group, unit)
         ends = [o for o in self.loop.outcomes if o.rid == rid]
         if ends:
             return f"{who}, {ends[-1].status} at iteration {ends[-1].iteration}"
@@ -108,7 +91,7 @@ class InferProbe:
         for view in self.pools(nodes):
             found, counts = slot_audit.audit_pool(view, self.last)
             findings += found
-            self._note(view)
+            self.note(view.group, view.holdings)
             groups[view.group] = GroupReport(
                 family="state" if view.group in (STATE, SMALL) else "history",
                 capacity=len(view.universe),

@@ -17,8 +17,8 @@ router. Its profiles are the workloads of ``infer_workloads``::
 
 Each run is a driver process of its own (``run_driver.py`` says why: start
 args read once per process, module singletons, global CPU changes to
-torch). A run that does not end in ``spec.run_timeout`` is killed and is an
-error.
+torch), run and followed by ``kvwatch.targets.driver_process``. A run that
+does not end in ``spec.run_timeout`` is killed and is an error.
 
 What its records carry (``signals``): probes (the audit of LightLLM's pools,
 ref counts and tree after every iteration), registries (the containers its
@@ -33,30 +33,27 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
-import json
 import os
-import subprocess
 import sys
-import time
 from collections.abc import Iterator, Mapping
-from pathlib import Path
 from typing import ClassVar, NamedTuple
 
-from kvwatch.harness import outputs
 from kvwatch.harness.progress import Progress
 from kvwatch.harness.run_record import RunRecord, Signal
 from kvwatch.harness.target import RunSpec, Served, Target
-from kvwatch.processes import ServerError, stop
+from kvwatch.processes import ServerError
+from kvwatch.targets import driver_process
+from kvwatch.targets.driver_process import Driver, DriverFiles
 from kvwatch.targets.lightllm.checkout_check import Checkout
 from kvwatch.targets.lightllm.infer_workloads import WORKLOADS
 
 CACHES = ("radix", "linear")
 DRIVER = "kvwatch.targets.lightllm.run_driver"
-PLAN, RECORD, PROGRESS, LOG = (
-    "lightllm-plan.json",
-    "lightllm-record.json",
-    "lightllm-progress.txt",
-    "lightllm.log",
+FILES = DriverFiles(
+    plan="lightllm-plan.json",
+    record="lightllm-record.json",
+    progress="lightllm-progress.txt",
+    log="lightllm.log",
 )
 NEEDS = ("numpy", "sortedcontainers")  # LightLLM's own imports on the cache path
 
@@ -109,7 +106,7 @@ class LightllmServed(Served):
     def __init__(self, target: LightllmCacheTarget, profile: LightllmProfile) -> None:
         self.target, self.profile = target, profile
 
-    def plan(self, spec: RunSpec, paths: dict[str, Path]) -> dict:
+    def plan(self, spec: RunSpec) -> dict:
         return {
             "checkout": str(self.target.checkout.path),
             "cache": self.target.cache,
@@ -118,48 +115,19 @@ class LightllmServed(Served):
             "turns": spec.turns,
             "warmup": spec.warmup,
             "seed": spec.seed,
-            "record": str(paths[RECORD].absolute()),
-            "progress": str(paths[PROGRESS].absolute()),
         }
 
+    def driver(self, spec: RunSpec) -> Driver:
+        return Driver(
+            command=(self.target.python, "-m", DRIVER),
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            files=FILES,
+            run_name="the LightLLM run",
+            driver_name="the LightLLM driver",
+            line=lambda line: line,
+            heartbeat=lambda seen: f"LightLLM's infer loop: {seen} of {spec.turns} turns",
+            poll_s=0.1,
+        )
+
     def run(self, spec: RunSpec) -> RunRecord:
-        paths = {name: outputs.child(spec.where, name) for name in (PLAN, RECORD, PROGRESS)}
-        for path in paths.values():
-            path.unlink(missing_ok=True)
-        paths[PLAN].write_text(json.dumps(self.plan(spec, paths)))
-        error = self._drive(paths, spec)
-        if error is None and not paths[RECORD].exists():
-            error = f"the driver ended without a record (see {spec.where / LOG})"
-        if error is not None:
-            return RunRecord(turns=(), error=error)
-        return RunRecord.from_json(json.loads(paths[RECORD].read_text()))
-
-    def _drive(self, paths: dict[str, Path], spec: RunSpec) -> str | None:
-        """The driver to its end, its barrier lines relayed; why it broke, or None."""
-        cmd = [self.target.python, "-m", DRIVER, str(paths[PLAN].absolute())]
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        seen, deadline = 0, time.monotonic() + spec.run_timeout
-        with outputs.child(spec.where, LOG).open("w") as log:
-            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
-            try:
-                while proc.poll() is None:
-                    if time.monotonic() > deadline:
-                        return f"the LightLLM run did not finish in {spec.run_timeout:.0f} s"
-                    seen = _relay(spec.progress, paths[PROGRESS], seen)
-                    spec.progress.heartbeat(f"LightLLM's infer loop: {seen} of {spec.turns} turns")
-                    time.sleep(0.1)
-                _relay(spec.progress, paths[PROGRESS], seen)
-            finally:
-                stop(proc, grace=5)
-        if proc.returncode != 0:
-            return f"the LightLLM driver exited with {proc.returncode} (see {spec.where / LOG})"
-        return None
-
-
-def _relay(progress: Progress, lines: Path, seen: int) -> int:
-    if not lines.exists():
-        return seen
-    done = lines.read_text().splitlines()
-    for line in done[seen:]:
-        progress.say(line)
-    return len(done)
+        return driver_process.run(self.driver(spec), spec, self.plan(spec), RunRecord.from_json)

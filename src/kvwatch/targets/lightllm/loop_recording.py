@@ -6,7 +6,7 @@ does, inside its driver process (``run_driver.py``)::
     workload = WORKLOADS[profile](c, seed, cache)
     parts = infer_build.build(checkout, workload.sizes())    LightLLM's pools, cache, backend
     loop = InferLoop(parts); probe = InferProbe(loop)
-    recorder = TurnRecorder(LoopSource(probe), watch=True)
+    recorder = TurnRecorder(StepSource(probe), watch=True)
     recorder.start()                                         baseline probe, per-step audits
     for t in turns: workload.turn(loop, t) -> recorder.barrier(t, reports)
     recorder.finish(reports)                                 flushed (the cache's own eviction), probed
@@ -32,25 +32,11 @@ from typing import Any
 
 from kvwatch.harness.recorder import RecorderOptions, TurnRecorder
 from kvwatch.harness.run_record import KEEP_FAILURES, Counts, RunRecord
-from kvwatch.harness.sources import CallableSource
 from kvwatch.targets.lightllm.infer_build import build
 from kvwatch.targets.lightllm.infer_loop import ABORTED, FAILED, FINISHED, InferLoop
 from kvwatch.targets.lightllm.infer_probe import InferProbe
 from kvwatch.targets.lightllm.infer_workloads import WORKLOADS, Workload
-
-
-class LoopSource(CallableSource):
-    """The recorder's probe source over an ``InferProbe``: its watching and flush."""
-
-    def __init__(self, probe: InferProbe) -> None:
-        super().__init__(probe.report, flush=probe.flush)
-        self.infer_probe = probe
-
-    def watch(self) -> None:
-        self.infer_probe.watch()
-
-    def latched(self) -> list:
-        return self.infer_probe.latched()
+from kvwatch.targets.step_probe import StepSource
 
 
 def counts(loop: InferLoop) -> dict:
@@ -126,7 +112,7 @@ def record_run(plan: dict, say: Callable[[str], None] = lambda line: None) -> Ru
     except Exception as exc:  # the checkout's constructors broke: nothing to judge
         return RunRecord(turns=(), error=where_it_broke(checkout, exc))
     options = RecorderOptions(warmup=plan["warmup"], watch=True, replays=False, drain_timeout=2.0)
-    recorder = TurnRecorder(LoopSource(InferProbe(loop)), options)
+    recorder = TurnRecorder(StepSource(InferProbe(loop)), options)
     try:
         _drive(loop, workload, recorder, plan["turns"], say)
     except Exception as exc:  # LightLLM or the workload broke: judge what was recorded

@@ -4,8 +4,9 @@ Over what ``state_read`` read (so hand-built structures are audited the
 same way):
 
 * ``audit_pool``: each unit of a pool is free, or held by exactly one tree
-  node or live request. Held by nobody: ``ORPHAN`` (a leak; the detail names
-  the unit's last holder, as ``last`` describes it); on the free list twice,
+  node or live request (``kvwatch.targets.unit_audit`` by LightLLM's
+  ``RULES``). Held by nobody: ``ORPHAN`` (a leak; the detail names the
+  unit's last holder, as ``last`` describes it); on the free list twice,
   held twice, or held outside the pool: ``DOUBLE_OWNED``; free and held:
   ``FREE_AND_OWNED``. These are the ``allocator`` detector's;
 * ``audit_stale``: pending big pages a live request holds past its KV: no
@@ -26,88 +27,26 @@ nodes by prefix range, pool indices), never kvwatch's.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 from kvwatch.contracts import Finding, FindingKind, finding
 from kvwatch.targets.lightllm.state_read import STATE, Holding, PoolView
-
-SHOWN = 8
-
-
-def ranges(units: Iterable[int]) -> str:
-    """``3-5, 9``: sorted units as ranges (the first ``SHOWN``, then a count)."""
-    units = sorted(units)
-    out: list[str] = []
-    start = None
-    for i, u in enumerate(units):
-        start = u if start is None else start
-        if i + 1 == len(units) or units[i + 1] != u + 1:
-            out.append(f"{start}" if start == u else f"{start}-{u}")
-            start = None
-    more = f" (+{len(out) - SHOWN} ranges)" if len(out) > SHOWN else ""
-    return ", ".join(out[:SHOWN]) + more
+from kvwatch.targets.unit_audit import SHOWN, UnitRules, audit_units
 
 
-def owners_of(holdings: Iterable[Holding]) -> dict[int, list[Holding]]:
-    owners: dict[int, list[Holding]] = {}
-    for h in holdings:
-        for u in h.units:
-            owners.setdefault(u, []).append(h)
-    return owners
+def _twice(holders: Sequence[Holding]) -> bool:
+    """Any two holders of one unit: a request's holding leaves out its anchor's path
+    in the tree (``state_read`` reads that apart), so nothing is shared."""
+    return len(holders) > 1
 
 
-def _double(group: str, free: Counter, owners: dict, universe: range) -> list[Finding]:
-    out = []
-    twice = sorted(u for u, c in free.items() if c > 1)
-    if twice:
-        detail = f"{group}: {len(twice)} units on the free list twice: {ranges(twice)}"
-        out.append(finding(FindingKind.DOUBLE_OWNED, group, twice, detail))
-    for u, hs in sorted((u, hs) for u, hs in owners.items() if len(hs) > 1)[:4]:
-        detail = f"{group}: unit {u} held by " + " and ".join(h.who for h in hs)
-        out.append(finding(FindingKind.DOUBLE_OWNED, group, [u], detail))
-    outside = sorted(u for u in set(free) | set(owners) if u not in universe)
-    if outside:
-        detail = (
-            f"{group}: units outside the pool's {len(universe)} free or held: {ranges(outside)}"
-        )
-        out.append(finding(FindingKind.DOUBLE_OWNED, group, outside, detail))
-    return out
-
-
-def _free_and_held(group: str, free: Counter, owners: dict) -> list[Finding]:
-    both = sorted(u for u in owners if u in free)
-    if not both:
-        return []
-    who = "; ".join(sorted({h.who for u in both[:SHOWN] for h in owners[u]}))
-    detail = f"{group}: {len(both)} units free and held: {ranges(both)} by {who}"
-    return [finding(FindingKind.FREE_AND_OWNED, group, both, detail)]
-
-
-def _orphans(group: str, orphans: list[int], last: Callable[[str, int], str]) -> list[Finding]:
-    if not orphans:
-        return []
-    lasts = Counter(last(group, u) for u in orphans)
-    named = "; ".join(f"{n} last held by {who}" for who, n in lasts.most_common(6))
-    detail = (
-        f"{group}: {len(orphans)} units allocated but held by no tree node or live request: "
-        f"{ranges(orphans)} ({named})"
-    )
-    return [finding(FindingKind.ORPHAN, group, orphans, detail)]
+RULES = UnitRules(holders="no tree node or live request", twice=_twice, outside=True)
 
 
 def audit_pool(view: PoolView, last: Callable[[str, int], str]) -> tuple[list[Finding], Counter]:
     """The findings of one pool, and its held units by owner kind."""
-    free = Counter(view.free)
-    owners = owners_of(view.holdings)
-    orphans = sorted(set(view.universe) - set(free) - set(owners))
-    found = _double(view.group, free, owners, view.universe)
-    found += _free_and_held(view.group, free, owners)
-    found += _orphans(view.group, orphans, last)
-    counts: Counter = Counter()
-    for hs in owners.values():
-        counts["tree" if any(h.owner == "tree" for h in hs) else hs[0].owner] += 1
-    return found, counts
+    return audit_units(view.group, view.free, view.universe, view.holdings, last, RULES)
 
 
 def audit_stale(stale: list[tuple[Any, dict]]) -> list[Finding]:

@@ -8,7 +8,7 @@ serves:
 * the stand-ins of ``host_stand_ins.fixed_modules`` (triton, the rank, the
   shared memory, ``custom_cat``, ``easydict``);
 * every other ``lightllm`` module, and the third-party packages in
-  ``STUBBED_THIRD_PARTY``, as stub modules (``inert_stubs.py``).
+  ``STUBBED_THIRD_PARTY``, as stub modules (``kvwatch.targets.stand_ins``).
 
 A package whose ``__init__`` is not in ``REAL`` is a stub package with the
 checkout's ``__path__``: its real submodules import from source, the names
@@ -16,6 +16,10 @@ in ``LAZY`` resolve to their real submodule (``kv_cache_mem_manager``'s
 ``MemoryManager`` without the ``__init__`` that imports every quantised
 manager and its kernels; ``core.objs``' ``FinishStatus``), the rest read as
 stubs.
+
+A stand-in never holds data LightLLM's code reads back as data: what the
+caches and the loop read (token ids, pool indices, hashes) comes from
+LightLLM's own classes or from ``infer_records.py``.
 
 Invariant: one checkout per process. LightLLM keeps module singletons
 (``g_infer_context``) and caches its start args once (``get_env_start_args``
@@ -34,7 +38,7 @@ import types
 from pathlib import Path
 
 from kvwatch.targets.lightllm.host_stand_ins import fixed_modules
-from kvwatch.targets.lightllm.inert_stubs import StubModule
+from kvwatch.targets.stand_ins import StubModule
 
 REAL = frozenset(
     {

@@ -11,11 +11,14 @@ reads SGLang's pools, tree and session slots into kvwatch's ``ProbeReport``
 after every step; kvwatch's recorder and detectors judge the run. The
 target itself is ``kvwatch.targets.sglang.cache_target``.
 
+Stubs (``kvwatch.targets.stand_ins``), the units' audit (``unit_audit``), the
+per-step probe's memory (``step_probe``) and the container walk
+(``object_walk``) are shared with ``kvwatch.targets.lightllm``.
+
 Modules, in the order data flows::
 
     wheel_fetch         pip download --no-deps sglang==V -> $KVWATCH_CACHE/sglang/V/src/sglang
     release_layout      roles -> module paths per layout; which modules are imported for real
-    stand_ins           Stub, stub classes and modules for everything else
     host_modules        stand-ins with behaviour: triton, sgl_kernel, platform, utils, ServerArgs
     runtime_settings    sglang.srt.runtime_context (0.5.16+): the run's settings over defaults
     draft_decode        EAGLE spec-v2 for the shim: spec_info, the decode dispatcher, drafts

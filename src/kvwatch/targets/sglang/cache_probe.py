@@ -20,7 +20,8 @@ nor held is an orphan. After every step the probe notes who held each unit
 and what became of it ("..., finished at step 12"). With ``watch()`` it also
 audits after every step and keeps the first reports that show a finding
 (``latched()``, what kvwatch's recorder collects at the next barrier), so a
-state that is wrong only while requests run is judged too.
+state that is wrong only while requests run is judged too
+(``kvwatch.targets.step_probe``).
 
 ``flush()`` evicts everything evictable (``tree.evict``, never ``reset()``), as
 kvwatch's ``POST /debug/flush_cache`` does, and answers False while requests
@@ -32,6 +33,7 @@ that changes it, and only through the release's own eviction.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from kvwatch.contracts import (
@@ -49,13 +51,14 @@ from kvwatch.targets.sglang import cache_views, pool_audit, registry_walk
 from kvwatch.targets.sglang.cache_views import NodeView
 from kvwatch.targets.sglang.pool_holders import KV, MAMBA, SWA, Holding, PoolReader
 from kvwatch.targets.sglang.tree_caches import inner
+from kvwatch.targets.step_probe import StepProbe
 
-MAX_LATCHED = 4  # mid-turn reports kept per barrier (the first ones with a finding)
 OWNERS = ("tree", "request", "session")
 
 
-class CacheProbe:
+class CacheProbe(StepProbe):
     def __init__(self, shim: Any) -> None:
+        super().__init__()
         self.shim = shim
         self.read = PoolReader(shim)
         self.universe: dict[str, set[int]] = {KV: set(self.read.kv_free())}
@@ -63,38 +66,14 @@ class CacheProbe:
             self.universe[SWA] = set(self.read.swa_free())
         if (mamba := self.read.mamba_free()) is not None:
             self.universe[MAMBA] = set(mamba)
-        self.last_holder: dict[tuple[str, int], tuple[str, str | None]] = {}
-        self.watching = False
-        self.kept: list[ProbeReport] = []
         shim.observers.append(self.remember)
 
-    # -- per-step watching ------------------------------------------------------------------
-    def watch(self) -> None:
-        self.watching = True
-
-    def latched(self) -> list[ProbeReport]:
-        out, self.kept = self.kept, []
-        return out
-
-    def remember(self) -> None:
-        """After every step: note who holds each unit and, while watching, keep a
-        report that shows a finding."""
-        if self.watching:
-            report = self.report()  # notes the holders too
-            if report.findings and len(self.kept) < MAX_LATCHED:
-                self.kept.append(report)
-            return
-        for group, holdings in self.read.holdings(self.read.nodes()).items():
-            self._note(group, holdings)
-
-    def _note(self, group: str, holdings: list[Holding]) -> None:
-        """The last holder of each unit (a request or a slot before the tree)."""
-        for u, hs in pool_audit.owners_of(holdings).items():
-            h = next((h for h in hs if h.owner != "tree"), hs[0])
-            self.last_holder[(group, u)] = (h.who, h.rid)
+    # -- per-step watching (StepProbe) -------------------------------------------------------
+    def holdings(self) -> Iterable[tuple[str, list[Holding]]]:
+        return self.read.holdings(self.read.nodes()).items()
 
     def last(self, group: str, unit: int) -> str:
-        who, rid = self.last_holder.get((group, unit), ("no holder seen", None))
+        who, rid = self.last_seen(group, unit)
         ends = [o for o in self.shim.outcomes if o.rid == rid]
         return f"{who}, {ends[-1].status} at step {ends[-1].step}" if ends else who
 
@@ -111,7 +90,7 @@ class CacheProbe:
             free = self._free(group)
             found, counts = pool_audit.audit_group(group, free, universe, held[group], self.last)
             findings += found
-            self._note(group, held[group])
+            self.note(group, held[group])
             evictable = 0
             if group == KV:
                 unlocked = [n.full for n in nodes[1:] if n.full is not None and n.full_lock == 0]

@@ -27,7 +27,7 @@ import random
 from typing import Any
 
 from kvwatch.targets.sglang.shim_parts import SpecConfig
-from kvwatch.targets.sglang.stand_ins import StubModule
+from kvwatch.targets.stand_ins import StubModule
 
 
 class Algorithm:

@@ -30,7 +30,7 @@ import types
 from collections.abc import Callable
 from typing import Any
 
-from kvwatch.targets.sglang.stand_ins import TOUCHED, Stub, StubModule
+from kvwatch.targets.stand_ins import TOUCHED, Stub, StubModule
 
 KERNELS: dict[str, Callable[..., None]] = {}  # triton kernel name -> torch stand-in
 

@@ -3,12 +3,13 @@
 Pure functions over what ``pool_holders`` read (so they are tested without
 a release):
 
-* ``audit_group``: every unit a pool has given out must be held by someone.
-  Allocated and held by nobody is an ``ORPHAN`` (its detail names the last
-  holder seen, as ``last`` describes it); on the free list twice, held by two
-  tree nodes, or held outside the tree by two holders is ``DOUBLE_OWNED``
-  (requests sharing a cached prefix all reference the tree's pages, which is
-  fine); free and held is ``FREE_AND_OWNED``.
+* ``audit_group``: every unit a pool has given out must be held by someone
+  (``kvwatch.targets.unit_audit``). Allocated and held by nobody is an
+  ``ORPHAN`` (its detail names the last holder seen, as ``last`` describes
+  it); on the free list twice, held by two tree nodes, or held outside the
+  tree by two holders is ``DOUBLE_OWNED`` (requests sharing a cached prefix
+  all reference the tree's pages, which is fine: SGLang's ``RULES``); free
+  and held is ``FREE_AND_OWNED``.
 * ``audit_locks``: each node's lock count against the path locks the live
   holders hold (full: every node from the anchor to the root; mamba, on a
   unified tree: the anchor only): ``REF_MISMATCH``.
@@ -22,73 +23,22 @@ ids, tree node ids, pool indices), never kvwatch's.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from kvwatch.contracts import Finding, FindingKind, finding
 from kvwatch.targets.sglang.cache_views import Lock, NodeView
 from kvwatch.targets.sglang.pool_holders import KV, Holding
-
-SHOWN = 8  # ranges, holders and mismatches named in one finding
-
-
-def ranges(units: Iterable[int]) -> str:
-    """``3-5, 9, 12-13``: sorted units as ranges (the first ``SHOWN``, then a count)."""
-    units = sorted(units)
-    out: list[str] = []
-    start = None
-    for i, u in enumerate(units):
-        start = u if start is None else start
-        if i + 1 == len(units) or units[i + 1] != u + 1:
-            out.append(f"{start}" if start == u else f"{start}-{u}")
-            start = None
-    more = f" (+{len(out) - SHOWN} ranges)" if len(out) > SHOWN else ""
-    return ", ".join(out[:SHOWN]) + more
+from kvwatch.targets.unit_audit import SHOWN, UnitRules, audit_units
 
 
-def owners_of(held: Sequence[Holding]) -> dict[int, list[Holding]]:
-    owners: dict[int, list[Holding]] = {}
-    for h in held:
-        for u in h.units:
-            owners.setdefault(u, []).append(h)
-    return owners
+def _twice(holders: Sequence[Holding]) -> bool:
+    """Requests sharing a cached prefix all reference the tree's pages: only two
+    tree nodes, or two holders outside the tree, hold a unit twice."""
+    in_tree = [h for h in holders if h.owner == "tree"]
+    return len(in_tree) > 1 or (not in_tree and len(holders) > 1)
 
 
-def _double(group: str, free: Counter, owners: dict[int, list[Holding]]) -> list[Finding]:
-    out = []
-    twice_free = sorted(u for u, c in free.items() if c > 1)
-    if twice_free:
-        detail = f"{group}: {len(twice_free)} units on the free list twice: {ranges(twice_free)}"
-        out.append(finding(FindingKind.DOUBLE_OWNED, group, twice_free, detail))
-    double = {}
-    for u, hs in owners.items():
-        in_tree = [h for h in hs if h.owner == "tree"]
-        if len(in_tree) > 1 or (not in_tree and len(hs) > 1):
-            double[u] = hs
-    for u, hs in sorted(double.items())[:4]:
-        detail = f"{group}: unit {u} held by " + " and ".join(h.who for h in hs)
-        out.append(finding(FindingKind.DOUBLE_OWNED, group, [u], detail))
-    return out
-
-
-def _free_and_held(group: str, free: Counter, owners: dict[int, list[Holding]]) -> list[Finding]:
-    both = sorted(u for u in owners if u in free)
-    if not both:
-        return []
-    who = "; ".join(sorted({h.who for u in both[:SHOWN] for h in owners[u]}))
-    detail = f"{group}: {len(both)} units free and held: {ranges(both)} by {who}"
-    return [finding(FindingKind.FREE_AND_OWNED, group, both, detail)]
-
-
-def _orphans(group: str, orphans: list[int], last: Callable[[str, int], str]) -> list[Finding]:
-    if not orphans:
-        return []
-    lasts = Counter(last(group, u) for u in orphans)
-    named = "; ".join(f"{n} last held by {who}" for who, n in lasts.most_common(6))
-    detail = (
-        f"{group}: {len(orphans)} units allocated but held by no request, session slot or "
-        f"tree node: {ranges(orphans)} ({named})"
-    )
-    return [finding(FindingKind.ORPHAN, group, orphans, detail)]
+RULES = UnitRules(holders="no request, session slot or tree node", twice=_twice)
 
 
 def audit_group(
@@ -100,15 +50,7 @@ def audit_group(
 ) -> tuple[list[Finding], Counter]:
     """The findings of one pool, and its held units by owner kind (a unit the tree
     holds counts as the tree's)."""
-    free_count = Counter(free)
-    owners = owners_of(held)
-    orphans = sorted(universe - set(free_count) - set(owners))
-    found = _double(group, free_count, owners) + _free_and_held(group, free_count, owners)
-    found += _orphans(group, orphans, last)
-    counts: Counter = Counter()
-    for hs in owners.values():
-        counts["tree" if any(h.owner == "tree" for h in hs) else hs[0].owner] += 1
-    return found, counts
+    return audit_units(group, free, universe, held, last, RULES)
 
 
 def _expected_locks(nodes: Sequence[NodeView], locks: Sequence[Lock]):

@@ -6,7 +6,9 @@ the release is *active*, an import hook serves every ``sglang`` module: the
 ones in ``release_layout.REAL`` from the wheel's source, a few fixed
 stand-ins with real behaviour (``host_modules.py``,
 ``runtime_settings.module``, ``draft_decode.spec_utils_module``), and a stub
-for the rest; ``triton`` and the GPU packages are stand-ins too::
+for the rest (a ``StubModule`` of ``kvwatch.targets.stand_ins``: any attribute
+read from one is a stubbed class); ``triton`` and the GPU packages are
+stand-ins too::
 
     release = load("0.5.11")
     with release.active():        # its modules in sys.modules, the hook first on the path
@@ -27,7 +29,10 @@ eagerly on a host with no model anyway.
 
 Invariant: outside ``active()`` no ``sglang``, ``triton`` or stubbed GPU
 module of the release is in ``sys.modules``, and what was there before is
-put back; several releases may be loaded, one is active at a time.
+put back; several releases may be loaded, one is active at a time. A
+stand-in never holds data SGLang's code reads back as data; where a stub is
+read as data anyway (a value stored in a tree node), the views that read
+SGLang's structures raise (``cache_views._tensor``).
 """
 
 from __future__ import annotations
@@ -44,8 +49,8 @@ from pathlib import Path
 from typing import NamedTuple
 
 from kvwatch.targets.sglang import draft_decode, host_modules, release_layout, runtime_settings
-from kvwatch.targets.sglang.stand_ins import StubModule
 from kvwatch.targets.sglang.wheel_fetch import Unavailable, fetch
+from kvwatch.targets.stand_ins import StubModule
 
 OWNED = ("sglang", "triton", *release_layout.STUBBED_PACKAGES)
 

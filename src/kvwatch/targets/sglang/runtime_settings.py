@@ -26,7 +26,7 @@ import math
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from kvwatch.targets.sglang.stand_ins import TOUCHED, StubModule
+from kvwatch.targets.stand_ins import TOUCHED, StubModule
 
 _MISSING = object()
 NAMESPACES = (

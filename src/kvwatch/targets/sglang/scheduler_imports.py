@@ -35,7 +35,7 @@ import types
 from typing import Any
 
 from kvwatch.targets.sglang.release_import import ImportPlan
-from kvwatch.targets.sglang.stand_ins import TOUCHED, StubModule
+from kvwatch.targets.stand_ins import TOUCHED, StubModule
 
 REAL = (
     "sglang.srt.managers.scheduler",

@@ -9,29 +9,22 @@ every answer comes from the driver (SGLang's own scheduler or the shim) and
 its ``CacheProbe``; there is no heap sampler (the target does not claim
 ``Signal.HEAP``: ``cache_target.py`` says why) and nothing is replayed.
 
-Invariant: only ``watch``, ``latched`` and ``session_open`` differ from
-``CallableSource``.
+Invariant: only ``watch``, ``latched`` (``kvwatch.targets.step_probe``'s
+``StepSource``) and ``session_open`` differ from ``CallableSource``.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from kvwatch.contracts import ProbeReport
-from kvwatch.harness.sources import CallableSource
 from kvwatch.targets.sglang.cache_probe import CacheProbe
+from kvwatch.targets.step_probe import StepSource
 
 
-class ShimSource(CallableSource):
+class ShimSource(StepSource):
     def __init__(self, probe: CacheProbe) -> None:
-        super().__init__(probe.report, flush=probe.flush)
+        super().__init__(probe)
         self.cache_probe = probe
-
-    def watch(self) -> None:
-        self.cache_probe.watch()
-
-    def latched(self) -> list[ProbeReport]:
-        return self.cache_probe.latched()
 
     def session_open(self, session_id: str) -> bool:
         """Whether SGLang's session controller still holds ``session_id``."""

@@ -1,10 +1,11 @@
-"""Inert stand-ins for the parts of SGLang a CPU process cannot import.
+"""Inert stand-ins for the parts of an engine a CPU process cannot or need not import.
 
-The importer (``release_import.py``) loads SGLang's cache and scheduling
-modules from a release's wheel as they are. Every other ``sglang`` module
-they import, and the GPU packages, become a ``StubModule``: any attribute
-read from one is a stubbed class. What needs real behaviour is written in
-``host_modules.py``; this module only holds the machinery:
+The targets that run an engine's own code in process (``sglang/``,
+``lightllm/``) import its cache and scheduling modules as they are; every
+other module of the engine they import, and the GPU packages, become a
+``StubModule``: any attribute read from one is a stubbed class. What needs
+real behaviour is written by each target (``sglang/host_modules.py``,
+``lightllm/host_stand_ins.py``); this module only holds the machinery:
 
 * ``Stub``: an inert value. Falsy, empty, zero in arithmetic, callable (a
   call returns another ``Stub``), a no-op context manager, and a decorator
@@ -15,13 +16,13 @@ read from one is a stubbed class. What needs real behaviour is written in
   subclassing accept, falsy as a value; calling it returns a ``Stub``, and a
   real class derived from it (``StubBase``) reads missing attributes as
   stubs;
+* ``StubModule``: a module whose every missing attribute is a stub class;
 * ``defines(cls, name)``: whether a real class defines ``name`` (``hasattr``
   cannot tell: a stubbed base answers every name).
 
-Invariant: a stand-in never holds data SGLang's code reads back as data.
-Where a stub is read as data anyway (a value stored in a tree node), the
-views that read SGLang's structures raise (``cache_views._tensor``).
-``TOUCHED`` lists every stub name SGLang's code read, for debugging.
+Invariant: a stand-in never holds data the engine's code reads back as data
+(each target's import hook says where its data comes from). ``TOUCHED``
+names every stub the engine's code read, for debugging.
 """
 
 from __future__ import annotations
@@ -117,7 +118,7 @@ def decorated(args: tuple, kwargs: dict) -> bool:
 
 
 class StubBase:
-    """What a real SGLang class derived from a stubbed one (a GPU or
+    """What a real engine class derived from a stubbed one (a GPU or
     disaggregation mixin) inherits: missing attributes read as stubs."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -149,6 +150,7 @@ class StubMeta(abc.ABCMeta):
             return super().__call__(*args, **kwargs)
         if decorated(args, kwargs):
             return args[0]
+        TOUCHED.add(f"{cls.__name__}()")
         return Stub(f"{cls.__name__}()")
 
     def __bool__(cls) -> bool:
