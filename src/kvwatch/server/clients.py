@@ -75,3 +75,6 @@ class ClientWatch:
                 watcher.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await watcher
+            # uvicorn keeps an idle keep-alive connection's last scope: the ids go
+            # with the response, not with the connection
+            del scope[REQUESTS]

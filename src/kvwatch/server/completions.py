@@ -289,10 +289,11 @@ async def _next(request: Request, stream: Stream) -> RequestOutput | Completion 
     check also runs every ``DISCONNECT_POLL_S`` between items.
     """
     loop = asyncio.get_running_loop()
-    state = request.scope.setdefault("kvwatch.checked", [loop.time()])
+    if not stream.checked_at:
+        stream.checked_at = loop.time()
     while True:
-        if loop.time() - state[0] > DISCONNECT_POLL_S:
-            state[0] = loop.time()
+        if loop.time() - stream.checked_at > DISCONNECT_POLL_S:
+            stream.checked_at = loop.time()
             if await request.is_disconnected():
                 return None
         try:

@@ -99,11 +99,19 @@ class EngineStopped(RuntimeError):
 
 @dataclass(eq=False)
 class Stream:
-    """One request's deltas; the last item is its ``Completion``."""
+    """One request's deltas; the last item is its ``Completion``.
+
+    Per-request state of the handler lives here, never in the ASGI scope:
+    uvicorn keeps a keep-alive connection's last scope until its next request
+    or its close (``KEEP_ALIVE_S``), which would tie the state's lifetime to
+    an idle connection's instead of the request's.
+    """
 
     request_id: str
     loop: asyncio.AbstractEventLoop
     queue: asyncio.Queue
+    # when the handler last asked whether its client is still connected
+    checked_at: float = 0.0
 
     def put(self, item: RequestOutput | Completion) -> None:
         self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
