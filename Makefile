@@ -84,7 +84,7 @@ $(VLLM_RELEASES)/%/.unpacked: | $(VLLM_STAMP)
 	touch $@
 
 # vLLM's scheduler under every KV cache layout and option, every check on, written to
-# docs/vllm-hunt.{json,md} (targets/vllm/hunt.py; about 15 minutes on 2 cores)
+# docs/vllm-hunt.{json,md} (targets/vllm/hunt.py; 228 runs, about 6 minutes on 2 cores)
 HUNT_RELEASES ?= 0.32.0 0.33.0 0.31.0
 .PHONY: vllm-hunt
 vllm-hunt: $(STAMP) $(VLLM_STAMP) $(patsubst %,$(VLLM_RELEASES)/%/.unpacked,$(filter-out 0.32.0,$(HUNT_RELEASES)))
@@ -95,9 +95,12 @@ vllm-hunt: $(STAMP) $(VLLM_STAMP) $(patsubst %,$(VLLM_RELEASES)/%/.unpacked,$(fi
 # on the spot, vLLM on loopback, clean (exit 0) and with bugs planted in its KV cache
 # manager (exit 1); the checks on vLLM's own scheduler; and the corpus's vLLM rows
 # (docs/real-bugs.json: --engine vllm-scheduler on the release with each bug, exit 1, and
-# on the release with its fix, exit 0), their releases unpacked over .venv-vllm.
+# on the release with its fix, exit 0), their releases unpacked over .venv-vllm; the KV cache
+# layouts and events on the venv's vLLM and on the newest release (its GPU wheel's Python).
 VLLM_ROW_RELEASES := 0.25.1 0.26.0 0.27.1 0.28.0 0.31.0
-test-vllm: $(STAMP) $(VLLM_STAMP) $(VLLM_ROW_RELEASES:%=$(VLLM_RELEASES)/%/.unpacked)
+VLLM_NEWEST := 0.33.0
+test-vllm: $(STAMP) $(VLLM_STAMP) $(VLLM_ROW_RELEASES:%=$(VLLM_RELEASES)/%/.unpacked) \
+		$(VLLM_RELEASES)/$(VLLM_NEWEST)/.unpacked
 	KVWATCH_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python KVWATCH_VLLM_RELEASES=$(CURDIR) \
 		$(PY) -m pytest -q -m vllm
 
@@ -166,6 +169,9 @@ fresh: $(STAMP)
 # Regenerate docs/real-bugs.{json,md}: each real bug's gate on the release with the bug
 # and on the release with the fix (SGLang's wheels are downloaded once into
 # $KVWATCH_CACHE or ~/.cache/kvwatch; the SGLang rows take about a minute).
+# The vLLM rows run over .venv-vllm with their releases unpacked (`make test-vllm` builds
+# both); the LightLLM row exports its commits from KVWATCH_LIGHTLLM_REPO, a LightLLM git
+# repository (without one it keeps its last result and says so).
 # REAL_BUGS_ARGS picks rows, e.g. REAL_BUGS_ARGS="--engine sglang" (default: every row).
 REAL_BUGS_ARGS ?=
 .PHONY: real-bugs

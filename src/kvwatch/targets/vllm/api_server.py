@@ -6,10 +6,10 @@ not want, so it lives in a venv of its own (``make test-vllm`` builds
 
     VllmServer(python, model_dir, log, fault="free-skipped")
         python -m vllm.entrypoints.openai.api_server --model DIR ...
-        (KVWATCH_VLLM_FAULT=free-skipped: vllm_plugin.py plants it in the
+        (KVWATCH_VLLM_FAULT=free-skipped: plugin.py plants it in the
         engine core)
     .url, .metrics_url  once /health answers
-    .probe_url          with probe=True: GET /audit, POST /flush (vllm_probe.py)
+    .probe_url          with probe=True: GET /audit, POST /flush (core_probe.py)
 
 ``kvwatch gate --engine vllm --model DIR`` starts one for a whole gate.
 
@@ -68,10 +68,10 @@ class VllmServer:
         extra: tuple[str, ...] = (),
         env: Mapping[str, str] | None = None,
     ) -> None:
-        """``probe``: the engine core serves kvwatch's audit (``vllm_probe.py``)
+        """``probe``: the engine core serves kvwatch's audit (``core_probe.py``)
         at ``probe_url``. ``extra``: further arguments for vLLM's server (they
         come last, so they win). ``env``: added to its environment (a release
-        unpacked in front of ``python``'s packages, ``vllm_release.py``)."""
+        unpacked in front of ``python``'s packages, ``release.py``)."""
         port = free_port()
         cmd = [
             *(python, "-m", "vllm.entrypoints.openai.api_server"),

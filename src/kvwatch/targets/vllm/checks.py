@@ -1,6 +1,6 @@
 """White-box checks of a live vLLM scheduler that its block pool's own bookkeeping cannot see.
 
-``vllm_audit.py`` checks that ref counts, the free queue, the prefix map and
+``manager_audit.py`` checks that ref counts, the free queue, the prefix map and
 the block tables agree with each other. These check them against what they
 describe, and against time:
 
@@ -16,14 +16,26 @@ hashes and tokens (``check_hashes``, ``HashLedger``)
     ``block-hash-vs-tokens`` a cached block in a live request's table carries
                              another hash than that request's tokens make there:
                              the prefix map files this KV under other tokens
-    ``block-beyond-tokens``  a cached (full) block lies past the request's tokens
+    ``block-beyond-tokens``  a cached block's hash covers more tokens than the
+                             request has
+    ``partial-hash-span``    a cached block's hash covers a token count that is
+                             not a hash-unit boundary inside that block
     ``shared-block-tokens``  two live requests hold one cached block with
                              different token prefixes up to its end
     ``hit-on-other-tokens``  (across probes) a block is held under one hash by a
                              request whose prefix differs from its first holder's:
                              a prefix hit that reads KV computed for other tokens
 
-per-step scratch (``check_scratch``, ``registries``: ``vllm_scratch.py``)
+    Hashes may be finer than blocks (vLLM's ``hash_block_size``, set by
+    ``prefix_match_unit`` or by groups of different block sizes): the request's
+    hashes are one per ``unit`` tokens, a block's ``block_hash`` covers
+    ``block_hash_num_tokens`` of them (a full block its end; a partial entry
+    of ``cache_partial_block`` a boundary inside it), and the other keys the
+    pool files the block under (``cached_block_hashes_by_block``) must be the
+    request's hashes at boundaries inside the block. Prefixes are compared up
+    to the tokens the hash covers, not to the block's end.
+
+per-step scratch (``check_scratch``, ``registries``: ``scratch.py``)
     Every list, set, deque and dict the ``KVCacheManager``, its coordinator
     and each group's manager keep, by attribute path:
 
@@ -38,7 +50,7 @@ per-step scratch (``check_scratch``, ``registries``: ``vllm_scratch.py``)
     ``registries`` gives their sizes, which the gate compares before and
     after a run (the quiescence detector).
 
-liveness (``LivenessTracker``, ``vllm_liveness.py``: ``before`` and ``after`` each
+liveness (``LivenessTracker``, ``liveness.py``: ``before`` and ``after`` each
 ``schedule()``)
     ``running-skipped``      a running request that holds blocks and has work
                              left was neither scheduled nor preempted by a step
@@ -47,14 +59,21 @@ liveness (``LivenessTracker``, ``vllm_liveness.py``: ``before`` and ``after`` ea
                              one) ended the walk before it
     ``running-starved``      the same for more than ``bound`` steps in a row,
                              without the reasoning about order
+    ``scheduler-stalled``    (the in-process driver) ``STALL`` steps in a row
+                             scheduled nothing with nothing in flight while
+                             requests had work left and no session paused for
+                             input held blocks: nothing will ever move
+    ``reset-refused``        (the in-process driver) a forced prefix-cache reset
+                             (``reset_running_requests``) preempted the running
+                             requests and still left the index standing
 
     Known blind spots: a step may skip a request for reasons these objects do
     not show (a multimodal encoder budget, Mamba's block-aligned splits); the
     engine says which requests it held back itself through ``deferred``.
 
 Everything here only reads and imports nothing from vLLM (duck-typed, as
-``vllm_audit.py``), so it runs in vLLM's engine core between two steps, or in
-the in-process driver (``vllm_sched_driver.py``) after each ``schedule()``.
+``manager_audit.py``), so it runs in vLLM's engine core between two steps, or in
+the in-process driver (``scheduler_driver.py``) after each ``schedule()``.
 Each finding is a ``vllm_audit.Violation``; ``vllm_audit.KINDS`` maps each
 rule to the finding kind whose detector owns it.
 """
@@ -68,6 +87,7 @@ from kvwatch.targets.vllm.manager_audit import (
     BLOCK_BEYOND_TOKENS,
     BLOCK_HASH_VS_TOKENS,
     HIT_ON_OTHER_TOKENS,
+    PARTIAL_HASH_SPAN,
     REQUEST_HASH_STALE,
     SHARED_BLOCK_TOKENS,
     Violation,
@@ -158,9 +178,30 @@ def cached_blocks(block_list) -> Iterator[tuple[int, object]]:
 
 
 # -- hashes and tokens ----------------------------------------------------------------------
+def unit_of(scheduler, manager) -> int:
+    """Tokens per prefix hash for ``manager``'s group: the hash block size, which divides
+    the group's block size (one hash per block when they are equal)."""
+    unit = hash_block_size(scheduler) or manager.block_size
+    return unit if unit > 0 and manager.block_size % unit == 0 else manager.block_size
+
+
+def covered(block, index: int, block_size: int) -> int:
+    """Tokens of its request's prefix that ``block``'s hash covers: vLLM's
+    ``block_hash_num_tokens`` (a partial-block entry covers fewer than the block's
+    end), else the end of block ``index``."""
+    n = getattr(block, "block_hash_num_tokens", None)
+    return n if isinstance(n, int) and n > 0 else (index + 1) * block_size
+
+
+def extra_keys(manager, block) -> tuple:
+    """The keys ``block`` carries besides its ``block_hash`` (partial entries, moved keys)."""
+    extra = getattr(manager.block_pool, "cached_block_hashes_by_block", None) or {}
+    return tuple(extra.get(block.block_id, ()))
+
+
 def check_hashes(scheduler) -> list[Violation]:
-    """``request-hash-stale``, ``block-hash-vs-tokens``, ``block-beyond-tokens`` and
-    ``shared-block-tokens`` over the scheduler's live requests."""
+    """``request-hash-stale``, ``block-hash-vs-tokens``, ``block-beyond-tokens``,
+    ``partial-hash-span`` and ``shared-block-tokens`` over the scheduler's live requests."""
     found: list[Violation] = []
     holders: dict[tuple[int, int], tuple[str, int, str]] = {}
     pools = pool_index(scheduler)
@@ -171,12 +212,11 @@ def check_hashes(scheduler) -> list[Violation]:
         found += _chain(request_id, request, fresh)
         tokens = list(request.all_token_ids)
         for group, manager in group_managers(scheduler):
-            blocks = table(manager, request_id)
-            scale = max(1, manager.block_size // (hash_block_size(scheduler) or manager.block_size))
-            digests = prefix_digests(tokens, manager.block_size)
-            where = _Where(request_id, group, pools[id(manager.block_pool)])
-            for i, block in cached_blocks(blocks):
-                found += where.block(i, block, fresh, (i + 1) * scale - 1, digests, holders)
+            unit = unit_of(scheduler, manager)
+            table_of = _Table(request_id, group, pools[id(manager.block_pool)], manager, unit)
+            digests = prefix_digests(tokens, unit)
+            for i, block in cached_blocks(table(manager, request_id)):
+                found += table_of.block(i, block, fresh, digests, holders)
     return found
 
 
@@ -220,28 +260,38 @@ def violation(
     )
 
 
-class _Where:
-    """One request's table in one group: each of its cached blocks checked in turn."""
+class _Table:
+    """One request's table in one group: each of its cached blocks checked in turn.
 
-    def __init__(self, request_id: str, group: int, pool: int) -> None:
+    Block ``i`` of a group of ``block_size`` tokens whose hash covers ``n`` tokens
+    (``covered``) holds the KV of tokens ``n - unit .. n - 1`` at least: ``n`` is a
+    multiple of the hash unit in ``(i * block_size, (i + 1) * block_size]``, its
+    ``block_hash`` is the request's hash number ``n / unit - 1``, and every other key
+    it carries is one of the request's hashes at a boundary inside the block."""
+
+    def __init__(self, request_id: str, group: int, pool: int, manager, unit: int) -> None:
         self.request_id, self.group, self.pool = request_id, group, pool
+        self.manager, self.unit = manager, unit
+        self.size = manager.block_size
 
-    def block(self, i, block, fresh, j, digests, holders) -> list[Violation]:
-        """Block ``i`` against hash ``fresh[j]`` and the prefix digest of its end."""
+    def block(self, i, block, fresh, digests, holders) -> list[Violation]:
+        """Block ``i`` against the hashes ``fresh`` and the prefix digests of its tokens."""
         rid, at = self.request_id, f"request {self.request_id} group {self.group}"
-        ids, key = (block.block_id,), block.block_hash
-        if j >= len(fresh) or i >= len(digests):
-            detail = f"{at}: block {block.block_id} at index {i} is cached (full) past its tokens"
-            return [self.violation(BLOCK_BEYOND_TOKENS, detail, ids, (rid,), key)]
-        subject = f"request {rid} block {block.block_id}"
-        out = []
-        if raw_hash(key) != fresh[j]:
+        ids, key, n = (block.block_id,), block.block_hash, covered(block, i, self.size)
+        j = n // self.unit - 1
+        if n % self.unit or not i * self.size < n <= (i + 1) * self.size:
             detail = (
-                f"{at}: block {block.block_id} at index {i} carries {short_hash(key)}, its tokens "
-                f"hash to {hex_of(fresh[j])}: the prefix map files this KV under other tokens"
+                f"{at}: block {block.block_id} at index {i} carries a hash of {n} tokens, "
+                f"not a {self.unit}-token boundary inside tokens {i * self.size}..{(i + 1) * self.size}"
             )
-            out.append(self.violation(BLOCK_HASH_VS_TOKENS, detail, ids, (rid,), key, subject))
-        mine = (rid, i, digests[i])
+            return [self.violation(PARTIAL_HASH_SPAN, detail, ids, (rid,), key)]
+        if j >= len(fresh) or j >= len(digests):
+            detail = (
+                f"{at}: block {block.block_id} at index {i} is cached ({n} tokens) past its tokens"
+            )
+            return [self.violation(BLOCK_BEYOND_TOKENS, detail, ids, (rid,), key)]
+        out = self._keys(i, block, fresh)
+        mine = (rid, i, digests[j])
         other = holders.setdefault((self.pool, block.block_id), mine)
         if other is not mine and (other[1], other[2]) != (i, mine[2]):
             detail = (
@@ -251,6 +301,30 @@ class _Where:
             subject = f"block {block.block_id} held by {other[0]} and {rid}"
             out.append(
                 self.violation(SHARED_BLOCK_TOKENS, detail, ids, (other[0], rid), key, subject)
+            )
+        return out
+
+    def _keys(self, i, block, fresh) -> list[Violation]:
+        """The block's ``block_hash`` and its other keys against the request's hashes."""
+        n = covered(block, i, self.size)
+        j, scale = n // self.unit - 1, self.size // self.unit
+        inside = set(fresh[i * scale : j + 1])
+        out = []
+        for key in (block.block_hash, *extra_keys(self.manager, block)):
+            primary = key is block.block_hash
+            if (raw_hash(key) == fresh[j]) if primary else (raw_hash(key) in inside):
+                continue
+            what = f"hash to {hex_of(fresh[j])}" if primary else "make no such hash inside it"
+            detail = (
+                f"request {self.request_id} group {self.group}: block {block.block_id} at index "
+                f"{i} carries {short_hash(key)}{'' if primary else ' (a partial entry)'}, its "
+                f"tokens {what}: the prefix map files this KV under other tokens"
+            )
+            subject = f"request {self.request_id} block {block.block_id}"
+            subject += "" if primary else f" key {short_hash(key)}"
+            ids = (block.block_id,)
+            out.append(
+                self.violation(BLOCK_HASH_VS_TOKENS, detail, ids, (self.request_id,), key, subject)
             )
         return out
 
@@ -285,11 +359,12 @@ class HashLedger:
         for group, manager in group_managers(scheduler):
             pool = pools[id(manager.block_pool)]
             for request_id, request in sorted(scheduler.requests.items()):
-                blocks = table(manager, request_id)
-                digests = prefix_digests(list(request.all_token_ids), manager.block_size)
+                blocks, unit = table(manager, request_id), unit_of(scheduler, manager)
+                digests = prefix_digests(list(request.all_token_ids), unit)
                 for i, block in cached_blocks(blocks):
-                    if i < len(digests):
-                        found += self._holder(group, pool, request_id, i, block, digests[i])
+                    j = covered(block, i, manager.block_size) // unit - 1
+                    if 0 <= j < len(digests):
+                        found += self._holder(group, pool, request_id, i, block, digests[j])
         self._forget(scheduler, pools)
         return found
 

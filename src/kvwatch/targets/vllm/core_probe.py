@@ -1,6 +1,6 @@
 """The audit served from inside vLLM's engine core, between engine steps.
 
-kvwatch's vLLM plugin (``vllm_plugin.py``) calls ``install`` in the engine
+kvwatch's vLLM plugin (``plugin.py``) calls ``install`` in the engine
 core when ``KVWATCH_VLLM_PROBE_PORT`` is set. From then on every call that
 changes the scheduler's state runs under one lock (``EngineCore.step``,
 ``step_with_batch_queue``, ``add_request``, ``abort_requests``,
@@ -16,8 +16,8 @@ Endpoints, on loopback:
 ``GET /audit``
     ``{"step": N, "waiting": W, "running": R, "audit": Audit as JSON,
     "checks": [Violation as JSON, ...], "registries": {path: entries}}``
-    (``vllm_audit.py``; W and R: the scheduler's queues; ``checks`` and
-    ``registries``: ``vllm_checks.py``, the liveness findings among them those
+    (``manager_audit.py``; W and R: the scheduler's queues; ``checks`` and
+    ``registries``: ``checks.py``, the liveness findings among them those
     of every ``schedule()`` since the previous call, at most ``KEEP``)
 ``POST /flush``
     ``reset_prefix_cache()``: drops every cached block no request holds;

@@ -1,8 +1,15 @@
 """White-box checks of a live vLLM scheduler: running requests are scheduled.
 
 ``LivenessTracker`` wraps each ``schedule()`` (``before`` and ``after``):
-``running-skipped`` and ``running-starved``, as ``vllm_checks.py`` describes
-them, with its known blind spots. Duck-typed: nothing is imported from vLLM.
+``running-skipped`` and ``running-starved``, as ``checks.py`` describes
+them, with its known blind spots. ``stalled`` is the in-process driver's:
+``scheduler-stalled``, a run of steps that scheduled nothing, with nothing in
+flight, while requests had work left and no session paused for its client's
+input held blocks (no running request to preempt, and the waiting ones
+cannot get blocks: nothing will ever move). ``reset_refused``
+is too: ``reset-refused``, a forced prefix-cache reset that preempted the
+running requests and still failed, the index left standing. Duck-typed:
+nothing is imported from vLLM.
 """
 
 from __future__ import annotations
@@ -10,7 +17,13 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from kvwatch.targets.vllm.checks import group_managers, table, violation
-from kvwatch.targets.vllm.manager_audit import RUNNING_SKIPPED, RUNNING_STARVED, Violation
+from kvwatch.targets.vllm.manager_audit import (
+    RESET_REFUSED,
+    RUNNING_SKIPPED,
+    RUNNING_STARVED,
+    SCHEDULER_STALLED,
+    Violation,
+)
 
 
 def holds_blocks(scheduler, request_id: str) -> bool:
@@ -107,3 +120,35 @@ class LivenessTracker:
             )
             out.append(violation(RUNNING_STARVED, detail, requests=(rid,)))
         return out
+
+
+def stalled(scheduler, steps: int, work: list[str]) -> Violation:
+    """``scheduler-stalled``: ``steps`` steps in a row scheduled nothing with nothing in
+    flight while the requests ``work`` had work left."""
+    pool = scheduler.kv_cache_manager.block_pool
+    free, total = pool.get_num_free_blocks(), len(pool.blocks) - 1
+    holding = [rid for rid in work if holds_blocks(scheduler, rid)]
+    detail = (
+        f"{steps} steps in a row scheduled nothing with nothing in flight while {len(work)} "
+        f"requests had work left ({len(scheduler.running)} running; {free} of {total} blocks "
+        f"free; {len(holding)} waiting requests hold blocks: {', '.join(holding[:4]) or 'none'}): "
+        f"no request can make progress"
+    )
+    return violation(SCHEDULER_STALLED, detail, requests=tuple(work[:20]))
+
+
+def reset_refused(scheduler, why: str) -> Violation:
+    """``reset-refused``: ``reset_prefix_cache(reset_running_requests=True)`` (what a
+    weight update's pause with ``clear_cache`` calls) preempted every running request
+    and still left the prefix index standing, because of ``why``; who holds blocks."""
+    holders = sorted(rid for rid in scheduler.requests if holds_blocks(scheduler, rid))
+    statuses = {scheduler.requests[rid].status.name for rid in holders}
+    pool = scheduler.kv_cache_manager.block_pool
+    held = len(pool.blocks) - 1 - pool.get_num_free_blocks()
+    detail = (
+        f"reset_prefix_cache(reset_running_requests=True) failed ({why[:120]}): {held} blocks "
+        f"stay held by {len(holders)} requests that are not running "
+        f"({', '.join(sorted(statuses)) or 'none'}: {', '.join(holders[:4])}); the running ones "
+        f"were preempted anyway and every cached prefix stays reachable"
+    )
+    return violation(RESET_REFUSED, detail, requests=tuple(holders[:20]))

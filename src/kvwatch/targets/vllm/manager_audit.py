@@ -50,7 +50,7 @@ UNINDEXED_HASH = "unindexed-hash"
 ORPHAN = "orphan-holder"
 PENDING_COPY = "(pending copy)"
 HELD = "(held)"
-# the rules of vllm_checks.py: hashes against tokens, per-step scratch, liveness
+# the rules of checks.py: hashes against tokens, per-step scratch, liveness
 REQUEST_HASH_STALE = "request-hash-stale"
 BLOCK_HASH_VS_TOKENS = "block-hash-vs-tokens"
 BLOCK_BEYOND_TOKENS = "block-beyond-tokens"
@@ -61,6 +61,15 @@ SCRATCH_OVER_POOL = "scratch-over-pool"
 DEAD_REQUEST_KEY = "dead-request-key"
 RUNNING_SKIPPED = "running-skipped"
 RUNNING_STARVED = "running-starved"
+SCHEDULER_STALLED = "scheduler-stalled"
+# a reset that preempts every running request, then leaves the prefix index standing
+RESET_REFUSED = "reset-refused"
+# a cached block's hash covers tokens outside the block (fine hashing: checks.py)
+PARTIAL_HASH_SPAN = "partial-hash-span"
+# the KV cache event stream against the pool's prefix index (event_ledger.py)
+EVENT_REMOVED_UNSTORED = "event-removed-unstored"
+EVENT_STORED_NOT_HELD = "event-stored-not-held"
+EVENT_UNANNOUNCED = "event-unannounced"
 # each rule as the finding kind whose detector owns that invariant
 KINDS = {
     REFCOUNT: FindingKind.REF_MISMATCH,  # refcount
@@ -76,6 +85,12 @@ KINDS = {
     BLOCK_BEYOND_TOKENS: FindingKind.TREE,
     SHARED_BLOCK_TOKENS: FindingKind.TREE,
     HIT_ON_OTHER_TOKENS: FindingKind.TREE,
+    PARTIAL_HASH_SPAN: FindingKind.TREE,
+    # tree: the published prefix index (the events) disagrees with the index
+    EVENT_STORED_NOT_HELD: FindingKind.TREE,
+    EVENT_UNANNOUNCED: FindingKind.TREE,
+    # refcount: the stream's per-key count of holders went below zero
+    EVENT_REMOVED_UNSTORED: FindingKind.REF_MISMATCH,
     # quiescence: a container kept past its step or its request, or over its bound
     SCRATCH_NOT_DRAINED: FindingKind.REGISTRY,
     SCRATCH_OVER_POOL: FindingKind.REGISTRY,
@@ -83,6 +98,9 @@ KINDS = {
     # requests: a running request passed over while it could run
     RUNNING_SKIPPED: FindingKind.STARVED,
     RUNNING_STARVED: FindingKind.STARVED,
+    SCHEDULER_STALLED: FindingKind.STARVED,
+    # tree: after a forced reset the prefix index must be empty; it kept every entry
+    RESET_REFUSED: FindingKind.TREE,
 }
 
 
@@ -151,7 +169,7 @@ def _free_queue(pool) -> tuple[list, bool]:
     return out, block is None
 
 
-def _hash_entries(pool) -> Iterable[tuple[bytes, object]]:
+def hash_entries(pool) -> Iterable[tuple[bytes, object]]:
     """Every (hash key, block) pair of ``cached_block_hash_to_block``."""
     for key, value in pool.cached_block_hash_to_block._cache.items():
         yield from ((key, b) for b in (value.values() if isinstance(value, dict) else [value]))
@@ -240,7 +258,7 @@ class _PoolAudit:
         (from ``_maybe_evict_cached_block`` when ``get_new_blocks`` reuses a
         cached free block) removes both. Returns the number of entries."""
         pool, extra = self.pool, self.pool.cached_block_hashes_by_block
-        entries = list(_hash_entries(pool))
+        entries = list(hash_entries(pool))
         for key, block in entries:
             carried = block.block_hash == key or key in extra.get(block.block_id, ())
             ours = 0 <= block.block_id < len(pool.blocks) and pool.blocks[block.block_id] is block

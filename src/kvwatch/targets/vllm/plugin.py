@@ -7,7 +7,7 @@ process that owns the KV cache manager. kvwatch registers ``register`` there
 fault, so a vLLM that has kvwatch installed serves as it always does.
 
 With ``KVWATCH_VLLM_PROBE_PORT`` set, the engine core also serves kvwatch's
-audit of its KV cache manager on that loopback port (``vllm_probe.py``).
+audit of its KV cache manager on that loopback port (``core_probe.py``).
 
 Faults (``KVWATCH_VLLM_FAULT``):
 

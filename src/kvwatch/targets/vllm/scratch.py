@@ -1,7 +1,7 @@
 """White-box checks of a live vLLM scheduler: its per-step scratch containers.
 
 Every list, set, deque and dict the ``KVCacheManager``, its coordinator and
-each group's manager keep, by attribute path (``vllm_checks.py`` says what
+each group's manager keep, by attribute path (``checks.py`` says what
 each finding means): ``scratch-not-drained``, ``scratch-over-pool`` and
 ``dead-request-key``. ``registries`` gives their sizes, which the gate
 compares before and after a run (the quiescence detector). Duck-typed, as

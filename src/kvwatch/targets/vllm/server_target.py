@@ -1,14 +1,14 @@
 """vLLM as a gate target, white-box: ``--engine vllm --model DIR``.
 
-One vLLM server (``vllm_server.py``, from ``--vllm-python``) serves every
+One vLLM server (``api_server.py``, from ``--vllm-python``) serves every
 profile of the gate, with kvwatch's probe in its engine core
-(``vllm_plugin.py`` -> ``vllm_probe.py``). Its records carry probes (the
-audit of its block pool and the checks of ``vllm_checks.py``,
-``vllm_source.py``), registries (the KV managers' container sizes), gauges
+(``plugin.py`` -> ``core_probe.py``). Its records carry probes (the
+audit of its block pool and the checks of ``checks.py``,
+``probe_source.py``), registries (the KV managers' container sizes), gauges
 and request counts, so ``allocator``, ``refcount``, ``tree``, ``quiescence``,
 ``requests`` and ``gauge-trend`` judge it; it has no heap sampler and no
 cache-off replay. ``--vllm-version`` runs another release
-(``vllm_release.py``). The
+(``release.py``). The
 profiles that need only the OpenAI API run. ``--inject`` plants one of
 kvwatch's vLLM bugs (``vllm_plugin.FAULTS``).
 """

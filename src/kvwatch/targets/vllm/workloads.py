@@ -28,7 +28,10 @@ engine core, so no HTTP profile sends it:
     ``scratch-over-pool``, and the quiescence detector's registry sizes).
 
 A workload only submits requests and steps ``core`` (``vllm_sched_driver.Core``,
-which owns the scheduler and the checks); it imports nothing from vLLM.
+which owns the scheduler and the checks); it imports nothing from vLLM. The
+profiles that turn on other KV cache layouts (hybrid groups, fine hashing,
+events) are in ``layout_workloads.py``, the hunt's seeded mix in
+``mixed_load.py``; ``sched_profiles.WORKLOADS`` names them all.
 """
 
 from __future__ import annotations
@@ -42,6 +45,9 @@ class Workload:
     name: ClassVar[str]
     summary: ClassVar[str]
     sessions: ClassVar[bool] = False  # keeps sessions open between turns
+
+    def __init__(self, seed: int = 0, steps: int | None = None) -> None:
+        self.seed, self.steps = seed, steps  # ``steps``: a budget for loads that take one
 
     def settings(self, concurrency: int) -> dict:
         """The scheduler's options (``vllm_sched_driver.build``)."""
@@ -86,7 +92,8 @@ class StreamingInput(Workload):
     summary = "streaming-input sessions whose next chunk replaces a token that completed a block"
     sessions = True
 
-    def __init__(self) -> None:
+    def __init__(self, seed: int = 0, steps: int | None = None) -> None:
+        super().__init__(seed, steps)
         self.told: dict[str, list[int]] = {}  # session -> its tokens when the last chunk ended
 
     def turn(self, core, turn: int, concurrency: int) -> None:
