@@ -52,8 +52,9 @@ def section(results: dict[str, dict] | None = None) -> list[str]:
     ran = [b for b in FRESH if b.id in results]
 
     def caught(tier: str, pool: list[FreshBug]) -> str:
-        n = sum(1 for b in pool if results[b.id].get(tier, {}).get("exit", 0) != 0)
-        return f"{n} of {len(pool)}"
+        """Caught of those the tier ran (a bug may have run through one tier only)."""
+        run = [results[b.id][tier] for b in pool if tier in results[b.id]]
+        return f"{sum(1 for r in run if r['exit'] != 0)} of {len(run)}"
 
     held = [b for b in ran if b.written == "held out"]
     lines = [
