@@ -5,7 +5,8 @@
 * ``triton`` / ``triton.language``: ``@triton.jit`` makes a ``Kernel`` whose
   launch (``kernel[grid](...)``) runs the torch function registered for that
   kernel's name (``register_kernel``; ``kv_pools.py`` registers the paged
-  allocator's two), and raises for any other kernel;
+  allocator's two), and raises for any other kernel; ``triton.language.core``
+  has triton's tensor size limit, which 0.5.9's paged allocator reads;
 * ``sgl_kernel``: the one host op SGLang's allocation path calls on a CPU,
   ``assign_req_to_token_pool_cpu``;
 * ``sglang.srt.platforms`` (0.5.2x): ``current_platform`` is a CPU host with
@@ -68,7 +69,9 @@ def _kernel_decorator(*_: Any, **__: Any) -> Callable:
 
 
 def triton_modules() -> dict[str, types.ModuleType]:
-    language = StubModule("triton.language")
+    # 0.5.9's paged allocator bounds its extend kernel by triton's tensor size limit
+    core = types.SimpleNamespace(TRITON_MAX_TENSOR_NUMEL=1048576)
+    language = StubModule("triton.language", {"core": core})
     triton = StubModule(
         "triton",
         {
