@@ -1,5 +1,5 @@
-"""The default gate at c = 8 takes every lifecycle transition and every combination
-and boundary edge, and passes clean.
+"""The default gate at c = 8, and the quick tier at c = 2, take every lifecycle
+transition and every combination and boundary edge, and pass clean.
 
 This is ``make run``'s load at its highest concurrency: every profile, one
 ``kvwatch gate`` process. It checks that the run's coverage (in
@@ -56,6 +56,21 @@ def test_the_default_gate_at_c8_takes_every_transition(tmp_path):
         note = run["detectors"]["equivalence"]["evidence"]
         compared, finished = note.split(" equal")[0].split(" of ")
         assert int(compared) == int(finished.split()[0]) > 0, note
+
+
+def test_the_quick_tier_takes_every_transition_the_default_gate_owes(tmp_path):
+    """The pull-request tier (every profile at c = 2) reaches what the default gate
+    reaches at c = 1 and 8 too: the host tier's cache taken back by pressure and by
+    the flush, and every other listed transition; it passes clean."""
+    code, summary, out, err = gate(tmp_path, "--quick")
+    assert code == 0, err[-3000:]
+    assert summary["verdict"] == "pass" and failing(summary) == set()
+    total = summary["coverage"]["total"]
+    assert_all_taken(total, MACHINES)
+    host = total["host snapshot"]["taken"]
+    assert host["host -> pruned"] > 0 and host["host -> flushed"] > 0, host
+    line = next(x for x in out.splitlines() if x.startswith("coverage: "))
+    assert line.endswith("every transition taken"), line
 
 
 def test_the_edges_profile_at_c8_takes_every_combination_and_boundary_edge(tmp_path):

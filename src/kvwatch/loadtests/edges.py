@@ -28,9 +28,13 @@ One turn runs these side by side (``u``: the user's number, 0 to c - 1):
   turn, and one whose close was refused while its turn ran (409
   ``session_busy``): the idle timeout closes each;
 * turn 2, *a held turn*: a session's turn paused for longer than the idle
-  timeout (``hold_s``), then decoding long: meanwhile the client tries to roll
-  back and to close every 0.1 s (refused while queued and while running) and
-  the idle timeout tries too; once the turn ends the retried close goes through.
+  timeout (``hold_s``), then decoding long: meanwhile the client sends a turn
+  (409 ``session_busy``) and tries to roll back and to close every 0.1 s
+  (refused while queued and while running) and the idle timeout tries too; once
+  the turn ends the retried close goes through, and a turn on the closed session
+  is refused (409 ``session_closed``);
+* at the end, *left on the host*: a cold prompt pushed out and aborted on the
+  host tier, its snapshot left there as cache for the drain's flush.
 """
 
 from __future__ import annotations
@@ -69,6 +73,8 @@ OUT_SHORT = {"retract_after": 16, "hold_steps": 8}
 OUT_LONG = {"retract_after": 16, "hold_steps": 24}
 # and a cold one, back first, whose snapshot cannot be loaded
 OUT_COLD = {"retract_after": 16, "hold_steps": 4, "fail_load": True}
+# a user's last request: pushed out the same way and aborted on the host tier
+LEFT_ON_HOST = {"retract_after": 16, "hold_steps": 100_000, "abort_in": "retracted"}
 HELD = {"pause_after_output": 2, "hold_s": IDLE_TIMEOUT_S + 2}
 PESTER_S = 0.1
 PESTER_FOR_S = 120.0
@@ -224,10 +230,14 @@ class EdgeUser(SessionUser):
         self.sessions.remove(sid)
 
     def _pester(self, sid: str) -> None:
-        """Close, and roll back while the close is refused, until the close goes through."""
+        """A turn while the held one runs (409 ``session_busy``); then close, and roll
+        back while the close is refused, until the close goes through; then a turn on
+        the closed session (409 ``session_closed``)."""
+        self._refused_turn(sid, "turn while busy", "session_busy")
         deadline = time.monotonic() + PESTER_FOR_S
         while time.monotonic() < deadline:
             if self._try_close(sid, "/v1/sessions/[id]"):
+                self._refused_turn(sid, "turn on a closed session", "session_closed")
                 return
             with self.client.post(
                 f"/v1/sessions/{sid}/rollback",
@@ -239,6 +249,27 @@ class EdgeUser(SessionUser):
             gevent.sleep(PESTER_S)
         self._close(sid)  # Locust judges what it answers now
 
+    def _refused_turn(self, sid: str, name: str, code: str) -> None:
+        """A turn of session ``sid`` that the server must refuse with 409 ``code``. A
+        busy session's turn is sent while the held turn is paused for seconds; should
+        that turn have ended all the same, a 200 is its answer, not a failure."""
+        body = {
+            "model": self.model,
+            "messages": [{"role": "user", "content": sentence(self.rng)}],
+            "max_tokens": 2,
+            "temperature": 0,
+            "session_id": sid,
+        }
+        with self.client.post(
+            "/v1/chat/completions", json=body, name=name, catch_response=True
+        ) as resp:
+            refused = resp.status_code == 409 and code in resp.text
+            ended = code == "session_busy" and resp.status_code == 200
+            if refused or ended:
+                resp.success()
+            else:
+                mark_failed(resp)
+
     def _try_close(self, sid: str, name: str) -> bool:
         """One close: True once it went through; a refusal (a turn in flight) is fine."""
         with self.client.delete(f"/v1/sessions/{sid}", name=name, catch_response=True) as resp:
@@ -247,9 +278,18 @@ class EdgeUser(SessionUser):
 
     # -- the end --------------------------------------------------------------------------
     def finish(self) -> None:
+        self._leave_on_host()
         super().finish()
         for sid, since in self.abandoned:
             self.await_idle_close(sid, since, IDLE_TIMEOUT_S, LOOKS)
+
+    def _leave_on_host(self) -> None:
+        """A cold prompt pushed out to the host tier and aborted there, the last
+        request of this user's run: its snapshot stays on the host as cache, and
+        with at most one such request per user after the host tier last filled,
+        the drain's flush finds it there (``host -> flushed``), whatever the timing."""
+        prompt = self._own(200, APART)
+        self.complete(prompt, name="left on the host", max_tokens=4, kvwatch=LEFT_ON_HOST)
 
     def conversations(self) -> int:
         return 1
