@@ -275,6 +275,17 @@ def test_free_and_held_and_freed_twice_are_findings():
     assert "1 units free and held: 0 by tree node 7" in found[1].detail
 
 
+def test_units_outside_the_pool_free_or_held_are_double_owned():
+    """Page 0 is SGLang's padding page, never given out; 9 is past the allocator's last."""
+    row = held("request", "request r1 req_to_token row 0", 1, 2, 3, 4, rid="r1")
+    assert audit([], range(1, 5), [row]) == ([], {"request": 4})
+    padding = held("request", "request r1 req_to_token row 0", 0, 1, 2, 3, 4, rid="r1")
+    found, _ = audit([9], range(1, 5), [padding])
+    assert [f.kind for f in found] == [FindingKind.DOUBLE_OWNED]
+    assert found[0].detail == "sglang.kv: units outside the pool's 4 free or held: 0, 9"
+    assert found[0].pages == (0, 9)
+
+
 class Node:
     def __init__(self, parent: Node | None = None) -> None:
         self.parent = parent
@@ -326,6 +337,43 @@ def test_the_trees_counters_must_match_its_nodes():
     found = pool_audit.audit_counters([root, n], {**ok, "full.protected": 2}, "RadixCache")
     assert [f.detail for f in found] == [
         "sglang.kv: RadixCache full.protected is 2, the nodes hold 0"
+    ]
+
+
+def tree_node(node_id: int, tokens: list[int], lock: int) -> NodeView:
+    return NodeView(
+        node=None,
+        id=node_id,
+        full=tokens,
+        swa=None,
+        mamba=None,
+        full_lock=lock,
+        swa_lock=None,
+        mamba_lock=None,
+    )
+
+
+def test_at_page_size_4_the_counters_must_match_the_whole_pages_the_nodes_keep():
+    root = view(Node(), 0, 1)
+    counters = {"full.evictable": 8, "full.protected": 4}
+    whole = [root, tree_node(4, list(range(20, 28)), 0), tree_node(5, [8, 9, 10, 11], 1)]
+    assert pool_audit.audit_counters(whole, counters, "RadixCache", page=4) == []
+    # 6 tokens: all of page 5 and half of page 6, which the node pins whole
+    partial = [root, tree_node(4, list(range(20, 26)), 0), tree_node(5, [8, 9, 10, 11], 1)]
+    tokens = {**counters, "full.evictable": 6}
+    assert pool_audit.audit_counters(partial, tokens, "RadixCache") == []  # page size 1
+    found = pool_audit.audit_counters(partial, tokens, "RadixCache", page=4)
+    assert [(f.kind, f.detail) for f in found] == [
+        (
+            FindingKind.TREE,
+            "sglang.kv: RadixCache full.evictable is 6 tokens, the nodes cover 2 pages of 4 "
+            "(8 tokens): tree node 4 holds 6 tokens on 2 pages",
+        )
+    ]
+    # a counter a page off is the token recount's finding, at any page size
+    off = pool_audit.audit_counters(whole, {**counters, "full.protected": 8}, "RadixCache", page=4)
+    assert [f.detail for f in off] == [
+        "sglang.kv: RadixCache full.protected is 8, the nodes hold 4"
     ]
 
 

@@ -15,7 +15,9 @@
 
 The pools' *universe* is what was free when the probe was built (the
 driver's pools are new and empty then): a unit of the universe that is neither free
-nor held is an orphan. After every step the probe notes who held each unit
+nor held is an orphan, and one outside it, free or held, is double owned (SGLang's
+padding page 0, a page past the allocator's last). The tree's counters are checked
+at the run's page size. After every step the probe notes who held each unit
 (``remember``, an observer of the driver), so an orphan names its last holder
 and what became of it ("..., finished at step 12"). With ``watch()`` it also
 audits after every step and keeps the first reports that show a finding
@@ -149,7 +151,8 @@ class CacheProbe(StepProbe):
         unified = cache_views.is_unified(cache)
         findings += pool_audit.audit_locks(nodes, self._locks(), unified=unified)
         counters = cache_views.size_counters(cache)
-        findings += pool_audit.audit_counters(nodes, counters, type(inner(cache)).__name__)
+        name = type(inner(cache)).__name__
+        findings += pool_audit.audit_counters(nodes, counters, name, self.read.page)
         walked = registry_walk.walk(registry_walk.roots(self.shim))
         findings += [finding(FindingKind.REGISTRY, None, [], b) for b in walked.breaches]
         findings += self.shim.checks()  # the driver's liveness (admission_watch)
