@@ -24,13 +24,17 @@ The KV cache layout is the workload's (``kv_layout.Layout``: groups, block
 size, prefix-match unit, events), or the plan's ``layout`` where it names
 one (the hunt, ``hunt.py``: the pool refitted to it, ``kv_layout.fit``), as
 are ``sched`` (``policy``, ``in_flight``, ``budget``: tokens a step), ``seed``
-and ``steps``. With
+and ``steps``. The tokens the model runner samples come from ``next_token``;
+a plan's ``token_salt`` (absent: 0) makes them another function of the same
+inputs, so a test can swap what kvwatch plays of the model and see that
+vLLM's own code still decides the verdict. With
 events on, each ``KVEventBatch`` is checked against the pool right after the
 ``update_from_output`` that published it (``event_tap.py``).
 
 It writes the plan's ``record`` (JSON: ``vllm``, ``layout``, ``sizes``,
 ``baseline``, ``turns`` with their probes, ``drained``, ``requests``,
-``coverage``, ``ended``, ``error``; ``unsupported`` when the release cannot
+``coverage``, ``tokens`` (the token salt and how many tokens were sampled),
+``ended``, ``error``; ``unsupported`` when the release cannot
 build the layout) and a line per barrier to its ``progress`` file, as the
 Locust barrier action does. vLLM is imported here only, never by the gate.
 """
@@ -44,6 +48,7 @@ import os
 import sys
 import time
 import traceback
+import zlib
 from collections import deque
 from pathlib import Path
 
@@ -165,8 +170,9 @@ class Core:
     """vLLM's scheduler stepped as its engine core steps it, with the checks after
     each ``schedule()`` and the probes the gate reads."""
 
-    def __init__(self, scheduler, in_flight: int = 1) -> None:
+    def __init__(self, scheduler, in_flight: int = 1, token_salt: int = 0) -> None:
         self.scheduler, self.depth, self.queue = scheduler, in_flight, deque()
+        self.token_salt, self.sampled = token_salt, 0  # the model runner's tokens
         self.hasher = _hasher(hash_block_size(scheduler) or scheduler.block_size)
         self.liveness, self.ledger = LivenessTracker(), HashLedger()
         self.events, self.coverage = EventTap.install(scheduler), Coverage()
@@ -221,7 +227,9 @@ class Core:
         if {f.rule for f in found} - self.seen and len(self.latched) < LATCH:
             self.seen |= {f.rule for f in found}
             self.latched.append(answer(s, self.steps, found))
-        self.queue.append((out, model_output(s, out)))
+        output = model_output(s, out, self.token_salt)
+        self.sampled += sum(map(len, output.sampled_token_ids))
+        self.queue.append((out, output))
         if len(self.queue) >= self.depth:
             self._apply()
 
@@ -310,16 +318,25 @@ def _has_work(request) -> bool:
     return not any(w in str(request.status.name) for w in ("STREAMING", "FINISHED"))
 
 
-def model_output(scheduler, out):
+def next_token(request_id: str, num_tokens: int, salt: int = 0) -> int:
+    """The token the model runner samples: a function of the request's id and length
+    only, in 100..1599 (never EOS). A non-zero ``salt`` (the plan's ``token_salt``)
+    gives another function of the same inputs: a CRC of the salt, the id and the length."""
+    if salt:
+        return 100 + zlib.crc32(f"{salt}:{request_id}:{num_tokens}".encode()) % 1500
+    return 100 + (sum(map(ord, request_id)) * 31 + num_tokens) % 1500
+
+
+def model_output(scheduler, out, token_salt: int = 0):
     """What a model runner returns for ``out``: a token for each request whose prompt is
-    computed after this step, nothing for one still in a prefill chunk."""
+    computed after this step (``next_token``), nothing for one still in a prefill chunk."""
     from vllm.v1.outputs import ModelRunnerOutput
 
     ids = list(out.num_scheduled_tokens)
     sampled = []
     for rid in ids:
         request = scheduler.requests[rid]
-        token = 100 + (sum(map(ord, rid)) * 31 + request.num_tokens) % 1500
+        token = next_token(rid, request.num_tokens, token_salt)
         sampled.append([token] if request.num_computed_tokens >= request.num_tokens else [])
     fields = {f.name for f in dataclasses.fields(ModelRunnerOutput)}
     wanted = {
@@ -382,6 +399,7 @@ class Run:
         self.record["ended"] = f"{closed}drained and {flush}"
         self.record["requests"] = self.counts(core, left)
         self.record["coverage"] = core.covered()
+        self.record["tokens"] = {"salt": core.token_salt, "sampled": core.sampled}
 
     def scheduler(self):
         """vLLM's scheduler for the workload's settings, in the plan's layout if it names one."""
@@ -407,7 +425,7 @@ class Run:
         self.record["vllm"] = vllm.__version__
         try:
             scheduler, in_flight = self.scheduler()
-            core = Core(scheduler, in_flight)
+            core = Core(scheduler, in_flight, self.plan.get("token_salt", 0))
             self.started = time.monotonic()  # the barriers' seconds count from the load
             self.turns(core)
             self.finish(core)
