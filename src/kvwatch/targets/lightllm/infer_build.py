@@ -139,11 +139,11 @@ def _pools(m: types.SimpleNamespace, sizes: InferSizes, args: Any) -> tuple:
     return mem, reqs, small, radix
 
 
-def _backend(m: types.SimpleNamespace, args: Any, parts: dict) -> Any:
+def _backend(m: types.SimpleNamespace, args: Any, parts: dict, token_salt: int) -> Any:
     """``ChunkedPrefillBackend`` with the attributes its ``__init__`` sets on one GPU."""
     b = object.__new__(cpu_backend(m.cp.ChunkedPrefillBackend))
     b.args = args
-    b.model = StandInModel(parts["req_manager"], parts["mem"])
+    b.model = StandInModel(parts["req_manager"], parts["mem"], token_salt)
     b.radix_cache, b.shm_req_manager, b.shm_reqs_io_buffer = (
         parts["radix"],
         parts["shm"],
@@ -171,8 +171,9 @@ def _backend(m: types.SimpleNamespace, args: Any, parts: dict) -> Any:
     return b
 
 
-def build(checkout: Path, sizes: InferSizes) -> InferParts:
-    """LightLLM's pools, cache and backend for one run, registered as its infer context."""
+def build(checkout: Path, sizes: InferSizes, token_salt: int = 0) -> InferParts:
+    """LightLLM's pools, cache and backend for one run, registered as its infer context;
+    ``token_salt``: the stand-in model's (``forward_stand_in.next_token``)."""
     m = _import(Path(checkout), sizes)
     m.envs.get_env_start_args.cache_clear()
     m.envs.get_unique_server_name.cache_clear()
@@ -180,7 +181,7 @@ def build(checkout: Path, sizes: InferSizes) -> InferParts:
     mem, req_manager, small, radix = _pools(m, sizes, args)
     parts = {"mem": mem, "req_manager": req_manager, "radix": radix}
     parts |= {"shm": ShmReqManager(), "io": IOBuffer()}
-    backend = _backend(m, args, parts)
+    backend = _backend(m, args, parts, token_salt)
     m.cp.time = types.SimpleNamespace(**vars(time))
     m.cp.time.sleep = lambda seconds: None
     m.ib.g_infer_context.register(

@@ -4,7 +4,8 @@
 does, inside its driver process (``run_driver.py``)::
 
     workload = WORKLOADS[profile](c, seed, cache)
-    parts = infer_build.build(checkout, workload.sizes())    LightLLM's pools, cache, backend
+    parts = infer_build.build(checkout, workload.sizes(), token_salt)
+                                                             LightLLM's pools, cache, backend
     loop = InferLoop(parts); probe = InferProbe(loop)
     recorder = TurnRecorder(StepSource(probe), watch=True)
     recorder.start()                                         baseline probe, per-step audits
@@ -18,7 +19,8 @@ is an ``orphan`` finding the detectors judge) and the run keeps the error,
 naming the innermost frame in the checkout (``where_it_broke``). The
 barrier reports carry the request counts as a client would count them:
 finished as answered, the ones the workload aborted as 4xx, any LightLLM
-ended by itself as failed.
+ended by itself as failed. Beside the record it returns the stand-in model's
+tokens: the plan's ``token_salt`` and how many it sampled.
 """
 
 from __future__ import annotations
@@ -101,16 +103,21 @@ def _drive(loop: InferLoop, workload: Workload, recorder: TurnRecorder, turns: i
     recorder.finish(_reports(loop))
 
 
-def record_run(plan: dict, say: Callable[[str], None] = lambda line: None) -> RunRecord:
-    """Run the plan's workload for its turns on its checkout and return its record."""
+def record_run(
+    plan: dict, say: Callable[[str], None] = lambda line: None
+) -> tuple[RunRecord, dict]:
+    """Run the plan's workload for its turns on its checkout; its record, and the
+    stand-in model's tokens (``{"salt": ..., "sampled": ...}``)."""
     checkout = Path(plan["checkout"])
     workload = WORKLOADS[plan["profile"]](
         c=plan["concurrency"], seed=plan["seed"], cache=plan["cache"]
     )
+    salt = plan.get("token_salt", 0)
     try:
-        loop = InferLoop(build(checkout, workload.sizes()))
+        loop = InferLoop(build(checkout, workload.sizes(), salt))
     except Exception as exc:  # the checkout's constructors broke: nothing to judge
-        return RunRecord(turns=(), error=where_it_broke(checkout, exc))
+        unsampled = {"salt": salt, "sampled": 0}
+        return RunRecord(turns=(), error=where_it_broke(checkout, exc)), unsampled
     options = RecorderOptions(warmup=plan["warmup"], watch=True, replays=False, drain_timeout=2.0)
     recorder = TurnRecorder(StepSource(InferProbe(loop)), options)
     try:
@@ -118,4 +125,4 @@ def record_run(plan: dict, say: Callable[[str], None] = lambda line: None) -> Ru
     except Exception as exc:  # LightLLM or the workload broke: judge what was recorded
         recorder.broke(where_it_broke(checkout, exc))
         recorder.requests = Counts.from_json(counts(loop))  # what was sent until then
-    return recorder.record()
+    return recorder.record(), {"salt": salt, "sampled": loop.parts.backend.model.sampled}

@@ -8,7 +8,9 @@ The plan names the checkout, the cache (``radix`` or ``linear``), the
 profile, the concurrency, the turns, the warm-up and the seed, and where to
 write. The driver imports the checkout (``source_hooks``), records the run
 (``loop_recording.record_run``), writes one line per barrier to the plan's
-``progress`` file and the run's ``RunRecord`` as JSON to its ``record``.
+``progress`` file and the run's ``RunRecord`` as JSON to its ``record``, with
+``tokens``: the stand-in model's token salt (the plan's ``token_salt``, 0
+when absent) and how many tokens it sampled.
 
 Why a process per run: LightLLM reads its start args once per process
 (``get_env_start_args`` is ``lru_cache``d) and keeps module singletons
@@ -40,8 +42,8 @@ def main(argv: list[str] | None = None) -> int:
         with progress.open("a") as out:
             out.write(line.rstrip("\n") + "\n")
 
-    record = record_run(plan, say)
-    Path(plan["record"]).write_text(json.dumps(record.to_json()))
+    record, tokens = record_run(plan, say)
+    Path(plan["record"]).write_text(json.dumps({**record.to_json(), "tokens": tokens}))
     return 0
 
 
