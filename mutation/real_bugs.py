@@ -40,8 +40,11 @@ the bug and on the release with the fix.
 
 A row holds when its buggy run exits 1 with ``expect`` failing and its fixed
 run exits 0 (``problems``); it counts (``counted``) when it holds and the
-engine's own code decided both runs. Each run is ``kvwatch gate GATE VERSION_FLAG V
---out DIR --no-report`` in a process of its own. ``docs/real-bugs.md`` is
+engine's own code decided both runs; each such row has a swap test
+(``tests/targets/{sglang,vllm,lightllm}/test_*_engine_decides.py``: what
+kvwatch plays of the engine replaced, the verdicts unmoved). Each run is
+``kvwatch gate GATE VERSION_FLAG V --out DIR --no-report`` in a process of
+its own. ``docs/real-bugs.md`` is
 rendered from the JSON alone (``render``), so the test that checks the
 document reads the same rows; only what follows the ``HAND_WRITTEN`` line
 (a write-up of a bug hunt, say) is prose kept as it is (``document``).
@@ -343,8 +346,10 @@ def render(rows: Sequence[BugRow]) -> str:
         "evidence is the failing detector's line from `summary.json`. A row counts only when",
         "the engine's own code decided both runs (`decided by: engine`); a `modelled` row's",
         "verdict comes from a kvwatch stand-in for part of the engine, and is kept but not",
-        f"counted ({len(counted(rows))} rows count). The row schema is in",
-        "`mutation/real_bugs.py` and `docs/README.md`.",
+        f"counted ({len(counted(rows))} rows count). Each row that counts has a swap test",
+        "(`tests/targets/*/test_*_engine_decides.py`): what kvwatch plays of the engine (the",
+        "model's tokens; SGLang's scheduler traits) is replaced, and both verdicts stay. The",
+        "row schema is in `mutation/real_bugs.py` and `docs/README.md`.",
         "",
         "Each command below runs as written from the checkout's root once kvwatch is",
         "installed (`make .venv/.installed`, then `.venv/bin/kvwatch`, or `pip install .`);",
