@@ -234,6 +234,40 @@ def test_heap_judges_a_list_that_moves_between_sites_as_one():
     assert v.failed and "e.py:187" in v.evidence[0].detail
 
 
+def test_heap_counts_what_a_site_lent_from_its_peak():
+    """rl-rollout at c = 8, seed 1 (one run's figures): the sessions' token lists
+    move from the decode line to the extend line as they grow, while new ones
+    keep the decode line growing too, so it ends only 5.7 kB below where it
+    started though it lent 8 kB from its peak. Together the two sites are flat
+    per context token (8.6 to 8.8 bytes): judged apart, the extend line looked
+    like a leak."""
+    context = [980, 1516, 2125, 2663, 3219, 3752, 4291, 4901]
+    extended = [0, 0, 2112, 5824, 9728, 24256, 23104, 32352]
+    decoded = [8160, 12992, 16096, 17440, 18560, 8896, 14240, 10432]
+
+    def run(decoded: list[int]) -> RunRecord:
+        turns = tuple(
+            Turn(
+                turn=i,
+                probes=(CLEAN[0],),
+                conversations=8,
+                context_tokens=c,
+                heap=HeapSample(
+                    traced_bytes=100_000 + 80 * c,
+                    top=(),
+                    by_site={"records.py:132": x, "scheduler.py:226": d},
+                ),
+            )
+            for i, (c, x, d) in enumerate(zip(context, extended, decoded, strict=True))
+        )
+        return RunRecord(turns=turns, warmup=2)
+
+    assert DETECTORS["heap"](run(decoded)).verdict == PASS
+    # the same extend line with nothing lent from the decode line is kept memory
+    v = DETECTORS["heap"](run([8160, 12992, 16096, 17440, 18560, 18560, 18560, 18560]))
+    assert v.failed and "records.py:132" in v.evidence[0].detail
+
+
 def test_gauge_trend_on_black_box_series():
     rng = random.Random(3)
     flat = [{"usage": 0.5 + rng.uniform(-0.05, 0.05)} for _ in range(8)]

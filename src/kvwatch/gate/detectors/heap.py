@@ -223,14 +223,17 @@ def moved_from(site: str, grown: int, judged: list) -> tuple[str, ...]:
     last (re)allocated it, so a list one line builds and another extends (a
     session's tokens: decoded by the scheduler, extended by the next turn)
     moves from one site to the other as it grows; one site rises while the
-    other falls, and nothing new was kept. A site that held memory at one
-    sample only (a buffer in flight, as a span file's) lent none to it."""
+    other falls, and nothing new was kept. The fall is counted from the
+    other site's peak over the judged turns: it keeps growing too (new lists
+    start there) while it lends, so its first and last samples can be close
+    though it lent a great deal. A site that held memory at one sample only
+    (a buffer in flight, as a span file's) lent none to it."""
     samples = [t.heap.by_site or {} for t in judged]
     before, after = samples[0], samples[-1]
     return tuple(
         name
         for name in sorted(set(before) - {site})
-        if before[name] - after.get(name, 0) >= MOVED_SHARE * grown
+        if max(s.get(name, 0) for s in samples) - after.get(name, 0) >= MOVED_SHARE * grown
         and all(s.get(name, 0) > 0 for s in samples[:-1])
     )
 
