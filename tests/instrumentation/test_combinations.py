@@ -349,10 +349,22 @@ def test_the_coverage_line_is_a_count_and_the_first_few_never_taken():
     assert coverage_line(_Summary(odd)).endswith("; 1 seen outside the machines")
 
 
-@pytest.mark.parametrize("stage", ["queued", "prefilling", "decoding", "verifying", "recovering"])
+LIVE = (
+    "queued",
+    "waiting",
+    "prefilling",
+    "decoding",
+    "verifying",
+    "retracted",
+    "paused",
+    "recovering",
+)
+
+
+@pytest.mark.parametrize("stage", LIVE)
 def test_a_rare_transition_is_listed_and_counted_but_never_owed(stage):
-    """``STAGE -> failed`` (a request that finds no pages even alone: a failpoint
-    while nothing else can be let go) is a correct transition no load can be
+    """``STAGE -> failed`` (a request that finds no pages even alone at any live
+    stage: a failpoint while nothing else can be let go) is a correct transition no load can be
     sure to take: seen, it is taken, not unlisted; unseen, not among the never
     taken."""
     edge = f"{stage} -> failed"

@@ -10,9 +10,8 @@ the engine's events). Transitions are ``"from -> to"``::
                                     aborted      retracted -> recovering -> decoding
                                                  (decoding ->) paused -> recovering
                                                               ... -> finished | aborted
-             queued | prefilling | decoding | verifying | recovering -> failed
-             (no pages for it even alone; listed, but no load can be sure to
-             take them: not owed)
+             any live stage -> failed (no pages for it even alone; listed,
+             but no load can be sure to take them: not owed)
     session  new -> open -> running -> parked | cut -> running | rolled back
                                                      -> closed | timed out
     slot     empty -> prepared -> filled | aborted;  filled -> prepared (reused),
@@ -89,12 +88,11 @@ REQUEST = Machine(
         *((s, "aborted") for s in _LIVE),  # an abort at each stage
     ),
     # a request that cannot go on even alone (its admission into an idle cache,
-    # its lone chunk, its lone decode step or its recovery found no pages): an
-    # error to its client. They follow a failpoint, or a full pool, at a moment
+    # its readmission after a retraction or a pause, its lone chunk, its lone
+    # decode step or its recovery found no pages), at any live stage: an error
+    # to its client. They follow a failpoint, or a full pool, at a moment
     # nothing else can be unpinned, which no load can time; the failpoint machine owes the failures themselves
-    also=_edges(
-        *((s, "failed") for s in ("queued", "prefilling", "decoding", "verifying", "recovering"))
-    ),
+    also=_edges(*((s, "failed") for s in _LIVE)),
 )
 
 SESSION = Machine(
