@@ -183,7 +183,7 @@ class EngineWorker:
             if self.failure is not None:
                 raise EngineStopped(self.failure)
             rid = self.engine.add_request(prompt, params, session_id=session_id, labels=labels)
-            stream = Stream(rid, loop, asyncio.Queue())
+            stream = Stream(request_id=rid, loop=loop, queue=asyncio.Queue())
             self._streams[rid] = stream
             if script is None:
                 return stream
