@@ -206,6 +206,25 @@ def test_heap_needs_a_site_to_grow_by_more_than_a_few_kilobytes():
     assert v.failed and "sched.py:205" in v.evidence[0].detail
 
 
+def sites_run(context: list[int], by_site: dict[str, list[int]], traced: list[int]) -> RunRecord:
+    """A run whose heap samples hold these sites' sizes, turn by turn."""
+    turns = tuple(
+        Turn(
+            turn=i,
+            probes=(CLEAN[0],),
+            conversations=1,
+            context_tokens=c,
+            heap=HeapSample(
+                traced_bytes=traced[i],
+                top=(),
+                by_site={site: sizes[i] for site, sizes in by_site.items()},
+            ),
+        )
+        for i, c in enumerate(context)
+    )
+    return RunRecord(turns=turns, warmup=2)
+
+
 def test_heap_judges_a_list_that_moves_between_sites_as_one():
     # two sessions' token lists, decoded at one line and extended at another:
     # tracemalloc files each under the line that last grew it (seed 7, c = 2)
@@ -214,19 +233,7 @@ def test_heap_judges_a_list_that_moves_between_sites_as_one():
     decoded = [6144, 6304, 8512, 7008, 4000, 3936]
 
     def run(decoded: list[int]) -> RunRecord:
-        turns = tuple(
-            Turn(
-                turn=i,
-                probes=(CLEAN[0],),
-                conversations=2,
-                context_tokens=c,
-                heap=HeapSample(
-                    traced_bytes=60_000, top=(), by_site={"e.py:187": x, "s.py:205": d}
-                ),
-            )
-            for i, (c, x, d) in enumerate(zip(context, extended, decoded, strict=True))
-        )
-        return RunRecord(turns=turns, warmup=2)
+        return sites_run(context, {"e.py:187": extended, "s.py:205": decoded}, [60_000] * 6)
 
     assert DETECTORS["heap"](run(decoded)).verdict == PASS
     # the same growth with nothing lost elsewhere is kept memory
@@ -244,23 +251,10 @@ def test_heap_counts_what_a_site_lent_from_its_peak():
     context = [980, 1516, 2125, 2663, 3219, 3752, 4291, 4901]
     extended = [0, 0, 2112, 5824, 9728, 24256, 23104, 32352]
     decoded = [8160, 12992, 16096, 17440, 18560, 8896, 14240, 10432]
+    traced = [100_000 + 80 * c for c in context]
 
     def run(decoded: list[int]) -> RunRecord:
-        turns = tuple(
-            Turn(
-                turn=i,
-                probes=(CLEAN[0],),
-                conversations=8,
-                context_tokens=c,
-                heap=HeapSample(
-                    traced_bytes=100_000 + 80 * c,
-                    top=(),
-                    by_site={"records.py:132": x, "scheduler.py:226": d},
-                ),
-            )
-            for i, (c, x, d) in enumerate(zip(context, extended, decoded, strict=True))
-        )
-        return RunRecord(turns=turns, warmup=2)
+        return sites_run(context, {"records.py:132": extended, "scheduler.py:226": decoded}, traced)
 
     assert DETECTORS["heap"](run(decoded)).verdict == PASS
     # the same extend line with nothing lent from the decode line is kept memory
