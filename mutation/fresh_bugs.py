@@ -144,6 +144,24 @@ FRESH: tuple[FreshBug, ...] = (
         written=WITH,
     ),
     FreshBug(
+        id="ttft-recorded-in-milliseconds",
+        file="instrumentation/metrics.py",
+        find="            self.ttft.record(req.first - req.added, req.attrs)\n",
+        replace="            self.ttft.record((req.first - req.added) * 1000, req.attrs)\n",
+        summary="the time-to-first-token histogram is recorded in milliseconds",
+        promise="the latency histograms never say more than the client measured",
+        written=WITH,
+    ),
+    FreshBug(
+        id="flush-refused-only-while-running",
+        file="server/debug.py",
+        find="        if engine.has_unfinished():\n",
+        replace="        if engine.stats().queue.running:\n",
+        summary="a cache flush is refused only while a request runs, not while one waits or is paused",
+        promise="POST /debug/flush_cache while requests run answers 409",
+        written=WITH,
+    ),
+    FreshBug(
         id="evictable-without-idle-slots",
         file="engine/cache/usage.py",
         find=(

@@ -80,6 +80,8 @@ PRESETS = {
             n.prom(n.REQUESTS_FINISHED),
             n.prom(n.REQUEST_DURATION) + "_count",
             n.prom(n.TOKENS_GENERATED),
+            # every bucket of the latency histograms, against the clients' timings
+            *(n.prom(h) + "_bucket" for h in n.SECONDS),
         ),
         drain=(
             _PAGES + '{state="pinned_request"}',

@@ -210,6 +210,8 @@ class Timings(NamedTuple):
     ttft_ms: tuple[float, ...] = ()  # streams: request sent to first content chunk
     itl_ms: tuple[float, ...] = ()  # streams: mean gap between content chunks
     e2e_ms: tuple[float, ...] = ()  # every answered completion, whole
+    # (whole request in ms, output tokens) of each that finished (stop or length)
+    finished: tuple[tuple[float, int], ...] = ()
     prompt_tokens: int = 0
     cached_tokens: int = 0  # of the prompt tokens, found in the prefix cache
     output_tokens: int = 0
@@ -226,6 +228,7 @@ class Timings(NamedTuple):
             ttft_ms=tuple(data.get("ttft_ms", ())),
             itl_ms=tuple(data.get("itl_ms", ())),
             e2e_ms=tuple(data.get("e2e_ms", ())),
+            finished=tuple((ms, tokens) for ms, tokens in data.get("finished", ())),
             prompt_tokens=data.get("prompt_tokens", 0),
             cached_tokens=data.get("cached_tokens", 0),
             output_tokens=data.get("output_tokens", 0),
@@ -243,6 +246,7 @@ def merge_timings(reports: Iterable[Timings]) -> Timings | None:
         ttft_ms=tuple(x for t in parts for x in t.ttft_ms),
         itl_ms=tuple(x for t in parts for x in t.itl_ms),
         e2e_ms=tuple(x for t in parts for x in t.e2e_ms),
+        finished=tuple(x for t in parts for x in t.finished),
         prompt_tokens=sum(t.prompt_tokens for t in parts),
         cached_tokens=sum(t.cached_tokens for t in parts),
         output_tokens=sum(t.output_tokens for t in parts),

@@ -29,7 +29,8 @@ One turn runs these side by side (``u``: the user's number, 0 to c - 1):
   ``session_busy``): the idle timeout closes each;
 * turn 2, *a held turn*: a session's turn paused for longer than the idle
   timeout (``hold_s``), then decoding long: meanwhile the client sends a turn
-  (409 ``session_busy``) and tries to roll back and to close every 0.1 s
+  (409 ``session_busy``) and a cache flush (409 ``engine_busy``, white-box),
+  and tries to roll back and to close every 0.1 s
   (refused while queued and while running) and the idle timeout tries too; once
   the turn ends the retried close goes through, and a turn on the closed session
   is refused (409 ``session_closed``);
@@ -234,6 +235,7 @@ class EdgeUser(SessionUser):
         back while the close is refused, until the close goes through; then a turn on
         the closed session (409 ``session_closed``)."""
         self._refused_turn(sid, "turn while busy", "session_busy")
+        self._refused_flush()
         deadline = time.monotonic() + PESTER_FOR_S
         while time.monotonic() < deadline:
             if self._try_close(sid, "/v1/sessions/[id]"):
@@ -266,6 +268,24 @@ class EdgeUser(SessionUser):
             refused = resp.status_code == 409 and code in resp.text
             ended = code == "session_busy" and resp.status_code == 200
             if refused or ended:
+                resp.success()
+            else:
+                mark_failed(resp)
+
+    def _refused_flush(self) -> None:
+        """A cache flush while the held turn runs, which the server must refuse with
+        409 ``engine_busy``: a flush takes back what nobody references, and only an
+        idle engine can say that of every page. Sent where the plan's probe endpoints
+        are this server's own (white-box); the held turn is paused for seconds and
+        then decodes long, so nothing has ended it by now."""
+        source = self.plan.source
+        if not source.white_box or source.url is not None:
+            return
+        headers = {"Authorization": f"Bearer {source.token}"} if source.token else {}
+        with self.client.post(
+            "/debug/flush_cache", headers=headers, name="flush while busy", catch_response=True
+        ) as resp:
+            if resp.status_code == 409 and "engine_busy" in resp.text:
                 resp.success()
             else:
                 mark_failed(resp)

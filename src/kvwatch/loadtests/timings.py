@@ -3,7 +3,7 @@
 The users fire, for every completion that ended well, an ``E2E`` sample (the
 whole request, first byte sent to last byte read) whose ``context`` carries
 the usage the server returned (``prompt_tokens``, ``cached_tokens``,
-``output_tokens``), and for a stream a ``TTFT`` and an ``ITL`` sample
+``output_tokens``) and the finish reason, and for a stream a ``TTFT`` and an ``ITL`` sample
 (``users.py``). This keeps every sample, in milliseconds, with the wall-clock
 window the answered requests spanned; each process hands its ``Timings`` to
 the END barrier with its request counts, and the gate turns the merged
@@ -25,6 +25,7 @@ class TimingLog:
     def __init__(self) -> None:
         self.samples: dict[str, list[float]] = {field: [] for field in SAMPLED.values()}
         self.tokens = {"prompt": 0, "cached": 0, "output": 0}
+        self.finished: list[tuple[float, int]] = []  # (E2E ms, output tokens): stop or length
         self.first: float | None = None  # wall-clock start of the first answered request
         self.last: float | None = None  # and end of the last
 
@@ -45,12 +46,16 @@ class TimingLog:
             usage = context or {}
             for key in self.tokens:
                 self.tokens[key] += int(usage.get(f"{key}_tokens", 0) or 0)
+            if usage.get("finish_reason") in ("stop", "length"):
+                output = int(usage.get("output_tokens", 0) or 0)
+                self.finished.append((float(response_time), output))
 
     def timings(self) -> Timings:
         return Timings(
             ttft_ms=tuple(self.samples["ttft_ms"]),
             itl_ms=tuple(self.samples["itl_ms"]),
             e2e_ms=tuple(self.samples["e2e_ms"]),
+            finished=tuple(self.finished),
             prompt_tokens=self.tokens["prompt"],
             cached_tokens=self.tokens["cached"],
             output_tokens=self.tokens["output"],

@@ -26,6 +26,9 @@ from locust import HttpUser, between, task
 from kvwatch import MODEL_NAME
 from kvwatch.loadtests.statuses import failpoint_refusal
 
+# where a completion's finish reason rides along with its usage, up to ``_answered``
+FINISH_REASON = "_finish_reason"
+
 WORDS = [
     "pool",
     "page",
@@ -103,6 +106,8 @@ def _read_stream(
                 resp.failure(message)
             return False
         usage.update(chunk.get("usage") or {})
+        if chunk["choices"] and (reason := chunk["choices"][0].get("finish_reason")):
+            usage[FINISH_REASON] = reason
         delta = chunk["choices"][0]["delta"].get("content") if chunk["choices"] else None
         if not delta:
             continue
@@ -227,11 +232,14 @@ class StreamingChatUser(HttpUser):
                 mark_failed(resp)
                 return None
             data = resp.json()
-        self._answered(name, start, data.get("usage") or {})
+        choices = data.get("choices") or [{}]
+        usage = {**(data.get("usage") or {}), FINISH_REASON: choices[0].get("finish_reason")}
+        self._answered(name, start, usage)
         return data
 
     def _answered(self, name: str, start: float, usage: dict) -> None:
-        """An ``E2E`` sample for a completion that ended well, with its usage."""
+        """An ``E2E`` sample for a completion that ended well, with its usage and
+        its finish reason (``usage[FINISH_REASON]``, as the answer gave it)."""
         details = usage.get("prompt_tokens_details") or {}
         self.environment.events.request.fire(
             request_type="E2E",
@@ -243,6 +251,7 @@ class StreamingChatUser(HttpUser):
                 "prompt_tokens": usage.get("prompt_tokens", 0),
                 "cached_tokens": details.get("cached_tokens", 0) or 0,
                 "output_tokens": usage.get("completion_tokens", 0),
+                "finish_reason": usage.get(FINISH_REASON),
             },
         )
 

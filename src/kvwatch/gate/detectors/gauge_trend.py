@@ -11,12 +11,13 @@ barrier probes and on both sides of the drain's flush (kvwatch, white-box),
 each must say what the probe counts, and the evictable figures what the flush
 freed (``gauge_truth.py``); where it read the engine's counters before and
 after the run, each must have risen by what the engine's transitions say
-(``counter_truth.py``).
+(``counter_truth.py``), and no latency histogram may count a request slower
+than its client measured it (``latency_truth.py``).
 """
 
 from __future__ import annotations
 
-from kvwatch.gate.detectors import counter_truth, gauge_truth
+from kvwatch.gate.detectors import counter_truth, gauge_truth, latency_truth
 from kvwatch.gate.detectors.stats import first_rise
 from kvwatch.gate.detectors.story import trajectory
 from kvwatch.gate.detectors.verdict import (
@@ -60,7 +61,11 @@ def detect(run: RunRecord) -> Verdict:
         return left
     if (lied := gauge_truth.untrue_at_barriers(run)) is not None:
         return fail(ID, lied[0], lied[1])
-    if lies := gauge_truth.untrue_at_flush(run) + counter_truth.untrue(run):
+    if (
+        lies := gauge_truth.untrue_at_flush(run)
+        + counter_truth.untrue(run)
+        + latency_truth.untrue(run)
+    ):
         return fail_after_drain(ID, run, lies)
     checked = (
         f"; pool gauges true at {gauge_truth.read(run)} probes" if gauge_truth.read(run) else ""
