@@ -96,7 +96,11 @@ class CombinationCounter:
 
     def __init__(self, events: EventBus, *, page: int, window: int) -> None:
         self.page, self.window = page, window
-        self.counts: Counter[tuple[str, str]] = Counter()
+        # every listed edge has its entry from the start, so the table never grows
+        # while a load runs (a first-time edge late in a run is no new allocation)
+        self.counts: Counter[tuple[str, str]] = Counter(
+            {(name, edge): 0 for name, _, edges in MACHINES for edge in edges}
+        )
         self.live: dict[str, _Live] = {}
         self.paths: dict[int, set[str]] = {}  # path key -> its live requests
         self.sessions: dict[str, _Session] = {}
@@ -130,7 +134,8 @@ class CombinationCounter:
             items = list(self.counts.items())
         out: dict[str, dict[str, int]] = {m[0]: {} for m in MACHINES}
         for (machine, edge), n in sorted(items):
-            out.setdefault(machine, {})[edge] = n
+            if n:
+                out.setdefault(machine, {})[edge] = n
         return out
 
     def close(self) -> None:

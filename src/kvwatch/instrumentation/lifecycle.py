@@ -57,7 +57,11 @@ class LifecycleCounter:
     )
 
     def __init__(self, events: EventBus) -> None:
-        self.counts: Counter[tuple[str, str]] = Counter()
+        # every listed transition has its entry from the start, so the table never
+        # grows while a load runs (a first-time transition is no new allocation)
+        self.counts: Counter[tuple[str, str]] = Counter(
+            {(name, edge): 0 for name, m in MACHINES.items() for edge in m.transitions + m.also}
+        )
         self.requests: dict[str, str] = {}
         self.sessions: dict[str, str] = {}
         self.turns: dict[str, str] = {}  # request id -> its session, while the turn runs
@@ -96,7 +100,8 @@ class LifecycleCounter:
             items = list(self.counts.items())
         out: dict[str, dict[str, int]] = {name: {} for name in MACHINES}
         for (machine, edge), n in sorted(items):
-            out[machine][edge] = n
+            if n:
+                out[machine][edge] = n
         return out
 
     def close(self) -> None:

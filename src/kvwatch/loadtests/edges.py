@@ -29,8 +29,8 @@ One turn runs these side by side (``u``: the user's number, 0 to c - 1):
   ``session_busy``): the idle timeout closes each;
 * turn 2, *a held turn*: a session's turn paused for longer than the idle
   timeout (``hold_s``), then decoding long: meanwhile the client sends a turn
-  (409 ``session_busy``) and a cache flush (409 ``engine_busy``, white-box),
-  and tries to roll back and to close every 0.1 s
+  (409 ``session_busy``) and tries to close, to flush the cache (409
+  ``engine_busy``, white-box) and to roll back every 0.1 s
   (refused while queued and while running) and the idle timeout tries too; once
   the turn ends the retried close goes through, and a turn on the closed session
   is refused (409 ``session_closed``);
@@ -231,14 +231,13 @@ class EdgeUser(SessionUser):
         self.sessions.remove(sid)
 
     def _pester(self, sid: str) -> None:
-        """A turn while the held one runs (409 ``session_busy``); then close, and roll
-        back while the close is refused, until the close goes through; then a turn on
-        the closed session (409 ``session_closed``)."""
+        """A turn while the held one runs (409 ``session_busy``); then close, flush the
+        cache (409 ``engine_busy``) and roll back while the close is refused, until the
+        close goes through; then a turn on the closed session (409 ``session_closed``)."""
         self._refused_turn(sid, "turn while busy", "session_busy")
-        self._refused_flush()
         deadline = time.monotonic() + PESTER_FOR_S
         while time.monotonic() < deadline:
-            if self._try_close(sid, "/v1/sessions/[id]"):
+            if self._try_close(sid, "/v1/sessions/[id]") or self._flush_while_busy(sid):
                 self._refused_turn(sid, "turn on a closed session", "session_closed")
                 return
             with self.client.post(
@@ -272,23 +271,34 @@ class EdgeUser(SessionUser):
             else:
                 mark_failed(resp)
 
-    def _refused_flush(self) -> None:
-        """A cache flush while the held turn runs, which the server must refuse with
-        409 ``engine_busy``: a flush takes back what nobody references, and only an
-        idle engine can say that of every page. Sent where the plan's probe endpoints
-        are this server's own (white-box); the held turn is paused for seconds and
-        then decodes long, so nothing has ended it by now."""
+    def _flush_while_busy(self, sid: str) -> bool:
+        """A cache flush while session ``sid``'s held turn runs, which the server must
+        refuse with 409 ``engine_busy``: a flush takes back what nobody references,
+        and only an idle engine can say that of every page. True once the session is
+        closed. A flush that went through is judged by the close sent right after it:
+        the turn cannot end and start again, so a close still refused proves the turn
+        ran while the flush went through (a bug), and a close that goes through says
+        the turn had ended (no bug; the session is then closed). Sent where the plan's
+        probe endpoints are this server's own (white-box)."""
         source = self.plan.source
         if not source.white_box or source.url is not None:
-            return
+            return False
         headers = {"Authorization": f"Bearer {source.token}"} if source.token else {}
         with self.client.post(
             "/debug/flush_cache", headers=headers, name="flush while busy", catch_response=True
         ) as resp:
             if resp.status_code == 409 and "engine_busy" in resp.text:
                 resp.success()
-            else:
+                return False
+            if resp.status_code != 200:
                 mark_failed(resp)
+                return False
+            closed = self._try_close(sid, "close after a flush")
+            if closed:
+                resp.success()
+            else:
+                resp.failure("the cache flush went through while a session's turn ran")
+            return closed
 
     def _try_close(self, sid: str, name: str) -> bool:
         """One close: True once it went through; a refusal (a turn in flight) is fine."""
