@@ -144,6 +144,24 @@ FRESH: tuple[FreshBug, ...] = (
         written=WITH,
     ),
     FreshBug(
+        id="prefill-counter-counts-chunk-end",
+        file="instrumentation/metrics.py",
+        find="        self.computed.add(e.tokens)\n",
+        replace="        self.computed.add(e.start + e.tokens)\n",
+        summary="the prefill-computed counter adds where each chunk ends, not how many tokens it ran",
+        promise="kvwatch_prefill_computed_tokens_total counts the prompt tokens computed",
+        written=WITH,
+    ),
+    FreshBug(
+        id="slot-evictions-counted-as-nodes",
+        file="instrumentation/metrics.py",
+        find='        self.evictions.add(1, {n.KIND: "slot"})\n',
+        replace='        self.evictions.add(1, {n.KIND: "node"})\n',
+        summary="the evictions counter files each evicted slot under kind node",
+        promise="kvwatch_evictions_total counts each eviction by its kind",
+        written=WITH,
+    ),
+    FreshBug(
         id="ttft-recorded-in-milliseconds",
         file="instrumentation/metrics.py",
         find="            self.ttft.record(req.first - req.added, req.attrs)\n",
@@ -155,7 +173,7 @@ FRESH: tuple[FreshBug, ...] = (
     FreshBug(
         id="flush-refused-only-while-running",
         file="server/debug.py",
-        find="        if engine.has_unfinished():\n",
+        find="        if engine.has_unfinished() or engine.request_ids(Status.PAUSED):\n",
         replace="        if engine.stats().queue.running:\n",
         summary="a cache flush is refused only while a request runs, not while one waits or is paused",
         promise="POST /debug/flush_cache while requests run answers 409",

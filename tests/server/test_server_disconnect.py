@@ -17,7 +17,7 @@ import time
 import httpx
 import pytest
 from inprocserver import metric, serving
-from serverproc import TOKEN, kvwatch_server, wait_idle
+from serverproc import TOKEN, kvwatch_server, probe, wait_idle
 
 from kvwatch.engine import EngineConfig, SchedulerConfig, SpecConfig
 from kvwatch.serve import ServeOptions, build
@@ -82,6 +82,35 @@ def test_disconnect_mid_stream_aborts_the_request(server):
             if chunks >= 3:
                 break  # leaving the iteration closes the connection
     assert_aborted(server, ("decode",), before)
+
+
+def test_a_flush_is_refused_while_a_request_is_paused(server):
+    """A request held by the test controls is paused: it has no work for the engine
+    (nothing steps), yet it is live and comes back for its prefix, so a flush
+    answers 409. Its hold (a minute) bounds a hang, not the machine's speed; the
+    client then hangs up, and once the abort leaves the engine idle a flush goes
+    through."""
+    body = {
+        "model": "t",
+        "prompt": "hold this for a while",
+        "max_tokens": 4,
+        "ignore_eos": True,
+        "stream": True,
+        "kvwatch": {"pause_after_output": 1, "hold_s": 60},
+    }
+    with httpx.stream("POST", f"{server}/v1/completions", json=body, timeout=WAIT_S) as r:
+        lines = r.iter_lines()  # left open while the flush is tried: leaving it hangs up
+        while not next(lines).startswith("data: "):  # the first token is out: it pauses
+            pass
+        deadline = time.monotonic() + WAIT_S
+        while not probe(server)["queue"]["paused"]:
+            assert time.monotonic() < deadline, "the request never paused"
+            time.sleep(0.02)
+        busy = httpx.post(f"{server}/debug/flush_cache", headers=AUTH, timeout=WAIT_S)
+        assert busy.status_code == 409 and busy.json()["error"]["code"] == "engine_busy"
+        lines.close()
+    assert_clean_and_empty(server)  # the hang-up aborted it
+    assert httpx.post(f"{server}/debug/flush_cache", headers=AUTH, timeout=WAIT_S).is_success
 
 
 def test_non_streaming_disconnect_aborts_too(server):

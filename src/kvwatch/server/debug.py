@@ -3,8 +3,9 @@
 With a probe token set, every call needs ``Authorization: Bearer TOKEN``.
 ``/debug/probe`` is ``Engine.probe()`` as JSON (docs/contracts.md has the shape);
 ``/debug/flush_cache`` evicts everything unreferenced and answers 409 while
-requests run; ``/debug/watch`` probes after every step and ``/debug/latched``
-hands over the probes that showed a finding; ``/debug/finished`` the greedy
+any request is live (queued, running, retracted, or paused: a held request
+has no work for the engine, yet it comes back for its prefix);
+``/debug/watch`` probes after every step and ``/debug/latched`` hands over the probes that showed a finding; ``/debug/finished`` the greedy
 and seeded requests finished since the last call, for the equivalence replay; the tracemalloc endpoints start
 heap tracking, report the largest growth since the previous snapshot, by
 traceback, and (``mark``) keep a reference that later snapshots report their
@@ -24,6 +25,7 @@ from typing import Literal
 from fastapi import APIRouter, Depends, Request
 
 from kvwatch.contracts import FindingKind, ProbeReport, finding
+from kvwatch.engine.request import Status
 from kvwatch.instrumentation.census import census
 from kvwatch.instrumentation.heap_tracker import TRACE_FRAMES, HeapTracker, NotTracing
 from kvwatch.instrumentation.registries import module_roots, walk
@@ -107,7 +109,7 @@ async def flush_cache(request: Request):
 
     def flush() -> dict:
         engine = worker.engine
-        if engine.has_unfinished():
+        if engine.has_unfinished() or engine.request_ids(Status.PAUSED):
             raise ApiError(409, "requests are still running; flush when idle", code="engine_busy")
         engine.flush_cache()
         return {"flushed": True, "step": engine.step_count}
