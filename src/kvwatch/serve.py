@@ -21,6 +21,7 @@ from kvwatch.instrumentation import Telemetry, instrument
 from kvwatch.instrumentation.combo_counter import CombinationCounter
 from kvwatch.instrumentation.coverage import merge
 from kvwatch.instrumentation.lifecycle import LifecycleCounter
+from kvwatch.instrumentation.prefill_ledger import PrefillLedger
 from kvwatch.server import EngineWorker, ServerSettings, create_app
 from kvwatch.sockets import listen_socket, socket_url
 
@@ -92,11 +93,13 @@ def build(
 
 def counted(engine: Engine) -> Callable[[], dict]:
     """What ``GET /debug/coverage`` answers: the lifecycle transitions and the
-    combination and boundary edges taken, per machine, in one mapping."""
+    combination and boundary edges taken, per machine, in one mapping; beside them
+    the prefill ledger's tokens and evictions by kind (counter truth's figures)."""
     lifecycle = LifecycleCounter(engine.events)
     geometry = engine.config.cache
     combos = CombinationCounter(engine.events, page=geometry.page_size, window=geometry.window)
-    return lambda: merge(lifecycle.taken(), combos.taken())
+    ledger = PrefillLedger(engine.events)
+    return lambda: merge(lifecycle.taken(), combos.taken(), ledger.taken())
 
 
 def ready_line(options: ServeOptions, config: EngineConfig) -> str:

@@ -80,6 +80,10 @@ PRESETS = {
             n.prom(n.REQUESTS_FINISHED),
             n.prom(n.REQUEST_DURATION) + "_count",
             n.prom(n.TOKENS_GENERATED),
+            n.prom(n.PREFIX_QUERIED),
+            n.prom(n.PREFIX_HIT),
+            n.prom(n.PREFILL_COMPUTED),
+            n.prom(n.EVICTIONS),
             # every bucket of the latency histograms, against the clients' timings
             *(n.prom(h) + "_bucket" for h in n.SECONDS),
         ),

@@ -123,13 +123,13 @@ class EngineMetrics:
             events.subscribe(RequestAdded, self._added),
             events.subscribe(RequestScheduled, self._scheduled),
             events.subscribe(TokensGenerated, self._tokens),
-            events.subscribe(PrefillChunk, lambda e: self.computed.add(e.tokens)),
+            events.subscribe(PrefillChunk, self._prefill_chunk),
             events.subscribe(RequestFinished, self._finished),
             events.subscribe(RequestAborted, self._aborted),
             events.subscribe(RequestFailed, self._failed),
             events.subscribe(RequestRetracted, lambda e: self.retractions.add(1)),
-            events.subscribe(NodeEvicted, lambda e: self.evictions.add(1, {n.KIND: "node"})),
-            events.subscribe(SlotEvicted, lambda e: self.evictions.add(1, {n.KIND: "slot"})),
+            events.subscribe(NodeEvicted, self._node_evicted),
+            events.subscribe(SlotEvicted, self._slot_evicted),
             events.subscribe(SnapshotReleased, self._snapshot_released),
         ]
 
@@ -197,6 +197,9 @@ class EngineMetrics:
             self.queried.add(req.prompt, req.key)
             self.hit.add(e.cached_tokens, req.key)
 
+    def _prefill_chunk(self, e: PrefillChunk) -> None:
+        self.computed.add(e.tokens)
+
     def _tokens(self, e: TokensGenerated) -> None:
         req = self._requests.get(e.request_id)
         if req is None:
@@ -227,6 +230,12 @@ class EngineMetrics:
         attrs = self._attrs(e.request_id)
         self._requests.pop(e.request_id, None)
         self.finished.add(1, {**attrs, n.REASON: "error"})
+
+    def _node_evicted(self, e: NodeEvicted) -> None:
+        self.evictions.add(1, {n.KIND: "node"})
+
+    def _slot_evicted(self, e: SlotEvicted) -> None:
+        self.evictions.add(1, {n.KIND: "slot"})
 
     def _snapshot_released(self, e: SnapshotReleased) -> None:
         if e.reason in ("pruned", "evicted", "flushed"):
