@@ -18,7 +18,8 @@ equal the transitions the lifecycle counter took::
 
 The evictions are tallied by the server's prefill ledger and lifecycle counter
 (``GET /debug/coverage``), listeners of their own: a listener that drops a
-kind, or counts one under another, shows.
+kind, or counts one under another, shows. Both hear the same events, so an
+eviction the engine makes without its event is not seen here.
 
 The prefix-cache and prefill counters are held to a conservation identity:
 every request whose first admission ran its prompt to the end was queried for
