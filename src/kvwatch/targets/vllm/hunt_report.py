@@ -11,17 +11,17 @@ layout (runs, steps, requests, aborts, preemptions, prefix hits, hits inside
 a block, the most partial-block entries at once, block copies, events
 stored/removed/cleared, runs with findings); the findings, one line per
 rule, release, layout and profile; the runs not made and the broken ones.
-Everything below ``HAND_WRITTEN`` in an existing ``OUT.md`` (the candidates'
-upstream search and verdicts) is kept as it is.
+Everything below ``hunt_files.HAND_WRITTEN`` in an existing ``OUT.md`` (the
+candidates' upstream search and verdicts) is kept as it is.
 """
 
 from __future__ import annotations
 
-import json
 from collections import Counter, defaultdict
 from pathlib import Path
 
-HAND_WRITTEN = "<!-- written by hand below this line; the hunt keeps it -->"
+from kvwatch.targets import hunt_files
+
 COLUMNS = (
     ("steps", "steps"),
     ("requests", "requests"),
@@ -124,10 +124,4 @@ def markdown(rows: list[dict], settings: dict) -> str:
 
 def write(out: Path, rows: list[dict], settings: dict) -> None:
     """``out``.json and ``out``.md, keeping the hand-written part of the old ``out``.md."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    json_path, md_path = out.with_suffix(".json"), out.with_suffix(".md")
-    json_path.write_text(json.dumps({"settings": settings, "runs": rows}, indent=1) + "\n")
-    kept = ""
-    if md_path.exists() and HAND_WRITTEN in (old := md_path.read_text()):
-        kept = old[old.index(HAND_WRITTEN) + len(HAND_WRITTEN) :]
-    md_path.write_text(markdown(rows, settings) + "\n" + HAND_WRITTEN + (kept or "\n"))
+    hunt_files.write(out, settings, rows, markdown(rows, settings))
