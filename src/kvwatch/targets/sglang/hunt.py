@@ -1,0 +1,174 @@
+"""``make sglang-hunt``: SGLang releases × caches × page sizes × profiles × seeds × concurrencies.
+
+    python -m kvwatch.targets.sglang.hunt [--releases 0.5.10.post1 0.5.23 | all] [--seeds 3]
+                                          [-c 2 4] [--jobs 2] [--out docs/sglang-hunt]
+
+Each (release, layout, seed) is one ``kvwatch gate --engine sglang-cache
+--sglang-version V --sglang-cache K --page-size P -c 2,4 --seed S`` process,
+as a user runs it (``../gate_hunt.py``): every profile the release's driver
+runs, at every concurrency, judged by every detector the gate composes for
+this target. A profile the release cannot run (``shim_choice.check``: the
+session profiles before 0.5.10rc0, ``priority`` under the shim, ``swa``
+before 0.5.13.post1) and a release nothing drives (0.5.16 to 0.5.21) are
+``unsupported`` rows with the target's reason, not findings. Each row says
+what decided it: SGLang's own ``Scheduler`` or kvwatch's checkpoint shim.
+A finding a corpus row (``docs/real-bugs.json``) explains is labelled with
+its id: same profile, detector and pool, on a release before that row's fix.
+
+The default releases are the newest few and those on either side of the
+corpus's bug rows (about 10 minutes on 2 cores); ``--releases all`` runs
+every release the target knows of (``ALL``).
+
+Invariant: a row is a function of (release, cache, page size, profile,
+seed, c); rows keep the matrix's order whatever ``--jobs`` is.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import time
+from pathlib import Path
+
+from packaging.version import InvalidVersion, Version
+
+from kvwatch.targets import gate_hunt, gate_hunt_report, hunt_files
+
+ALL = (
+    "0.5.4.post3",
+    "0.5.5",
+    "0.5.9",
+    "0.5.10rc0",
+    "0.5.10",
+    "0.5.10.post1",
+    "0.5.11",
+    "0.5.12",
+    "0.5.13.post1",
+    "0.5.16",
+    "0.5.20",
+    "0.5.22",
+    "0.5.23",
+)
+DEFAULT = (  # the corpus's bug rows' releases and their fixes, and the newest
+    "0.5.4.post3",
+    "0.5.5",
+    "0.5.9",
+    "0.5.10",
+    "0.5.10.post1",
+    "0.5.11",
+    "0.5.13.post1",
+    "0.5.22",
+    "0.5.23",
+)
+LAYOUTS = (  # (cache, page size): mamba takes page size 1 only
+    ("radix", 1),
+    ("radix", 4),
+    ("radix", 16),
+    ("swa", 1),
+    ("swa", 4),
+    ("swa", 16),
+    ("mamba", 1),
+)
+DRIVEN_BY = re.compile(r"^sglang \S+: driven by (.+)$", re.MULTILINE)
+WHO = {"its own Scheduler": "SGLang's own Scheduler", "kvwatch's checkpoint shim": "kvwatch shim"}
+
+
+def decided_by(console: str) -> str | None:
+    """Who stepped the release, from the target's console line; None: nothing loaded it."""
+    found = DRIVEN_BY.search(console)
+    return WHO.get(found.group(1).strip(), found.group(1).strip()) if found else None
+
+
+def before_fix(release: str, bug: dict) -> bool:
+    """Whether ``release`` comes before the corpus row's fixed release."""
+    fixed = (bug.get("fixed") or "").split(" ")[0]
+    try:
+        return Version(release) < Version(fixed)
+    except InvalidVersion:
+        return False
+
+
+def engine(corpus: list[dict]) -> gate_hunt.Engine:
+    return gate_hunt.Engine(
+        name="sglang",
+        decided_by=decided_by,
+        before_fix=before_fix,
+        corpus=corpus,
+    )
+
+
+def groups(releases: list[str], seeds: int) -> list[gate_hunt.Group]:
+    """Every gate of the hunt, in a stable order: release, layout, seed."""
+    out = []
+    for release in releases:
+        for cache, page in LAYOUTS:
+            args = ("--engine", "sglang-cache", "--sglang-version", release)
+            args += ("--sglang-cache", cache, "--page-size", str(page))
+            out += [
+                gate_hunt.Group(release=release, cache=cache, page=page, seed=s, args=args)
+                for s in range(seeds)
+            ]
+    return out
+
+
+TITLE = "SGLang cache hunt"
+INTRO = (
+    "Written by `make sglang-hunt` (`python -m kvwatch.targets.sglang.hunt`): one",
+    "`kvwatch gate --engine sglang-cache --sglang-version V --sglang-cache K --page-size P",
+    "--seed S -c ...` per release, layout and seed, every profile the release's driver runs,",
+    "every detector the gate composes (`src/kvwatch/targets/README.md`, SGLang's caches).",
+    "'decided by' is what stepped the release: SGLang's own `Scheduler` (0.5.4.post3 ..",
+    "0.5.13.post1) or kvwatch's checkpoint shim (0.5.22+), whose verdicts prove nothing about",
+    "SGLang's scheduler. A finding labelled known is explained by that row of",
+    "`docs/real-bugs.json`; a candidate's upstream search is written below the marker.",
+)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="python -m kvwatch.targets.sglang.hunt")
+    ap.add_argument("--releases", nargs="+", default=list(DEFAULT), help="'all': every one")
+    ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("-c", type=int, nargs="+", default=[2, 4])
+    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--timeout", type=int, default=1200, help="seconds a gate may run")
+    ap.add_argument(
+        "--relabel",
+        action="store_true",
+        help="run nothing: label OUT.json's findings against the corpus again, rewrite OUT.md",
+    )
+    ap.add_argument("--out", default="docs/sglang-hunt")
+    args = ap.parse_args(argv)
+    if args.releases == ["all"]:
+        args.releases = list(ALL)
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.relabel:
+        return gate_hunt_report.relabelled(
+            Path(args.out), engine(gate_hunt.load_corpus()), title=TITLE, intro=INTRO
+        )
+    work = groups(args.releases, args.seeds)
+    print(f"{len(work)} gates, {args.jobs} at a time", flush=True)
+    started = time.monotonic()
+    rows = gate_hunt.hunt(
+        engine(gate_hunt.load_corpus()), work, args.c, jobs=args.jobs, timeout=args.timeout
+    )
+    wall = round(time.monotonic() - started)
+    settings = vars(args) | {"wall_s": wall, "cores": os.cpu_count()}
+    settings["matrix"] = (
+        f"releases {', '.join(args.releases)}; layouts "
+        f"{', '.join(f'{k}/p{p}' for k, p in LAYOUTS)}; {args.seeds} seeds; "
+        f"c = {', '.join(map(str, args.c))}"
+    )
+    md = gate_hunt_report.markdown(rows, settings, title=TITLE, intro=INTRO)
+    hunt_files.write(Path(args.out), settings, rows, md)
+    fails = sum(r["verdict"] == "fail" for r in rows)
+    print(f"{len(rows)} rows in {wall} s: {fails} failed; {args.out}.md")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
