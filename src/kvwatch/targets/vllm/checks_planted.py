@@ -25,7 +25,8 @@ import json
 import tempfile
 from pathlib import Path
 
-from kvwatch.targets.vllm.scheduler_driver import Core, build
+from kvwatch.targets.vllm.scheduler_build import build
+from kvwatch.targets.vllm.stepped_core import Core
 from kvwatch.targets.vllm.workloads import BLOCK, Priority, StreamingInput, Waves
 
 MODEL = Path(tempfile.mkdtemp(prefix="kvwatch-vllm-checks-")) / "model"

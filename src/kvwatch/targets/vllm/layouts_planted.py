@@ -1,7 +1,7 @@
 """The layout profiles and the event check on vLLM's own scheduler, clean and with faults planted.
 
 The scheduler is the one ``--engine vllm-scheduler`` drives (``build`` and
-``Core`` of ``scheduler_driver.py``), on the release this Python has, in the
+``Core`` of ``stepped_core.py``), on the release this Python has, in the
 layouts of ``layout_workloads.py``. Run it with vLLM's Python; it prints one
 JSON object, a key per scenario, with the rules found (every step and every
 barrier, in order) and the first finding of each::
@@ -38,7 +38,8 @@ from pathlib import Path
 from kvwatch.targets.vllm.checks import check_hashes, covered, group_managers, table
 from kvwatch.targets.vllm.kv_layout import Layout
 from kvwatch.targets.vllm.layout_workloads import LAYOUT_WORKLOADS, KvEvents, MidBlockPrefix
-from kvwatch.targets.vllm.scheduler_driver import Core, build
+from kvwatch.targets.vllm.scheduler_build import build
+from kvwatch.targets.vllm.stepped_core import Core
 
 MODEL = Path(tempfile.mkdtemp(prefix="kvwatch-vllm-layouts-")) / "model"
 
