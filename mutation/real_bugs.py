@@ -48,339 +48,56 @@ its own. ``docs/real-bugs.md`` is
 rendered from the JSON alone (``render``), so the test that checks the
 document reads the same rows; only what follows the ``HAND_WRITTEN`` line
 (a write-up of a bug hunt, say) is prose kept as it is (``document``).
+
+This module is the command and the schema; the rows are read, written and
+judged in ``real_bug_rows.py``, gated in ``real_bug_gates.py`` and rendered in
+``real_bugs_report.py``, whose names are imported here for the callers.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import re
-import subprocess
-import sys
 import tempfile
-import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import replace
 from pathlib import Path
-from typing import NamedTuple
 
-ROOT = Path(__file__).resolve().parents[1]
-CORPUS = ROOT / "docs" / "real-bugs.json"
-DOC = ROOT / "docs" / "real-bugs.md"
-RUN_TIMEOUT_S = 1800
-DECIDERS = ("engine", "modelled")  # decided_by: the engine's own code, or a kvwatch stand-in
-REPOS = {
-    "sglang": "sgl-project/sglang",
-    "vllm": "vllm-project/vllm",
-    "lightllm": "ModelTC/LightLLM",
-}
-# LightLLM is not on PyPI: its rows name commits, exported from this git repository (a
-# clone or a bare git dir); without it they keep their last result and say so
-LIGHTLLM_REPO = "KVWATCH_LIGHTLLM_REPO"
-CHECKOUT_FLAG = "--lightllm-src"  # a row whose version is a commit of a source checkout
-VLLM_PYTHON = ".venv-vllm/bin/python"  # what make vllm-release unpacks releases beside
-# below this line docs/real-bugs.md is prose written by hand (a hunt's write-up), kept
-HAND_WRITTEN = "<!-- written by hand below this line; make real-bugs keeps it -->"
+from mutation.real_bug_gates import LIGHTLLM_REPO, checkout, run_row, side_of
+from mutation.real_bug_rows import (
+    CORPUS,
+    DECIDERS,
+    ROOT,
+    BugRow,
+    Side,
+    counted,
+    load,
+    problems,
+    save,
+)
+from mutation.real_bugs_report import DOC, HAND_WRITTEN, document, generated, render
 
-
-class Side(NamedTuple):
-    """One gate run of a row: on the buggy or on the fixed release."""
-
-    exit: int
-    detector: str | None  # the failing detector (the expected one first), or None
-    evidence: str  # its evidence line; the run's error on exit 3; "" on a pass
-
-    def to_json(self) -> dict:
-        return self._asdict()
-
-
-@dataclass(frozen=True, kw_only=True)
-class BugRow:
-    id: str
-    engine: str
-    fix: str | None
-    issue: str | None
-    buggy: str
-    fixed: str | None
-    summary: str
-    trigger: str
-    gate: tuple[str, ...] | None
-    version_flag: str | None
-    expect: str | None
-    ci: bool
-    decided_by: str
-    result: dict[str, Side] | None
-    note: str
-
-    @classmethod
-    def from_json(cls, data: dict) -> BugRow:
-        names = [f for f in cls.__dataclass_fields__]
-        if sorted(data) != sorted(names):
-            raise ValueError(f"row {data.get('id')!r}: keys {sorted(data)}, want {sorted(names)}")
-        result = data["result"]
-        return cls(
-            **{
-                **data,
-                "gate": tuple(data["gate"]) if data["gate"] is not None else None,
-                "result": {k: Side(**v) for k, v in result.items()} if result else None,
-            }
-        )
-
-    def to_json(self) -> dict:
-        out = asdict(self)
-        out["gate"] = list(self.gate) if self.gate is not None else None
-        out["result"] = {k: v.to_json() for k, v in self.result.items()} if self.result else None
-        return out
-
-    def argv(self, version: str, out: Path) -> list[str]:
-        """``kvwatch gate`` on ``version``, writing under ``out``."""
-        return ["gate", *self.gate, self.version_flag, version, "--out", str(out), "--no-report"]
-
-    def command(self, version: str) -> str:
-        """The command line a reader runs (``--out`` and ``--no-report`` left out); a
-        commit of a source checkout reads ``DIR`` (a checkout of that commit)."""
-        if self.version_flag == CHECKOUT_FLAG:
-            version = f"DIR  # DIR: a LightLLM checkout of {version[:12]}"
-        gate = ["kvwatch", "gate", *self.gate]
-        if self.version_flag == "--vllm-version":  # vLLM's own venv, the release over it
-            gate = [f"make vllm-release V={version} &&", *gate, "--vllm-python", VLLM_PYTHON]
-        return " ".join([*gate, self.version_flag, version])
-
-
-def load(path: Path = CORPUS) -> list[BugRow]:
-    rows = [BugRow.from_json(r) for r in json.loads(path.read_text())]
-    ids = [r.id for r in rows]
-    if len(set(ids)) != len(ids):
-        raise ValueError(f"{path}: an id appears twice")
-    return rows
-
-
-def save(rows: Sequence[BugRow], path: Path = CORPUS) -> None:
-    path.write_text(json.dumps([r.to_json() for r in rows], indent=2) + "\n")
-
-
-def _judged(summary: dict, expect: str | None) -> Side | None:
-    """The failing detector of a gate's summary (``expect`` first) and its evidence."""
-    failed: dict[str, str] = {}
-    for run in summary.get("runs", ()):
-        for name, verdict in run.get("detectors", {}).items():
-            if verdict.get("verdict") == "fail":
-                failed.setdefault(name, verdict.get("evidence", ""))
-    if not failed:
-        return None
-    name = expect if expect in failed else next(iter(failed))
-    return Side(exit=1, detector=name, evidence=failed[name])
-
-
-def side_of(code: int, summary: dict | None, expect: str | None, output: str) -> Side:
-    """What one run showed: its exit code, the failing detector and its evidence."""
-    judged = _judged(summary or {}, expect)
-    if judged is not None:
-        return judged._replace(exit=code)
-    if code == 0:
-        return Side(exit=0, detector=None, evidence="")
-    errors = [r["error"] for r in (summary or {}).get("runs", ()) if r.get("error")]
-    tail = output.strip().splitlines()[-1:] or ["no output"]
-    return Side(exit=code, detector=None, evidence=errors[0] if errors else tail[0])
-
-
-def checkout(repo: Path, commit: str, where: Path) -> Path:
-    """``commit`` of the git repository ``repo``, exported once under ``where``
-    (``git archive``: no work tree or ``.git`` of its own)."""
-    folder = where / f"checkout-{commit[:12]}"
-    if not folder.exists():
-        folder.mkdir(parents=True)
-        archive = subprocess.run(
-            ["git", "-C", str(repo), "archive", "--format=tar", commit],
-            capture_output=True, check=True,
-        )  # fmt: skip
-        subprocess.run(["tar", "-x", "-C", str(folder)], input=archive.stdout, check=True)
-    return folder
-
-
-def run_side(row: BugRow, version: str, where: Path) -> tuple[Side, float]:
-    """One ``kvwatch gate`` process on ``version``; what it showed and its seconds."""
-    out = where / f"{row.id}-{version}"
-    started = time.monotonic()
-    given = version
-    if row.version_flag == CHECKOUT_FLAG:
-        given = str(checkout(Path(os.environ[LIGHTLLM_REPO]), version, where))
-    cmd = [sys.executable, "-m", "kvwatch", *row.argv(given, out)]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
-    summary_path = out / "summary.json"
-    summary = json.loads(summary_path.read_text()) if summary_path.exists() else None
-    side = side_of(done.returncode, summary, row.expect, done.stdout + done.stderr)
-    return side, time.monotonic() - started
-
-
-def run_row(row: BugRow, where: Path, say=print) -> BugRow:
-    """``row`` with its ``result`` measured (unchanged when no gate drives it, or when
-    its commits' repository is not given)."""
-    if row.gate is None:
-        return row
-    if row.version_flag == CHECKOUT_FLAG and not os.environ.get(LIGHTLLM_REPO):
-        say(f"{row.id}: not run: set {LIGHTLLM_REPO} to a LightLLM git repository")
-        return row
-    result = {}
-    for name, version in (("buggy", row.buggy), ("fixed", row.fixed)):
-        if version is None:
-            continue
-        result[name], seconds = run_side(row, version, where)
-        side = result[name]
-        say(f"{row.id}: {version} ({name}) exit {side.exit}, {side.detector} ({seconds:.1f} s)")
-    return replace(row, result=result)
-
-
-def problems(rows: Sequence[BugRow]) -> list[str]:
-    """What the rows fail to show: a buggy run that did not fail with its expected
-    detector, a fixed run that did not pass, a gated row never run."""
-    out = []
-    for row in rows:
-        if row.decided_by not in DECIDERS:
-            out.append(f"{row.id}: decided_by is one of {', '.join(DECIDERS)}")
-        if row.gate is None:
-            continue
-        if not row.result:
-            out.append(f"{row.id}: not run")
-            continue
-        bug = row.result.get("buggy")
-        if bug is None or (bug.exit, bug.detector) != (1, row.expect):
-            out.append(f"{row.id}: {row.buggy} should exit 1 with {row.expect} failing: {bug}")
-        fix = row.result.get("fixed")
-        if row.fixed is not None and (fix is None or fix.exit != 0):
-            out.append(f"{row.id}: {row.fixed} should exit 0: {fix}")
-    return out
-
-
-def counted(rows: Sequence[BugRow]) -> list[BugRow]:
-    """The gated rows that hold and that the engine's own code decided: the score."""
-    wrong = {p.split(":")[0] for p in problems(rows)}
-    gated = [r for r in rows if r.gate is not None and r.result and r.id not in wrong]
-    return [r for r in gated if r.decided_by == "engine"]
-
-
-def _linked(row: BugRow, ref: str | None) -> str:
-    """``PR #123`` / ``issue #45`` as a link to the engine's repository."""
-    if not ref:
-        return "-"
-    repo = REPOS.get(row.engine)
-    if repo is None:
-        return ref
-
-    def link(m: re.Match) -> str:
-        kind = "pull" if m.group(1).lower() == "pr" else "issues"
-        return f"[{m.group(0)}](https://github.com/{repo}/{kind}/{m.group(2)})"
-
-    return re.sub(r"(PR|issue) #(\d+)", link, ref, flags=re.IGNORECASE)
-
-
-def _outcome(side: Side | None) -> str:
-    if side is None:
-        return "not run"
-    return f"exit {side.exit}" + (f", `{side.detector}`" if side.detector else "")
-
-
-def _table(rows: Sequence[BugRow]) -> list[str]:
-    lines = [
-        "| bug | engine | fix | with the bug | with the fix | expected | decided by |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for r in rows:
-        result = r.result or {}
-        bug = f"{r.buggy}: {_outcome(result.get('buggy'))}"
-        fix = f"{r.fixed}: {_outcome(result.get('fixed'))}" if r.fixed else "no fix yet"
-        lines.append(
-            f"| [{r.id}](#{r.id}) | {r.engine} | {_linked(r, r.fix)} | {bug} | {fix} "
-            f"| `{r.expect or '-'}` | {r.decided_by} |"
-        )
-    return lines
-
-
-def _gated(row: BugRow) -> list[str]:
-    out = []
-    for name, version in (("buggy", row.buggy), ("fixed", row.fixed)):
-        side = (row.result or {}).get(name)
-        if version is None:
-            continue
-        out += ["", f"`{row.command(version)}` ({name}): {_outcome(side)}"]
-        if side is not None and side.evidence:
-            out += ["", f"> {side.evidence}"]
-    return out
-
-
-DECIDED = {
-    "engine": "the engine's own code: its scheduler and caches as released.",
-    "modelled": "a kvwatch stand-in for part of the engine (a scheduler shim): kept, not counted.",
-}
-
-
-def _section(row: BugRow) -> list[str]:
-    refs = ", ".join(x for x in (_linked(row, row.fix), _linked(row, row.issue)) if x != "-")
-    out = [
-        f"### {row.id}",
-        "",
-        f"{row.engine} {row.buggy}" + (f" -> {row.fixed}" if row.fixed else ""),
-    ]
-    out[-1] += f" ({refs})" if refs else ""
-    out += ["", row.summary, "", f"**Trigger.** {row.trigger}"]
-    out += ["", f"**Decided by.** {DECIDED[row.decided_by]}"]
-    if row.gate is not None:
-        out += _gated(row)
-    if row.note:
-        out += ["", f"**Note.** {row.note}"]
-    return [*out, ""]
-
-
-def render(rows: Sequence[BugRow]) -> str:
-    """Markdown: the table, then a section per fixed bug, then the suspected live ones."""
-    fixed = [r for r in rows if r.fixed is not None]
-    live = [r for r in rows if r.fixed is None]
-    lines = [
-        "# Real bugs",
-        "",
-        "Generated by `make real-bugs` (`python -m mutation.real_bugs`) from",
-        "`docs/real-bugs.json`, and checked by `tests/mutation/test_real_bugs.py`. Each gated row is",
-        "`kvwatch gate` run twice, on the release with the bug and on the release with the",
-        "fix; the bug must exit 1 with the expected detector failing, the fix exit 0. The",
-        "evidence is the failing detector's line from `summary.json`. A row counts only when",
-        "the engine's own code decided both runs (`decided by: engine`); a `modelled` row's",
-        "verdict comes from a kvwatch stand-in for part of the engine, and is kept but not",
-        f"counted ({len(counted(rows))} rows count). Each row that counts has a swap test",
-        "(`tests/targets/*/test_*_engine_decides.py`): what kvwatch plays of the engine (the",
-        "model's tokens; SGLang's scheduler traits) is replaced, and both verdicts stay. The",
-        "row schema is in `mutation/real_bugs.py` and `docs/README.md`.",
-        "",
-        "Each command below runs as written from the checkout's root once kvwatch is",
-        "installed (`make .venv/.installed`, then `.venv/bin/kvwatch`, or `pip install .`);",
-        "a vLLM row's command first unpacks the release over vLLM's own venv (`make",
-        "vllm-release`), a LightLLM row's needs a checkout of the commit it names.",
-        "",
-        "## Fixed bugs",
-        "",
-        *_table(fixed),
-        "",
-    ]
-    for row in fixed:
-        lines += _section(row)
-    if live:
-        lines += ["## Suspected live bugs", "", *_table(live), ""]
-        for row in live:
-            lines += _section(row)
-    return "\n".join(lines).rstrip("\n") + "\n"
-
-
-def document(rows: Sequence[BugRow], previous: str = "") -> str:
-    """``docs/real-bugs.md``: ``render(rows)``, then whatever ``previous`` (the document
-    as it was) holds below ``HAND_WRITTEN``, kept as it is."""
-    if HAND_WRITTEN not in previous:
-        return render(rows)
-    return render(rows) + "\n" + HAND_WRITTEN + previous.partition(HAND_WRITTEN)[2]
-
-
-def generated(doc: str) -> str:
-    """The part of a document ``render`` made (the hand-written part left out)."""
-    return doc.partition("\n" + HAND_WRITTEN)[0]
+__all__ = [
+    "CORPUS",
+    "DECIDERS",
+    "DOC",
+    "HAND_WRITTEN",
+    "LIGHTLLM_REPO",
+    "ROOT",
+    "BugRow",
+    "Side",
+    "checkout",
+    "counted",
+    "document",
+    "generated",
+    "load",
+    "main",
+    "problems",
+    "render",
+    "replace",
+    "run_row",
+    "save",
+    "side_of",
+]
 
 
 def _chosen(row: BugRow, args: argparse.Namespace) -> bool:
