@@ -84,7 +84,7 @@ def _guarded(method, counts_steps: bool):
 
 def _watched(schedule):
     """``schedule`` with the liveness check around it (``vllm_liveness.LivenessTracker``)."""
-    from kvwatch.targets.vllm.checks import HashLedger
+    from kvwatch.targets.vllm.hash_ledger import HashLedger
     from kvwatch.targets.vllm.liveness import LivenessTracker
 
     _State.liveness, _State.ledger = LivenessTracker(), HashLedger()
@@ -118,7 +118,7 @@ def answer(scheduler, step: int, found) -> dict:
 
 def checked(scheduler) -> dict:
     """``answer`` with the checks run now and the liveness findings since the last call."""
-    from kvwatch.targets.vllm.checks import check_hashes
+    from kvwatch.targets.vllm.hash_checks import check_hashes
     from kvwatch.targets.vllm.scratch import check_scratch
 
     found = check_hashes(scheduler) + check_scratch(scheduler)

@@ -16,9 +16,9 @@ in the order the pool queued it; with events off ``install`` returns None.
 
 from __future__ import annotations
 
-from kvwatch.targets.vllm.checks import group_managers
 from kvwatch.targets.vllm.event_ledger import EventLedger
 from kvwatch.targets.vllm.manager_audit import Violation
+from kvwatch.targets.vllm.scheduler_reads import group_managers
 
 
 def pools(scheduler) -> list:

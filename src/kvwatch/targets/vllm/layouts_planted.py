@@ -35,11 +35,13 @@ import tempfile
 from dataclasses import asdict
 from pathlib import Path
 
-from kvwatch.targets.vllm.checks import check_hashes, covered, group_managers, table
+from kvwatch.targets.vllm.hash_checks import check_hashes
 from kvwatch.targets.vllm.kv_layout import Layout
 from kvwatch.targets.vllm.layout_workloads import LAYOUT_WORKLOADS, KvEvents, MidBlockPrefix
 from kvwatch.targets.vllm.scheduler_build import build
+from kvwatch.targets.vllm.scheduler_reads import group_managers, table
 from kvwatch.targets.vllm.stepped_core import Core
+from kvwatch.targets.vllm.token_hashes import covered
 
 MODEL = Path(tempfile.mkdtemp(prefix="kvwatch-vllm-layouts-")) / "model"
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from kvwatch.targets.vllm.checks import group_managers, table, violation
+from kvwatch.targets.vllm.check_findings import violation
 from kvwatch.targets.vllm.manager_audit import (
     RESET_REFUSED,
     RUNNING_SKIPPED,
@@ -24,6 +24,7 @@ from kvwatch.targets.vllm.manager_audit import (
     SCHEDULER_STALLED,
     Violation,
 )
+from kvwatch.targets.vllm.scheduler_reads import group_managers, table
 
 
 def holds_blocks(scheduler, request_id: str) -> bool:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from kvwatch.targets.vllm.checks import group_managers
+from kvwatch.targets.vllm.scheduler_reads import group_managers
 
 
 def partial_entries(scheduler) -> int:

@@ -53,11 +53,11 @@ import time
 import traceback
 from pathlib import Path
 
-from kvwatch.targets.vllm.checks import hash_block_size
 from kvwatch.targets.vllm.kv_groups import Unsupported
 from kvwatch.targets.vllm.kv_layout import Layout, fit, from_json
 from kvwatch.targets.vllm.sched_profiles import WORKLOADS
 from kvwatch.targets.vllm.scheduler_build import build
+from kvwatch.targets.vllm.scheduler_reads import hash_block_size
 from kvwatch.targets.vllm.stepped_core import Core
 
 

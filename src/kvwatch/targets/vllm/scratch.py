@@ -12,13 +12,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 
-from kvwatch.targets.vllm.checks import NAMED, group_managers, violation
+from kvwatch.targets.vllm.check_findings import NAMED, violation
 from kvwatch.targets.vllm.manager_audit import (
     DEAD_REQUEST_KEY,
     SCRATCH_NOT_DRAINED,
     SCRATCH_OVER_POOL,
     Violation,
 )
+from kvwatch.targets.vllm.scheduler_reads import group_managers
 
 AUDITED = frozenset({"req_to_blocks"})  # per-request tables vllm_audit already judges
 

@@ -16,14 +16,16 @@ from __future__ import annotations
 
 from collections import deque
 
-from kvwatch.targets.vllm.checks import HashLedger, check_hashes, hash_block_size
 from kvwatch.targets.vllm.core_probe import answer
 from kvwatch.targets.vllm.event_tap import EventTap
+from kvwatch.targets.vllm.hash_checks import check_hashes
+from kvwatch.targets.vllm.hash_ledger import HashLedger
 from kvwatch.targets.vllm.kv_groups import accepted
 from kvwatch.targets.vllm.liveness import LivenessTracker, holds_blocks, reset_refused, stalled
 from kvwatch.targets.vllm.model_runner import model_output
 from kvwatch.targets.vllm.sched_coverage import Coverage
 from kvwatch.targets.vllm.scheduler_build import request_hasher
+from kvwatch.targets.vllm.scheduler_reads import hash_block_size
 from kvwatch.targets.vllm.scratch import check_scratch
 
 LATCH = 8  # probes kept from the steps of one turn
