@@ -35,6 +35,8 @@ Modules, in the order data flows::
     paced_loop          the release's event loop, one iteration per step
     own_scheduler       OwnScheduler: the release's Scheduler as a driver (to 0.5.13.post1)
     checkpoint_shim     CheckpointScheduler: the scheduler's calls for 0.5.22+
+    checkpoint_admission its admission: get_new_batch_prefill
+    checkpoint_results  its batches' results: tokens, drafts, releases, checkpoints
     shim_choice         which driver steps a release (or Unsupported, with the reason)
     cache_views         read-only views of requests, session slots, tree nodes and locks
     pool_holders        who holds which unit of sglang.kv / sglang.swa / sglang.mamba

@@ -47,14 +47,17 @@ steps; ``retract_every`` stands in for ``SGLANG_TEST_RETRACT``;
 ``init_req_max_new_tokens`` and ``calc_priority`` are not called; spec
 decoding runs without overlap (the release supports that); the mamba
 "can cache finished req" rule is re-stated (``_can_cache_finished``).
+
+This module holds the requests, the sessions, the aborts and the loop's
+order; admission (``get_new_batch_prefill``) is ``checkpoint_admission.py``
+and the batches' results ``checkpoint_results.py``, both base classes of
+``CheckpointScheduler`` with no state of their own.
 """
 
 from __future__ import annotations
 
 from array import array
 from typing import Any
-
-import torch
 
 from kvwatch.targets.sglang import (
     draft_decode,
@@ -63,12 +66,13 @@ from kvwatch.targets.sglang import (
     scheduler_traits,
     tree_caches,
 )
+from kvwatch.targets.sglang.checkpoint_admission import CheckpointAdmission
+from kvwatch.targets.sglang.checkpoint_results import CheckpointResults
 from kvwatch.targets.sglang.release_import import Release
 from kvwatch.targets.sglang.shim_parts import (
     ABORTED,
     ABORTED_BY_SGLANG,
     ABORTED_IN_QUEUE,
-    FINISHED,
     TIMED_OUT,
     Incoming,
     ModelConfig,
@@ -81,7 +85,7 @@ from kvwatch.targets.sglang.shim_parts import (
 WAITING_TIMEOUT = "Request waiting timeout reached."
 
 
-class CheckpointScheduler(ShimLoop):
+class CheckpointScheduler(CheckpointAdmission, CheckpointResults, ShimLoop):
     def __init__(self, release: Release, config: ShimConfig, seed: int = 0) -> None:
         super().__init__(config, seed)
         self.release = release
@@ -242,109 +246,6 @@ class CheckpointScheduler(ShimLoop):
                 return decode, "decode"
         return None, None
 
-    def _allocatable(self, held_rows: int = 0) -> int:
-        """``get_num_allocatable_reqs``: the batch cap and the free rows."""
-        rows = self.pools.req_to_token_pool.available_size() + held_rows
-        return min(self.config.max_running_requests - len(self.running_batch.reqs), rows)
-
-    def _adder(self) -> Any:
-        cfg = self.config
-        return call_offered(
-            self.policy.PrefillAdder,
-            cfg.pools.page_size,
-            self.tree_cache,
-            self.pools.allocator,
-            self.running_batch,
-            self.new_token_ratio,
-            cfg.max_prefill_tokens,
-            cfg.chunked_prefill_size,
-            0,
-            max_running_requests=cfg.max_running_requests,
-            waiting_queue_len=len(self.waiting_queue),
-        )
-
-    def _rejected(self, req: Any) -> None:
-        """A request the adder did not take gives back the deferred mamba copy and,
-        outside a session, the slot its match copied."""
-        req.kv.mamba_cow_src_index = None
-        req.kv.mamba_needs_clear = False
-        if req.kv.holds_mamba and not getattr(req, "session", None):
-            self.tree_cache.req_to_token_pool.mamba_allocator.free(
-                req.kv.mamba_pool_idx.unsqueeze(-1)
-            )
-            req.kv.mamba_pool_idx = None
-
-    def _admit(self, adder: Any) -> None:
-        running, result = self.running_batch, self.policy.AddReqResult
-        for req in self.waiting_queue:
-            if adder.budget_state() == result.OTHER:
-                break
-            held = sum(r.kv.holds_kv for r in adder.can_run_list)
-            if len(adder.can_run_list) >= self._allocatable(held):
-                running.batch_is_full = True
-            if running.batch_is_full:
-                break
-            req.init_next_round_input(self.tree_cache)
-            res = adder.add_one_req(
-                req, has_chunked_req=self.chunked_req is not None, truncation_align_size=None
-            )
-            if res == result.CONTINUE:
-                continue
-            if res == result.NO_TOKEN:
-                running.batch_is_full = bool(adder.can_run_list) or not running.is_empty()
-            if not (adder.can_run_list and req is adder.can_run_list[-1]):
-                self._rejected(req)
-            break
-
-    def _new_prefill_batch(self) -> Any:
-        running = self.running_batch
-        if running.is_empty():
-            running.batch_is_full = False
-        if (running.batch_is_full or not self.waiting_queue) and self.chunked_req is None:
-            return None
-        if self._allocatable() <= 0 and self.chunked_req is None:
-            running.batch_is_full = True
-            return None
-        adder = self._adder()
-        if self.chunked_req is not None:
-            self.chunked_req.init_next_round_input()
-            self.chunked_req = adder.add_chunked_req(self.chunked_req)
-        mamba = getattr(self.pools.req_to_token_pool, "mamba_allocator", None)
-        if mamba is not None:
-            mamba.alloc_group_begin(len(self.waiting_queue))
-        self._admit(adder)
-        if mamba is not None:
-            mamba.alloc_group_end()
-        can_run = adder.can_run_list
-        if can_run:
-            chosen = {id(r) for r in can_run}
-            self.waiting_queue = [r for r in self.waiting_queue if id(r) not in chosen]
-        for req in adder.preempt_list:
-            self.queue(req)
-        if not can_run:
-            return None
-        if adder.new_chunked_req is not None:
-            self.chunked_req = adder.new_chunked_req
-        if self.chunked_req is not None:
-            self.chunked_req.inflight_middle_chunks += 1
-        return self._extend_batch(can_run)
-
-    def _extend_batch(self, can_run: list[Any]) -> Any:
-        batch = self.sb.ScheduleBatch.init_new(
-            can_run,
-            self.pools.req_to_token_pool,
-            self.pools.allocator,
-            self.tree_cache,
-            ModelConfig(),
-            self.enable_overlap,
-            self.algorithm,
-            chunked_req=self.chunked_req,
-        )
-        batch.contains_last_prefill_chunk = self.chunked_req is None or len(can_run) != 1
-        batch.prepare_for_extend()
-        batch.decoding_reqs = None
-        return batch
-
     def _retract(self, batch: Any) -> None:
         retracted, self.new_token_ratio, to_abort = batch.retract_decode()
         for req in to_abort:
@@ -374,56 +275,3 @@ class CheckpointScheduler(ShimLoop):
             batch.spec_info = draft_decode.DraftInput()  # the worker's draft input
         batch.prepare_for_decode()
         return batch
-
-    # -- results ---------------------------------------------------------------------------
-    def _finish(self, req: Any) -> None:
-        self.common.release_kv_cache(req, self.tree_cache, checkpoint=True)
-        status = FINISHED
-        if isinstance(req.finished_reason, self.sb.FINISH_ABORT):
-            status = ABORTED if self.asked_to_abort(req.rid) else ABORTED_BY_SGLANG
-        self.ended(req.rid, status)
-
-    def _process_prefill(self, batch: Any) -> None:
-        for req in batch.reqs:
-            token = self.token()
-            if (req.finished() and req.inflight_middle_chunks <= 0) or req.is_retracted:
-                continue
-            if req.inflight_middle_chunks > 0:  # a middle chunk
-                req.inflight_middle_chunks -= 1
-                continue
-            req.output_ids.append(token)
-            req.update_finish_state()
-            if req.finished():
-                self._finish(req)
-            else:
-                self.common.checkpoint_kv_cache(req, self.tree_cache)
-        if self.config.spec is not None:
-            batch.spec_info = draft_decode.DraftInput()
-
-    def _can_cache_finished(self, req: Any) -> bool:
-        """``_mamba_can_cache_finished_req``: after a spec step on a mamba tree the live
-        state may be donated only when it is exactly the committed length."""
-        tracked = req.kv.mamba_ping_pong_track_buffer is not None
-        if tracked or not self.tree_cache.supports_mamba():
-            return True
-        return req.owned_kv_len() == req.kv.kv_committed_len
-
-    def _process_decode(self, batch: Any) -> None:
-        spec = self.config.spec
-        for req in batch.reqs:
-            if spec is None:
-                run = [self.token()]
-            else:
-                run = [self.token() for _ in range(draft_decode.accept(self.rng, spec))]
-                if not (req.is_retracted or req.finished()):
-                    req.kv.kv_committed_len += len(run)  # _resolve_spec_v2_tokens
-            req.output_ids.extend(run)
-            req.update_finish_state(len(run))
-            if req.finished():
-                if spec is not None and not self._can_cache_finished(req):
-                    req.skip_radix_cache_insert = True
-                self._finish(req)
-        if spec is not None:
-            lens = [r.kv.kv_committed_len for r in batch.reqs]
-            batch.seq_lens = torch.tensor(lens, dtype=torch.int64)
-            batch.seq_lens_cpu = batch.seq_lens.clone()
