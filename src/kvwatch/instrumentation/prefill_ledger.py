@@ -87,9 +87,7 @@ class PrefillLedger:
         self.live: dict[str, _Admission] = {}
         self._lock = threading.Lock()
         handlers: dict[type, Callable] = {
-            RequestAdded: lambda e: self.live.__setitem__(
-                e.request_id, _Admission(e.prompt_tokens)
-            ),
+            RequestAdded: self._added,
             RequestScheduled: self._scheduled,
             PrefillChunk: self._chunk,
             TokensGenerated: lambda e: self._prefilled(e.request_id),
@@ -120,6 +118,9 @@ class PrefillLedger:
     def _add(self, group: str, what: str, count: int) -> None:
         with self._lock:
             self.counts[group, what] += count
+
+    def _added(self, e: RequestAdded) -> None:
+        self.live[e.request_id] = _Admission(prompt=e.prompt_tokens)
 
     def _scheduled(self, e: RequestScheduled) -> None:
         if (a := self.live.get(e.request_id)) is not None:
