@@ -92,24 +92,24 @@ vllm-hunt: $(STAMP) $(VLLM_STAMP) $(patsubst %,$(VLLM_RELEASES)/%/.unpacked,$(fi
 		$(PY) -m kvwatch.targets.vllm.hunt --releases $(HUNT_RELEASES) --out docs/vllm-hunt
 
 # SGLang's caches under its releases x caches x page sizes x seeds, every profile at c = 2
-# and 4, one gate each, written to docs/sglang-hunt.{json,md} (targets/sglang/hunt.py;
+# and 4, one gate each, written to docs/sglang-hunt.{json,md} (targets/sglang/sglang_hunt.py;
 # SGLANG_HUNT_ARGS="--releases all" for every release; 1,860 runs and 1,164 not possible,
 # 20 minutes here on 2 cores shared with other work)
 SGLANG_HUNT_ARGS ?=
 .PHONY: sglang-hunt
 sglang-hunt: $(STAMP)
-	$(PY) -m kvwatch.targets.sglang.hunt $(SGLANG_HUNT_ARGS) --out docs/sglang-hunt
+	$(PY) -m kvwatch.targets.sglang.sglang_hunt $(SGLANG_HUNT_ARGS) --out docs/sglang-hunt
 
 # LightLLM's caches at the checkout LIGHTLLM_SRC (or KVWATCH_LIGHTLLM_SRC) x caches x seeds,
 # every profile at c = 2, 4 and 8, written to docs/lightllm-hunt.{json,md}
-# (targets/lightllm/hunt.py; 192 runs on one checkout, 236 s here on 2 cores)
+# (targets/lightllm/lightllm_hunt.py; 192 runs on one checkout, 236 s here on 2 cores)
 LIGHTLLM_SRC ?= $(KVWATCH_LIGHTLLM_SRC)
 .PHONY: lightllm-hunt
 lightllm-hunt: $(STAMP)
 	@if [ -z "$(LIGHTLLM_SRC)" ]; then \
 		echo "lightllm-hunt: give a LightLLM checkout: make lightllm-hunt LIGHTLLM_SRC=DIR (or KVWATCH_LIGHTLLM_SRC=DIR)" >&2; \
 		exit 2; fi
-	$(PY) -m kvwatch.targets.lightllm.hunt --lightllm-src $(LIGHTLLM_SRC) --out docs/lightllm-hunt
+	$(PY) -m kvwatch.targets.lightllm.lightllm_hunt --lightllm-src $(LIGHTLLM_SRC) --out docs/lightllm-hunt
 
 # The gates against real vLLM, black-box and white-box (--engine vllm): a tiny model built
 # on the spot, vLLM on loopback, clean (exit 0) and with bugs planted in its KV cache

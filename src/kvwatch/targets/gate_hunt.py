@@ -1,6 +1,6 @@
 """A hunt made of gates: ``kvwatch gate`` run over a matrix, one row per run.
 
-Shared by ``sglang/hunt.py`` and ``lightllm/hunt.py``. Each ``Group`` is one
+Shared by ``sglang/sglang_hunt.py`` and ``lightllm/lightllm_hunt.py``. Each ``Group`` is one
 gate process (``python -m kvwatch gate ... --seed S -c C1,C2 --no-report``,
 exactly as a user runs it): one engine build (release or checkout, cache,
 page size) and one seed, every profile the target runs, at every
@@ -64,7 +64,7 @@ class Group:
 
 
 @dataclass(frozen=True, kw_only=True)
-class Engine:
+class HuntedEngine:
     """What differs between the engines a gate hunt drives."""
 
     name: str  # the corpus's engine
@@ -105,7 +105,7 @@ def buggy_evidence(bug: dict) -> str:
     return found.group(1) if found else ""
 
 
-def known(engine: Engine, row: dict, detector: str, evidence: str) -> str | None:
+def known(engine: HuntedEngine, row: dict, detector: str, evidence: str) -> str | None:
     """The corpus row that explains ``detector`` failing in ``row`` with ``evidence``, or None."""
     for bug in engine.corpus:
         gate = bug.get("gate")
@@ -144,7 +144,7 @@ def after_known(findings: list[dict]) -> list[dict]:
     ]
 
 
-def relabel(engine: Engine, rows: list[dict]) -> list[dict]:
+def relabel(engine: HuntedEngine, rows: list[dict]) -> list[dict]:
     """Stored rows with every finding labelled again against ``engine.corpus``."""
     out = []
     for row in rows:
@@ -167,7 +167,7 @@ def verdict_of(row: dict, failed: dict, run: dict) -> str:
     return "error" if row["error"] or broke else "pass"
 
 
-def rows_of(engine: Engine, group: Group, summary: dict, console: str, cs: Sequence[int]):
+def rows_of(engine: HuntedEngine, group: Group, summary: dict, console: str, cs: Sequence[int]):
     """The group's rows from its gate's ``summary.json`` and console."""
     base = {
         "release": group.release,
@@ -215,7 +215,7 @@ def rows_of(engine: Engine, group: Group, summary: dict, console: str, cs: Seque
     return rows
 
 
-def run_group(engine: Engine, group: Group, cs: Sequence[int], timeout: int) -> list[dict]:
+def run_group(engine: HuntedEngine, group: Group, cs: Sequence[int], timeout: int) -> list[dict]:
     """One gate process for ``group``; its rows."""
     if group.refused is not None:
         left_out = "".join(
@@ -237,7 +237,7 @@ def run_group(engine: Engine, group: Group, cs: Sequence[int], timeout: int) -> 
 
 
 def hunt(
-    engine: Engine, groups: Sequence[Group], cs: Sequence[int], *, jobs: int, timeout: int
+    engine: HuntedEngine, groups: Sequence[Group], cs: Sequence[int], *, jobs: int, timeout: int
 ) -> list[dict]:
     """Every group's rows, ``jobs`` gates at a time, in the groups' order."""
 

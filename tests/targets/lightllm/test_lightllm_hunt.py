@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from kvwatch.targets import gate_hunt, gate_hunt_report
-from kvwatch.targets.lightllm import hunt
+from kvwatch.targets.lightllm import lightllm_hunt as hunt
 from kvwatch.targets.lightllm.checkout_check import LINEAR, NEEDED
 
 LOADED = "LightLLM /src at 0123456789ab: its linear cache and infer loop on CPU\n"
@@ -68,7 +68,7 @@ def corpus(buggy: str, fixed: str) -> list[dict]:
     ]
 
 
-def leak_rows(engine: gate_hunt.Engine, release: str) -> list[dict]:
+def leak_rows(engine: gate_hunt.HuntedEngine, release: str) -> list[dict]:
     group = gate_hunt.Group(release=release, cache="linear", page=1, seed=0, args=())
     run = {
         "profile": "aborts",

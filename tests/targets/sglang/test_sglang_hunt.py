@@ -14,7 +14,8 @@ import json
 import pytest
 
 from kvwatch.targets import gate_hunt, gate_hunt_report, hunt_files
-from kvwatch.targets.sglang import hunt, wheel_fetch
+from kvwatch.targets.sglang import sglang_hunt as hunt
+from kvwatch.targets.sglang import wheel_fetch
 
 OWN = "sglang 0.5.10.post1: driven by its own Scheduler\n"
 CORPUS = [

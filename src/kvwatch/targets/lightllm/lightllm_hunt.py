@@ -1,6 +1,6 @@
 """``make lightllm-hunt``: LightLLM checkouts × caches × profiles × seeds × concurrencies.
 
-    python -m kvwatch.targets.lightllm.hunt --lightllm-src DIR [--lightllm-src DIR2]
+    python -m kvwatch.targets.lightllm.lightllm_hunt --lightllm-src DIR [--lightllm-src DIR2]
                                             [--seeds 8] [-c 2 4 8] [--jobs 2]
                                             [--out docs/lightllm-hunt]
 
@@ -58,7 +58,7 @@ def contains(folder: Path, commit: str) -> bool | None:
     return {0: True, 1: False}.get(done.returncode)
 
 
-def engine(corpus: list[dict], folders: dict[str, Path]) -> gate_hunt.Engine:
+def engine(corpus: list[dict], folders: dict[str, Path]) -> gate_hunt.HuntedEngine:
     """The hunt's engine; ``folders`` maps each release label to its checkout."""
 
     def before_fix(release: str, bug: dict) -> bool:
@@ -67,7 +67,7 @@ def engine(corpus: list[dict], folders: dict[str, Path]) -> gate_hunt.Engine:
             return (bug.get("buggy") or "").startswith(release)
         return not has_fix
 
-    return gate_hunt.Engine(
+    return gate_hunt.HuntedEngine(
         name="lightllm",
         decided_by=decided_by,
         before_fix=before_fix,
@@ -105,7 +105,7 @@ def groups(folders: dict[str, Path], seeds: int) -> list[gate_hunt.Group]:
 
 TITLE = "LightLLM cache hunt"
 INTRO = (
-    "Written by `make lightllm-hunt` (`python -m kvwatch.targets.lightllm.hunt`): one",
+    "Written by `make lightllm-hunt` (`python -m kvwatch.targets.lightllm.lightllm_hunt`): one",
     "`kvwatch gate --engine lightllm-cache --lightllm-src DIR --lightllm-cache K --seed S -c ...`",
     "per checkout (named by its commit), cache and seed, every profile, every detector the gate",
     "composes (`src/kvwatch/targets/README.md`, LightLLM's caches). LightLLM's own infer loop",
@@ -117,7 +117,7 @@ INTRO = (
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="python -m kvwatch.targets.lightllm.hunt")
+    ap = argparse.ArgumentParser(prog="python -m kvwatch.targets.lightllm.lightllm_hunt")
     ap.add_argument("--lightllm-src", action="append", default=[], help="repeatable")
     ap.add_argument("--seeds", type=int, default=8)
     ap.add_argument("-c", type=int, nargs="+", default=[2, 4, 8])

@@ -1,6 +1,6 @@
 """``make sglang-hunt``: SGLang releases × caches × page sizes × profiles × seeds × concurrencies.
 
-    python -m kvwatch.targets.sglang.hunt [--releases 0.5.10.post1 0.5.23 | all] [--seeds 3]
+    python -m kvwatch.targets.sglang.sglang_hunt [--releases 0.5.10.post1 0.5.23 | all] [--seeds 3]
                                           [-c 2 4] [--jobs 2] [--out docs/sglang-hunt]
 
 Each (release, layout, seed) is one ``kvwatch gate --engine sglang-cache
@@ -89,8 +89,8 @@ def before_fix(release: str, bug: dict) -> bool:
         return False
 
 
-def engine(corpus: list[dict]) -> gate_hunt.Engine:
-    return gate_hunt.Engine(
+def engine(corpus: list[dict]) -> gate_hunt.HuntedEngine:
+    return gate_hunt.HuntedEngine(
         name="sglang",
         decided_by=decided_by,
         before_fix=before_fix,
@@ -114,7 +114,7 @@ def groups(releases: list[str], seeds: int) -> list[gate_hunt.Group]:
 
 TITLE = "SGLang cache hunt"
 INTRO = (
-    "Written by `make sglang-hunt` (`python -m kvwatch.targets.sglang.hunt`): one",
+    "Written by `make sglang-hunt` (`python -m kvwatch.targets.sglang.sglang_hunt`): one",
     "`kvwatch gate --engine sglang-cache --sglang-version V --sglang-cache K --page-size P",
     "--seed S -c ...` per release, layout and seed, every profile the release's driver runs,",
     "every detector the gate composes (`src/kvwatch/targets/README.md`, SGLang's caches).",
@@ -126,7 +126,7 @@ INTRO = (
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="python -m kvwatch.targets.sglang.hunt")
+    ap = argparse.ArgumentParser(prog="python -m kvwatch.targets.sglang.sglang_hunt")
     ap.add_argument("--releases", nargs="+", default=list(DEFAULT), help="'all': every one")
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("-c", type=int, nargs="+", default=[2, 4])
