@@ -191,7 +191,10 @@ def test_a_chunk_sent_twice_fails(monkeypatch):
     def twice(self, work, res):
         out = honest(self, work, res)
         if work.start == 0 and work.n > 1:  # a prompt's first chunk is announced again
-            self.events.emit(events.PrefillChunk(work.request.id, 0, work.n, self.step))
+            chunk = events.PrefillChunk(
+                request_id=work.request.id, start=0, tokens=work.n, step=self.step
+            )
+            self.events.emit(chunk)
         return out
 
     monkeypatch.setattr(scheduler.Scheduler, "_apply", twice)
