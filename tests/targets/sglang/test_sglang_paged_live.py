@@ -50,9 +50,13 @@ def fetched(version: str) -> None:
         pytest.skip(f"cannot download sglang {version}'s wheel (is PyPI reachable?): {exc}")
 
 
-def gates(version: str, cache: str, pages: tuple[int, ...], tmp_path) -> dict[int, tuple]:
-    """One gate per page size, run at once: page -> (exit, summary, output)."""
-    profiles = [p for p in PROFILES if p != STALLS] if version == OWN else []
+def gates(
+    version: str, cache: str, pages: tuple[int, ...], tmp_path, profiles: list[str] | None = None
+) -> dict[int, tuple]:
+    """One gate per page size, run at once: page -> (exit, summary, output). Every
+    profile by default (on ``OWN``, all but the one that stalls there)."""
+    if profiles is None:
+        profiles = [p for p in PROFILES if p != STALLS] if version == OWN else []
     running = {}
     for page in pages:
         cmd = [
@@ -90,6 +94,20 @@ def test_the_gate_passes_at_pages_of_more_than_one_token(version, cache, pages, 
         for run in summary["runs"]:
             judged = {d: run["detectors"][d]["verdict"] for d in ("allocator", "tree")}
             assert judged == {"allocator": "pass", "tree": "pass"}, (page, run["profile"])
+
+
+# docs/real-bugs.json sglang-pr-22862: a retried session turn rewrites its last position
+# without freeing the old one; at page size P it leaks only when the retried prefix is a
+# multiple of P, which the sessions workload's turn sizes (7, 8 or 9 new tokens) reach
+@pytest.mark.parametrize("version, leaks", [("0.5.10.post1", True), ("0.5.11", False)])
+def test_the_session_rewrite_leak_shows_at_every_page_size(version, leaks, tmp_path):
+    fetched(version)
+    ran = gates(version, "radix", (1, 4, 16), tmp_path, profiles=["sessions"])
+    for page, (code, summary, output) in ran.items():
+        assert code == (1 if leaks else 0), (page, output)
+        (run,) = summary["runs"]
+        want = "fail" if leaks else "pass"
+        assert run["detectors"]["allocator"]["verdict"] == want, (page, output)
 
 
 # -- bugs planted in SGLang's own classes ------------------------------------------------------

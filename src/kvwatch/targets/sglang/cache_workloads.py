@@ -160,6 +160,9 @@ class Agentic(Workload):
         return self.stats()
 
 
+NEW_TOKENS = (7, 8, 9)  # a session turn's new tokens, by session and turn (Sessions)
+
+
 class Sessions(Workload):
     name = "sessions"
     sessions = True
@@ -182,8 +185,10 @@ class Sessions(Workload):
 
     def turn(self, shim: Any, t: int) -> TurnStats:
         reqs = {}
-        for sid in self.histories:
-            new = self.tokens(8)
+        for i, sid in enumerate(self.histories):
+            # 7, 8 or 9 new tokens: a session's lengths, and so the prefixes a retried
+            # turn is matched at, take every residue mod a page, its first token too
+            new = self.tokens(NEW_TOKENS[(i + t) % len(NEW_TOKENS)])
             reqs[sid] = (shim.submit(f"{sid}-t{t}", new, 6, session_id=sid), new)
         self.run(shim)
         for sid, (req, new) in reqs.items():
