@@ -111,6 +111,10 @@ lightllm-hunt: $(STAMP)
 		exit 2; fi
 	$(PY) -m kvwatch.targets.lightllm.lightllm_hunt --lightllm-src $(LIGHTLLM_SRC) --out docs/lightllm-hunt
 
+# Every hunt in turn: vLLM, SGLang and LightLLM (about 35 minutes here; needs LIGHTLLM_SRC)
+.PHONY: hunt
+hunt: vllm-hunt sglang-hunt lightllm-hunt
+
 # The gates against real vLLM, black-box and white-box (--engine vllm): a tiny model built
 # on the spot, vLLM on loopback, clean (exit 0) and with bugs planted in its KV cache
 # manager (exit 1); the checks on vLLM's own scheduler; and the corpus's vLLM rows
