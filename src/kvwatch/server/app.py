@@ -24,7 +24,6 @@ from kvwatch.server.departures import Departures
 from kvwatch.server.finished import Exercised, FinishedLog
 from kvwatch.server.idle import IdleReaper, SessionClock
 from kvwatch.server.limits import RequestLimits
-from kvwatch.server.loop_lag import LoopLag
 from kvwatch.server.overdue import IdleDeadlines
 from kvwatch.server.settings import ServerSettings
 from kvwatch.server.worker import EngineWorker
@@ -60,14 +59,12 @@ def create_app(
         finally:
             if reaping is not None:
                 reaping.cancel()
-            app.state.loop_lag.stop()
             worker.stop()
 
     app = FastAPI(title="kvwatch", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.worker = worker
     app.state.settings = settings
     app.state.heap = heap_tracker()
-    app.state.loop_lag = LoopLag()
     app.state.coverage = coverage
     app.state.clock = clock or SessionClock()
     app.state.clock.follow(worker.engine.events)

@@ -161,13 +161,6 @@ async def timing(request: Request):
     return _worker(request).work.to_json()
 
 
-@router.get("/loop_lag")
-async def loop_lag(request: Request):
-    """The event loop's worst delay since the previous call, in seconds; the first
-    call starts watching and answers 0 (``loop_lag.py``)."""
-    return {"worst_s": round(request.app.state.loop_lag.take(), 6)}
-
-
 @router.get("/finished")
 async def finished(request: Request):
     """The comparable requests finished since the previous call (``finished.py``)."""
