@@ -16,6 +16,8 @@ marker).
 from __future__ import annotations
 
 import json
+import os
+import time
 from collections import Counter, defaultdict
 from collections.abc import Sequence
 from pathlib import Path
@@ -111,6 +113,24 @@ def markdown(rows: Sequence[dict], settings: dict, *, title: str, intro: Sequenc
         *not_run_lines(rows),
     ]
     return "\n".join(lines) + "\n"
+
+
+def hunted(engine, work: list, args, matrix: str, *, title: str, intro: Sequence[str]) -> int:
+    """Run ``work`` (``gate_hunt.hunt``, ``args.jobs`` gates at a time) and write
+    ``args.out``.json and .md, the settings being ``args`` with the wall time,
+    the cores and ``matrix`` (what the hunt crossed, in words)."""
+    from kvwatch.targets import gate_hunt, hunt_files
+
+    print(f"{len(work)} gates, {args.jobs} at a time", flush=True)
+    started = time.monotonic()
+    rows = gate_hunt.hunt(engine, work, args.c, jobs=args.jobs, timeout=args.timeout)
+    wall = round(time.monotonic() - started)
+    settings = vars(args) | {"wall_s": wall, "cores": os.cpu_count(), "matrix": matrix}
+    md = markdown(rows, settings, title=title, intro=intro)
+    hunt_files.write(Path(args.out), settings, rows, md)
+    fails = sum(r["verdict"] == "fail" for r in rows)
+    print(f"{len(rows)} rows in {wall} s: {fails} failed; {args.out}.md")
+    return 0
 
 
 def relabelled(out: Path, engine, *, title: str, intro: Sequence[str]) -> int:

@@ -28,10 +28,9 @@ import os
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-from kvwatch.targets import gate_hunt, gate_hunt_report, hunt_files
+from kvwatch.targets import gate_hunt, gate_hunt_report
 from kvwatch.targets.lightllm.checkout_check import commit_of, find_checkout
 
 CACHES = ("radix", "linear")
@@ -150,22 +149,13 @@ def main(argv: list[str] | None = None) -> int:
             Path(args.out), engine(gate_hunt.load_corpus(), folders), title=TITLE, intro=INTRO
         )
     work = groups(folders, args.seeds)
-    print(f"{len(work)} gates, {args.jobs} at a time", flush=True)
-    started = time.monotonic()
-    rows = gate_hunt.hunt(
-        engine(gate_hunt.load_corpus(), folders), work, args.c, jobs=args.jobs, timeout=args.timeout
-    )
-    wall = round(time.monotonic() - started)
-    settings = vars(args) | {"wall_s": wall, "cores": os.cpu_count()}
-    settings["matrix"] = (
+    matrix = (
         f"checkouts {', '.join(folders)}; caches {', '.join(CACHES)}; "
         f"{args.seeds} seeds; c = {', '.join(map(str, args.c))}"
     )
-    md = gate_hunt_report.markdown(rows, settings, title=TITLE, intro=INTRO)
-    hunt_files.write(Path(args.out), settings, rows, md)
-    fails = sum(r["verdict"] == "fail" for r in rows)
-    print(f"{len(rows)} rows in {wall} s: {fails} failed; {args.out}.md")
-    return 0
+    return gate_hunt_report.hunted(
+        engine(gate_hunt.load_corpus(), folders), work, args, matrix, title=TITLE, intro=INTRO
+    )
 
 
 if __name__ == "__main__":

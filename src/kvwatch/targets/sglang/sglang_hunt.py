@@ -26,14 +26,12 @@ seed, c); rows keep the matrix's order whatever ``--jobs`` is.
 from __future__ import annotations
 
 import argparse
-import os
 import re
-import time
 from pathlib import Path
 
 from packaging.version import InvalidVersion, Version
 
-from kvwatch.targets import gate_hunt, gate_hunt_report, hunt_files
+from kvwatch.targets import gate_hunt, gate_hunt_report
 
 ALL = (
     "0.5.4.post3",
@@ -151,23 +149,14 @@ def main(argv: list[str] | None = None) -> int:
             Path(args.out), engine(gate_hunt.load_corpus()), title=TITLE, intro=INTRO
         )
     work = groups(args.releases, args.seeds)
-    print(f"{len(work)} gates, {args.jobs} at a time", flush=True)
-    started = time.monotonic()
-    rows = gate_hunt.hunt(
-        engine(gate_hunt.load_corpus()), work, args.c, jobs=args.jobs, timeout=args.timeout
-    )
-    wall = round(time.monotonic() - started)
-    settings = vars(args) | {"wall_s": wall, "cores": os.cpu_count()}
-    settings["matrix"] = (
+    matrix = (
         f"releases {', '.join(args.releases)}; layouts "
         f"{', '.join(f'{k}/p{p}' for k, p in LAYOUTS)}; {args.seeds} seeds; "
         f"c = {', '.join(map(str, args.c))}"
     )
-    md = gate_hunt_report.markdown(rows, settings, title=TITLE, intro=INTRO)
-    hunt_files.write(Path(args.out), settings, rows, md)
-    fails = sum(r["verdict"] == "fail" for r in rows)
-    print(f"{len(rows)} rows in {wall} s: {fails} failed; {args.out}.md")
-    return 0
+    return gate_hunt_report.hunted(
+        engine(gate_hunt.load_corpus()), work, args, matrix, title=TITLE, intro=INTRO
+    )
 
 
 if __name__ == "__main__":
