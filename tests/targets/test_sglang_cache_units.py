@@ -23,8 +23,6 @@ from kvwatch.targets.sglang import (
     pool_audit,
     registry_walk,
     release_layout,
-    runtime_settings,
-    scheduler_traits,
     wheel_fetch,
 )
 from kvwatch.targets.sglang.cache_target import PROFILES, SglangCacheTarget
@@ -179,43 +177,6 @@ def test_roles_resolve_to_the_newest_layout_the_wheel_has(tmp_path):
         release_layout.resolve(tmp_path)
     assert release_layout.is_real("sglang.srt.session.streaming_session")
     assert not release_layout.is_real("sglang.srt.managers.scheduler")
-
-
-def test_traits_are_lines_of_the_release_and_say_which(tmp_path):
-    write(
-        tmp_path,
-        "sglang.srt.managers.scheduler",
-        "class Scheduler:\n    def _abort_on_waiting_timeout(self):\n        pass\n",
-    )
-    traits = scheduler_traits.read(tmp_path)
-    assert traits.waiting_timeout and not traits.checkpoint_api and not traits.kv_info
-    assert traits.evidence == {
-        "waiting_timeout": "managers/scheduler.py:2: def _abort_on_waiting_timeout(self):"
-    }
-
-
-def test_settings_answer_from_the_run_then_the_release_then_none(tmp_path):
-    write(
-        tmp_path,
-        "sglang.srt.arg_groups.fields.mamba",
-        "class Mamba:\n"
-        "    _NS_PATH = 'exec.mamba'\n"
-        "    mamba_track_interval: int = 256\n"
-        "    computed: int = len('abc')\n",
-    )
-    defaults = runtime_settings.declared_defaults(tmp_path)
-    assert defaults == {"exec.mamba": {"mamba_track_interval": 256}}
-    settings = runtime_settings.Settings(values={"schedule": {"page_size": 4}}, defaults=defaults)
-    assert runtime_settings.Bag("schedule", settings).page_size == 4
-    assert runtime_settings.Bag("exec", settings).mamba.mamba_track_interval == 256
-    assert runtime_settings.Bag("", settings).mamba_track_interval == 256  # a flat read
-    assert runtime_settings.Bag("exec", settings).nothing_declared is None
-
-
-def test_message_defaults_include_their_bases(tmp_path):
-    path = tmp_path / "io_struct.py"
-    path.write_text("class Base:\n    stream: bool = False\nclass Ask(Base):\n    rid: str = 'r'\n")
-    assert runtime_settings.class_defaults(path, "Ask") == {"stream": False, "rid": "r"}
 
 
 # -- the audit ------------------------------------------------------------------------------

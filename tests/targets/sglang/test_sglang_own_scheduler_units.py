@@ -24,6 +24,7 @@ from kvwatch.targets.sglang import (
     admission_watch,
     pool_holders,
     registry_walk,
+    runtime_host,
     scheduler_host,
     scheduler_imports,
     shim_choice,
@@ -50,15 +51,18 @@ def _release_files(root, scheduler: str, common: str = "") -> None:
     (srt / "mem_cache" / "common.py").write_text(common)
 
 
-def test_the_release_files_choose_the_driver(tmp_path):
+def test_the_release_files_choose_how_the_scheduler_is_built(tmp_path):
     _release_files(tmp_path / "a", "from sglang.srt.server_args import ServerArgs\n")
-    assert shim_choice.drives(tmp_path / "a") == shim_choice.OWN
+    assert shim_choice.plan_for(tmp_path / "a") is scheduler_imports.PLAN
     context = "from sglang.srt.runtime_context import get_server_args\n"
-    _release_files(tmp_path / "b", context, "def checkpoint_kv_cache(req):\n")
-    assert shim_choice.drives(tmp_path / "b") == shim_choice.SHIM
-    _release_files(tmp_path / "c", context)
-    with pytest.raises(shim_choice.Unsupported, match=r"0\.5\.16-0\.5\.21 scheduler"):
-        shim_choice.drives(tmp_path / "c")
+    _release_files(tmp_path / "b", context)
+    spawn = "class SpawnRanks(msgspec.Struct, frozen=True):\n    world_rank: int\n"
+    (tmp_path / "b/sglang/srt/runtime_context.py").write_text(spawn)
+    assert shim_choice.plan_for(tmp_path / "b") is runtime_host.PLAN
+    _release_files(tmp_path / "c", context)  # 0.5.16-0.5.21: published another way
+    (tmp_path / "c/sglang/srt/runtime_context.py").write_text("def set_context(args):\n")
+    with pytest.raises(shim_choice.Unsupported, match="without SpawnRanks"):
+        shim_choice.plan_for(tmp_path / "c")
 
 
 # -- the host's side --------------------------------------------------------------------------

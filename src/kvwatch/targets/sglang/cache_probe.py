@@ -50,9 +50,8 @@ from kvwatch.contracts import (
     finding,
 )
 from kvwatch.targets.sglang import cache_views, pool_audit, registry_walk
-from kvwatch.targets.sglang.cache_views import NodeView
+from kvwatch.targets.sglang.cache_views import NodeView, inner
 from kvwatch.targets.sglang.pool_holders import KV, MAMBA, SWA, Holding, PoolReader
-from kvwatch.targets.sglang.tree_caches import inner
 from kvwatch.targets.step_probe import StepProbe
 
 OWNERS = ("tree", "request", "session")

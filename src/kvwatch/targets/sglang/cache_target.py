@@ -100,12 +100,7 @@ class SglangCacheTarget(Target):
 
     def workload(self, profile: CacheProfile, c: int = 1, seed: int = 0) -> Workload:
         """``profile``'s workload for this target's cache and release."""
-        from kvwatch.targets.sglang.shim_choice import SHIM, driver_of
-
-        drafts = self.release is not None and driver_of(self.release) == SHIM
-        return profile.workload(
-            c=c, seed=seed, page_size=self.page_size, cache=self.cache, drafts=drafts
-        )
+        return profile.workload(c=c, seed=seed, page_size=self.page_size, cache=self.cache)
 
     def _load(self, progress: Progress | None) -> Release | None:
         """The release, loaded on first use (None, and ``unavailable`` set, when it
@@ -122,14 +117,8 @@ class SglangCacheTarget(Target):
                 self.unavailable = str(exc)
                 return None
             if progress is not None:
-                say(f"sglang {self.version}: driven by {self.driver()}")
+                say(f"sglang {self.version}: driven by its own Scheduler")
         return self.release
-
-    def driver(self) -> str:
-        from kvwatch.targets.sglang.shim_choice import OWN, driver_of
-
-        own = driver_of(self.release) == OWN
-        return "its own Scheduler" if own else "kvwatch's checkpoint shim"
 
     def refusal(self, profile: CacheProfile) -> str | None:
         """Why the loaded release's driver cannot run ``profile`` here, or None."""
@@ -153,7 +142,7 @@ class SglangCacheTarget(Target):
     @contextlib.contextmanager
     def started(self, progress: Progress) -> Iterator[None]:
         if self.release is not None:
-            progress.say(f"sglang {self.version}: driven by {self.driver()}")
+            progress.say(f"sglang {self.version}: driven by its own Scheduler")
         for name, why in self.left_out.items():
             progress.say(f"leaving out the {name} profile: {why}")
         yield

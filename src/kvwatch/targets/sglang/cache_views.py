@@ -26,9 +26,23 @@ from __future__ import annotations
 import importlib
 from typing import Any, NamedTuple
 
-from kvwatch.targets.sglang.tree_caches import inner, session_slots
-
 FULL, SWA, MAMBA = "full", "swa", "mamba"
+
+
+def inner(cache: Any) -> Any:
+    """The tree cache under a session wrapper (the cache itself when unwrapped)."""
+    return cache.__dict__.get("inner", cache)
+
+
+def session_slots(cache: Any) -> dict[str, Any]:
+    """The streaming-session slots by session id: the wrapper's (0.5.10-0.5.20) or,
+    from 0.5.22, those of the ``StreamingSession`` the unified cache owns."""
+    owned = getattr(inner(cache), "__dict__", {}).get("session")
+    for holder in (cache, owned):
+        slots = getattr(holder, "__dict__", {}).get("slots")
+        if isinstance(slots, dict):
+            return slots
+    return {}
 
 
 class KvView(NamedTuple):

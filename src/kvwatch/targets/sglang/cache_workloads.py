@@ -1,8 +1,7 @@
 """Seeded token-level workloads for a scheduler driver: the gate's profiles for
 ``--engine sglang-cache`` (more in ``scheduler_workloads``).
 
-The driver is SGLang's own scheduler (``own_scheduler``) or the shim
-(``checkpoint_shim``); both take the same calls. Each workload sizes the
+The driver is SGLang's own scheduler (``own_scheduler``). Each workload sizes the
 pools (``config``); each ``turn`` submits one request (or a few) per
 conversation, all at once so they share the scheduler's batches, steps the
 scheduler until it is idle (its clients give up, aborting what is live,
@@ -17,8 +16,8 @@ is the same run on every release.
   odd turns a sub-agent forked from the agent's history (a radix trie);
 * ``sessions``: one streaming session per conversation and a forced
   retraction every 3 decode steps (retract-and-retry re-matches the session
-  slot), and under the shim EAGLE spec-v2 over-allocation (rejected drafts;
-  ``drafts``): seed 001's load;
+  slot): seed 001's load, without its speculative decoding (no draft
+  model worker stands in here);
 * ``aborts``: per turn, one conversation's request is aborted while queued
   (the prefill adder rejected it after matching its prefix), one between
   its prefill chunks, one while decoding, and one waits for memory past the
@@ -40,7 +39,7 @@ import random
 from collections.abc import Callable
 from typing import Any, ClassVar, NamedTuple
 
-from kvwatch.targets.sglang.shim_parts import PoolConfig, ShimConfig, SpecConfig
+from kvwatch.targets.sglang.shim_parts import PoolConfig, ShimConfig
 
 MAX_STEPS = 20_000  # per turn: a scheduler that never gets idle breaks the run
 BIG_MARGIN = 24  # aborts: a waiting prompt leaves this much of the pool for its output
@@ -64,10 +63,8 @@ class Workload:
         seed: int = 0,
         page_size: int = 1,
         cache: str = "radix",
-        drafts: bool = False,
     ) -> None:
         self.c, self.seed, self.page_size, self.cache = c, seed, page_size, cache
-        self.drafts = drafts  # speculative decoding (a shim's spec-v2 drafts) where driven
         self.sliding_window = 16
         self.rng = random.Random(seed)
         self.histories: dict[str, list[int]] = {}
@@ -166,15 +163,12 @@ NEW_TOKENS = (7, 8, 9)  # a session turn's new tokens, by session and turn (Sess
 class Sessions(Workload):
     name = "sessions"
     sessions = True
-    summary = (
-        "streaming sessions with a forced retraction every 3 decode steps (and a shim's drafts)"
-    )
+    summary = "streaming sessions with a forced retraction every 3 decode steps"
 
     def config(self) -> ShimConfig:
         return ShimConfig(
             pools=self.pool_config(512 * self.c),
             streaming=True,
-            spec=SpecConfig(num_steps=3) if self.drafts else None,
             retract_every=3,
         )
 

@@ -58,13 +58,6 @@ def environment(config: ShimConfig) -> dict[str, str]:
     return {"SGLANG_REQ_WAITING_TIMEOUT": str(config.waiting_timeout_steps or 0)}
 
 
-def refusal(config: ShimConfig) -> str | None:
-    """Why the own scheduler cannot run ``config`` here, or None."""
-    if config.spec is not None:
-        return "speculative decoding needs a draft model worker, which has no stand-in here"
-    return None
-
-
 class RequestHandle:
     """A submitted request: its ``Req`` once the scheduler made one."""
 
@@ -93,8 +86,6 @@ class OwnScheduler(ShimLoop):
     def __init__(
         self, release: Release, config: ShimConfig, seed: int = 0, model: TokenModel | None = None
     ) -> None:
-        if (why := refusal(config)) is not None:
-            raise ValueError(why)
         super().__init__(config, seed)
         self.release = release
         self.sb = release.module("schedule_batch")
@@ -110,9 +101,6 @@ class OwnScheduler(ShimLoop):
         self.array_ids = _tokenizer_sends_arrays(release)
         self._note_queued()
         self.loop = PacedLoop(self.sched, overlap=config.overlap)
-
-    def _loop_state(self) -> None:
-        """Nothing: the queue and batches are the scheduler's own (properties)."""
 
     # -- the scheduler's structures, as the probe reads them -------------------------------
     @property
@@ -185,6 +173,8 @@ class OwnScheduler(ShimLoop):
             input_text="",
             input_ids=ids,
             mm_inputs=None,
+            input_embeds=None,  # required fields of 0.5.22+'s message
+            token_type_ids=None,
             sampling_params=params,
             return_logprob=False,
             logprob_start_len=-1,

@@ -4,8 +4,7 @@
 imports the module of every role (``release_layout.py``) unchanged. While
 the release is *active*, an import hook serves every ``sglang`` module: the
 ones in ``release_layout.REAL`` from the wheel's source, a few fixed
-stand-ins with real behaviour (``host_modules.py``,
-``runtime_settings.module``, ``draft_decode.spec_utils_module``), and a stub
+stand-ins with real behaviour (``host_modules.py``), and a stub
 for the rest (a ``StubModule`` of ``kvwatch.targets.stand_ins``: any attribute
 read from one is a stubbed class); ``triton`` and the GPU packages are
 stand-ins too::
@@ -48,7 +47,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
 
-from kvwatch.targets.sglang import draft_decode, host_modules, release_layout, runtime_settings
+from kvwatch.targets.sglang import host_modules, release_layout
 from kvwatch.targets.sglang.wheel_fetch import Unavailable, fetch
 from kvwatch.targets.stand_ins import StubModule
 
@@ -83,11 +82,6 @@ def _fixed_modules(root: Path, plan: ImportPlan = CACHES_ONLY) -> dict[str, type
     fixed["sglang.srt.server_args"] = host_modules.server_args_module("sglang.srt.server_args")
     fixed["sgl_kernel"] = host_modules.sgl_kernel_module()
     fixed["sglang.srt.platforms"] = host_modules.platforms_module("sglang.srt.platforms")
-    spec_utils = "sglang.srt.speculative.spec_utils"
-    fixed[spec_utils] = draft_decode.spec_utils_module(spec_utils)
-    context = "sglang.srt.runtime_context"
-    if release_layout.module_file(root, context) is not None:  # 0.5.16+
-        fixed[context] = runtime_settings.module(context)
     fixed.update(plan.fixed() if plan.fixed is not None else {})
     for name in plan.unfixed:
         fixed.pop(name, None)

@@ -102,9 +102,6 @@ REAL = (
     # beam search's batch-tail helpers sit in retract/filter/merge (0.5.22+); a stub
     # there drops requests (beam_retraction_order answering a falsy stub)
     "sglang.srt.beam_search",
-    # 0.5.22+: spec decoding's decode preparation (spec_utils, the dispatcher that
-    # compiles kernels at import, is draft_decode.spec_utils_module)
-    "sglang.srt.speculative.eagle_utils",
 )
 # GPU packages (and server-only ones) SGLang's modules import at the top: stubs on a CPU host
 STUBBED_PACKAGES = (

@@ -138,6 +138,10 @@ def model_config(context_len: int) -> ModelConfigStandIn:
         is_local_attention_model=False,
         is_hybrid_gdn=False,
         model_impl="auto",
+        # reasoning-model markers (0.5.22+): a plain model has none
+        self_opened_think_start_ids=None,
+        think_end_ids=None,
+        request_selectable_think_end_id_sequences=None,
         spec_hidden_size=16,
         is_matryoshka=False,
     )
@@ -161,13 +165,16 @@ def server_args(cls: type, **settings: Any) -> Any:
     return obj
 
 
-def release_function(root: Path, relpath: str, name: str) -> Callable:
+def release_function(
+    root: Path, relpath: str, name: str, namespace: dict[str, Any] | None = None
+) -> Callable:
     """The function (or method) ``name`` of the release's file ``relpath``,
-    compiled alone from its source."""
+    compiled alone from its source, its globals ``namespace`` (the names its
+    module imports, where the module itself is a stand-in)."""
     source = (root / relpath).read_text()
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.FunctionDef) and node.name == name:
-            namespace: dict[str, Any] = {}
-            exec(textwrap.dedent(ast.get_source_segment(source, node)), namespace)
-            return namespace[name]
+            scope: dict[str, Any] = dict(namespace or {})
+            exec(textwrap.dedent(ast.get_source_segment(source, node)), scope)
+            return scope[name]
     raise LookupError(f"{relpath} has no function {name}")

@@ -41,7 +41,7 @@ import sys
 from types import SimpleNamespace
 from typing import Any
 
-from kvwatch.targets.sglang import scheduler_host, scheduler_imports
+from kvwatch.targets.sglang import runtime_host, scheduler_host, scheduler_imports
 from kvwatch.targets.sglang.release_import import Release
 from kvwatch.targets.sglang.shim_parts import ShimConfig
 from kvwatch.targets.sglang.stand_in_worker import StandInWorker, TokenModel
@@ -153,16 +153,27 @@ def _retract_every(module: Any, every: int | None) -> None:
 def build(release: Release, config: ShimConfig, clock: Any, model: TokenModel) -> tuple:
     """The release's ``Scheduler`` for ``config`` and its worker (release active)."""
     workers: list[StandInWorker] = []
-    args = _server_args(release, config)
+    runtime = runtime_host.applies(release.root)  # 0.5.16+: runtime_context
+    args = (
+        runtime_host.server_args(release, settings(config))
+        if runtime
+        else _server_args(release, config)
+    )
 
     def worker(*_: Any, **__: Any) -> StandInWorker:
         workers.append(StandInWorker(release, config.pools, model, args))
+        if runtime:
+            runtime_host.fit_worker(workers[-1], release, config, args)
         return workers[-1]
 
     tp_worker = importlib.import_module("sglang.srt.managers.tp_worker")
     tp_worker.TpModelWorker = tp_worker.TpModelWorkerClient = worker
     module = importlib.import_module(SCHEDULER)
-    _patch(_host_names(release, config, worker), clock)
+    names = _host_names(release, config, worker)
+    if runtime:
+        names.update(runtime_host.host_names(release, config))
+        runtime_host.model_family(config)
+    _patch(names, clock)
     _retract_every(module, config.retract_every)
     cls = scheduler_class(release, module.Scheduler)
     offered = dict(

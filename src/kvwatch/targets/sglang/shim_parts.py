@@ -1,33 +1,26 @@
-"""What the scheduler drivers share: the run's settings, the messages they pass to
-SGLang's code, what became of each request, and the loop's bookkeeping.
+"""What the scheduler driver shares with the probe, the workloads and the recorder: the
+run's settings, what became of each request, and the loop's bookkeeping.
 
-Two drivers step a release's scheduling: ``own_scheduler.OwnScheduler``
-runs the release's own ``Scheduler`` (0.5.4.post3 .. 0.5.13.post1), and
-``checkpoint_shim.CheckpointScheduler`` plays its event loop over SGLang's
-own ``Req``, ``Session``, ``ScheduleBatch``, ``PrefillAdder``, caches and
-pools where the scheduler cannot be built on a CPU host (0.5.22+). Both
-present the same surface to the probe, the workloads and the recorder. This
+``own_scheduler.OwnScheduler`` steps a release's own ``Scheduler`` and
+presents it through this surface (the name ``ShimLoop`` is the surface's, from
+when a shim stood in for releases the scheduler was not built for). This
 module holds:
 
-* ``PoolConfig``, ``SpecConfig``, ``ShimConfig``: the pools, speculative
-  decoding and scheduler settings of one run;
-* ``Params`` / ``Incoming`` / ``ModelConfig``: the sampling parameters,
-  incoming request messages and model facts the shim hands SGLang's code
-  (the fields given, ``None`` for the rest);
+* ``PoolConfig``, ``ShimConfig``: the pools and scheduler settings of one run;
 * ``Outcome``: what became of a request, as its client would hear it;
-* ``ShimLoop``: the queue, the batches, what is live, stepping until idle,
-  the observers called after every step (the probe's per-step audit), and
-  the liveness hooks (``stalled``, ``checks``) a driver may answer.
+* ``call_offered``: a call with the keyword arguments the release's callee takes;
+* ``ShimLoop``: what is live, stepping until idle, the observers called after
+  every step (the probe's per-step audit), and the liveness hooks
+  (``stalled``, ``checks``) of the admission watch.
 
-Invariant: a driver hands requests and sessions to SGLang when the workload
-calls ``submit`` / ``abort`` / ``open_session`` / ``close_session`` (the
-shim at once, the own scheduler at its next ``recv_requests``).
+Invariant: the driver hands requests and sessions to SGLang when the workload
+calls ``submit`` / ``abort`` / ``open_session`` / ``close_session``, at the
+scheduler's next ``recv_requests``.
 """
 
 from __future__ import annotations
 
 import inspect
-import random
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -53,27 +46,16 @@ class PoolConfig(NamedTuple):
     sliding_window: int | None = None
 
 
-class SpecConfig(NamedTuple):
-    num_steps: int = 3  # draft tokens proposed per step
-    topk: int = 1
-
-    @property
-    def num_draft_tokens(self) -> int:
-        return self.num_steps + 1
-
-
 @dataclass(frozen=True, kw_only=True)
 class ShimConfig:
     pools: PoolConfig
     streaming: bool = False  # the release's streaming-session cache around the tree
-    spec: SpecConfig | None = None  # EAGLE spec-v2 over-allocation
     chunked_prefill_size: int | None = None
     max_prefill_tokens: int = 16384
     max_running_requests: int = 32  # plays pp_max_micro_batch_size
     waiting_timeout_steps: int | None = None  # SGLANG_REQ_WAITING_TIMEOUT, in steps
     retract_every: int | None = None  # a forced retraction every N decode steps
-    # the own scheduler only (refused by the shims): --enable-priority-scheduling,
-    # --max-queued-requests, the overlap event loop
+    # --enable-priority-scheduling, --max-queued-requests, the overlap event loop
     priority_scheduling: bool = False
     max_queued_requests: int | None = None
     overlap: bool = False
@@ -89,47 +71,6 @@ class Outcome(NamedTuple):
     why: str = ""  # SGLang's message for an abort it sent (the own scheduler)
 
 
-class Params:
-    """``SamplingParams``: length-limited generation, no stop tokens or strings."""
-
-    def __init__(self, max_new_tokens: int) -> None:
-        self.max_new_tokens = max_new_tokens
-        self.ignore_eos = False  # no EOS in random tokens; admission uses the new-token ratio
-        self.stop_token_ids: set[int] = set()
-        self.stop_strs: list[str] = []
-        self.stop_regex_strs: list[str] = []
-        self.custom_params = None
-        self.n = 1
-
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("__"):
-            raise AttributeError(name)
-        return None
-
-
-class Incoming:
-    """An incoming message (``TokenizedGenerateReqInput``, ``OpenSessionReqInput``,
-    ``CloseSessionReqInput``): the fields given, ``None`` for the rest."""
-
-    def __init__(self, **fields: Any) -> None:
-        self.__dict__.update(fields)
-
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("__"):
-            raise AttributeError(name)
-        return None
-
-
-class ModelConfig:
-    """The model facts ``ScheduleBatch`` reads: a plain decoder-only text model."""
-
-    vocab_size = 32000
-    hidden_size = 64
-    is_encoder_decoder = False
-    is_matryoshka = False
-    is_multimodal = False
-
-
 def call_offered(fn: Callable, *args: Any, **offered: Any) -> Any:
     """``fn(*args, **kwargs)`` with the offered keyword arguments it takes."""
     params = inspect.signature(fn.__init__ if isinstance(fn, type) else fn).parameters
@@ -139,11 +80,11 @@ def call_offered(fn: Callable, *args: Any, **offered: Any) -> Any:
 
 
 class ShimLoop:
-    """The bookkeeping of a scheduler loop; a shim adds ``step``, ``submit``, ``abort``."""
+    """The bookkeeping of a scheduler loop; the driver adds ``step``, ``submit``, ``abort``."""
 
     def __init__(self, config: ShimConfig, seed: int) -> None:
         self.config = config
-        self.rng = random.Random(seed)
+        self.seed = seed
         self.step_no = 0
         self.outcomes: list[Outcome] = []
         self.asked_aborts: list[str] = []  # rid prefixes the client asked to abort
@@ -151,26 +92,6 @@ class ShimLoop:
         from kvwatch.targets.sglang.admission_watch import AdmissionWatch
 
         self.watch = AdmissionWatch()  # does the scheduler still admit?
-        self._loop_state()
-
-    def _loop_state(self) -> None:
-        """The loop's own queue and batches (a driver over SGLang's scheduler reads
-        SGLang's instead)."""
-        self.waiting_queue: list[Any] = []
-        self.queued_at: dict[int, int] = {}  # id(req) -> the step it was queued at
-        self.last_batch: Any = None
-        self.last_kind: str | None = None  # "extend" or "decode"
-        self.chunked_req: Any = None
-        self.new_token_ratio = self.config.init_new_token_ratio
-        self.decode_steps = 0
-        self.retractions = 0  # requests retracted, all told
-        self.sessions: Any = None  # SGLang's SessionController (0.5.10+)
-        self.running_batch: Any = None
-
-    def queue(self, req: Any) -> None:
-        """``_add_request_to_queue``."""
-        self.waiting_queue.append(req)
-        self.queued_at[id(req)] = self.step_no
 
     def ended(self, rid: str, status: str, why: str = "") -> None:
         self.outcomes.append(Outcome(rid=rid, status=status, step=self.step_no, why=why))
@@ -198,20 +119,6 @@ class ShimLoop:
     def notify(self) -> None:
         for observe in self.observers:
             observe()
-
-    def late(self) -> list[Any]:
-        """Queued requests older than the waiting timeout (steps)."""
-        limit = self.config.waiting_timeout_steps
-        if limit is None:
-            return []
-        since = self.queued_at
-        return [
-            r for r in self.waiting_queue if self.step_no - since.get(id(r), self.step_no) > limit
-        ]
-
-    def token(self) -> int:
-        """The model: a random token (never a special one)."""
-        return self.rng.randrange(3, ModelConfig.vocab_size)
 
     def step(self) -> bool:
         raise NotImplementedError

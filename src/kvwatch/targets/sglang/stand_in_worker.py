@@ -41,6 +41,7 @@ GROUP = SimpleNamespace(
     cpu_group=None,
     device_group=None,
     rank=0,
+    rank_in_group=0,
     ranks=[0],
     world_size=1,
     is_first_rank=True,
@@ -151,6 +152,9 @@ class StandInWorker:
                     "hidden_states",
                     "customized_info",
                     "mm_input_embeds",
+                    "auxiliary_device_output",  # 0.5.22+
+                    "sampling_mask_output",
+                    "next_token_sampling_mask_status",
                 )
             )
         )

@@ -1,0 +1,193 @@
+"""What the own scheduler needs beyond ``scheduler_setup`` on releases that read
+``sglang.srt.runtime_context`` (0.5.22+).
+
+From 0.5.16 SGLang's scheduler reads its settings through
+``runtime_context`` ("config bags": ``get_schedule().page_size``,
+``get_memory().radix_eviction_policy``, ``get_parallel().tp_rank``) rather
+than from the ``ServerArgs`` object, and its ``__init__`` orchestrates some
+forty ``init_*`` steps over ``managers/scheduler_components/``. The release's
+own ``runtime_context`` does that work here, unchanged:
+
+* ``PLAN``: ``scheduler_imports.PLAN`` with ``runtime_context``, the
+  argument groups, ``environ`` and the two registries the bags read imported
+  from the wheel (the caches-only stand-in of ``runtime_settings`` is left
+  out);
+* ``server_args``: the release's ``ServerArgs`` (a ``msgspec`` struct, its own
+  ``__post_init__`` run) over the run's settings, published with the
+  release's own ``publish(role="scheduler", ranks=SpawnRanks(...))``; the
+  process groups the parallel bag would make with ``torch.distributed`` are
+  one-rank stand-ins (``override_permanently``);
+* ``fit_worker``: what the release's own ``get_worker_info`` and cache
+  builder read of a model runner (capacities, no draft pools, no n-gram
+  embeddings), and that method body compiled over the release's bags;
+* ``host_names``: the names the scheduler's modules import from stubbed ones
+  and call for data: the DP-attention world and TP group of one rank, the
+  model family (``uses_ssm_state`` true only for a mamba run), the expert
+  balance windows' literal;
+* ``ENVIRONMENT``: the pure-Python tree core (``SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND``),
+  since the Rust core is a compiled extension this host does not build.
+
+Invariant: every value given is what a single-rank CPU server with this
+run's settings would read; no line of SGLang's admission, scheduling,
+retraction, abort or cache code is replaced.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import re
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+from kvwatch.targets.sglang import scheduler_host, scheduler_imports
+from kvwatch.targets.sglang.release_import import Release
+from kvwatch.targets.sglang.shim_parts import ShimConfig
+from kvwatch.targets.sglang.stand_in_worker import GROUP
+
+RUNTIME_CONTEXT = "from sglang.srt.runtime_context import"  # 0.5.16+: in scheduler.py
+CONTEXT = "sglang.srt.runtime_context"
+ENVIRONMENT = {"SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND": "python"}
+GROUPS = ("world", "tp", "pp", "attn_tp", "attn_cp", "moe_ep", "moe_dp", "moe_tp")
+# the model families kv_cache_builder asks about (configs.hybrid_arch is a stand-in)
+FAMILIES = (
+    *("hybrid_gdn_config", "mamba2_config", "kimi_linear_config", "glm5_next_config"),
+    *("hybrid_lightning_config", "linear_attn_model_spec"),
+)
+
+PLAN = scheduler_imports.PLAN._replace(
+    real=(
+        *scheduler_imports.PLAN.real,
+        CONTEXT,
+        "sglang.srt.arg_groups",
+        "sglang.srt.environ",
+        "sglang.srt.model_executor.cuda_graph_config",
+        "sglang.srt.lora.lora_registry",
+    ),
+    unfixed=(*scheduler_imports.PLAN.unfixed, CONTEXT),
+    utils={
+        **(scheduler_imports.PLAN.utils or {}),
+        "SUPPORTED_LORA_TARGET_MODULES": ["q_proj"],  # read by the LoRA argument group
+        "LORA_TARGET_ALL_MODULES": "all",
+        # no device memory to size defaults by: the run's settings name them all
+        "get_device_memory_capacity": lambda *a, **k: None,
+    },
+)
+
+
+def applies(root: Path) -> bool:
+    """Whether the release extracted at ``root`` reads ``runtime_context``."""
+    scheduler = root / "sglang" / "srt" / "managers" / "scheduler.py"
+    return RUNTIME_CONTEXT in scheduler.read_text()
+
+
+def publishes(root: Path) -> bool:
+    """Whether the release's ``runtime_context`` is published with ``SpawnRanks``
+    (0.5.22+), the way ``server_args`` publishes it."""
+    context = root / "sglang" / "srt" / "runtime_context.py"
+    return context.is_file() and "class SpawnRanks(" in context.read_text()
+
+
+def server_args(release: Release, settings: dict[str, Any]) -> Any:
+    """The release's ``ServerArgs`` over ``settings``, published for the scheduler."""
+    module = importlib.import_module("sglang.srt.server_args")
+    context = importlib.import_module(CONTEXT)
+    declared = set(module.ServerArgs.__struct_fields__)
+    wanted = dict(
+        settings,
+        model_path="dummy",  # SGLang's own word for no model to read (no HF config)
+        tokenizer_path=None,
+        # "auto" resolves against the built pool's device kind; a CPU tensor copy
+        disaggregation_decode_retraction_backup="cpu_tensor",
+    )
+    args = module.ServerArgs(**{k: v for k, v in wanted.items() if k in declared})
+    # a mamba cache's chunk is read from the model's HF config, which "dummy" has
+    # none of: seeded as SGLang's own test fixtures seed it, from its kernel's literal
+    args._mamba_cache_chunk_size = max(_fla_chunk_size(release.root), settings["page_size"])
+    context.publish(
+        args, role="scheduler", ranks=context.SpawnRanks(world_rank=0, dp_rank=None, gpu_id=0)
+    )
+    context.get_parallel().override_permanently(**{f"{g}_group": GROUP for g in GROUPS})
+    return args
+
+
+def _fla_chunk_size(root: Path) -> int:
+    """``CHUNK_SIZE`` of the release's FLA kernel (64 where the wheel has none,
+    as SGLang's own fallback says)."""
+    kernel = root / "sglang/kernels/ops/attention/fla/chunk_delta_h.py"
+    found = (
+        re.search(r"^CHUNK_SIZE = (\d+)", kernel.read_text(), re.M) if kernel.is_file() else None
+    )
+    return int(found[1]) if found else 64
+
+
+def fit_worker(worker: Any, release: Release, config: ShimConfig, args: Any) -> None:
+    """What the release reads of its worker and model runner beyond older releases."""
+    runner, tokens = worker.model_runner, config.pools.kv_tokens
+    capacities = (
+        "max_total_num_tokens",
+        "effective_max_total_num_tokens",
+        "logical_max_total_num_tokens",
+        "effective_logical_max_total_num_tokens",
+    )
+    vars(runner).update(
+        dict.fromkeys(capacities, tokens),
+        token_to_kv_pool_allocator=worker.pools.allocator,
+        token_to_kv_pool=SimpleNamespace(post_capture_active=False, size=tokens),
+        req_to_token_pool=worker.pools.req_to_token_pool,
+        memory_pool_config=SimpleNamespace(),
+        mtp_draft_device_pools=(),
+        mtp_draft_mamba_pools=(),
+        device="cpu",
+        model_config=worker.model_config,
+        max_running_requests=config.max_running_requests,
+        prefill_aware_swa=False,
+        prewarm_sampling=lambda: None,
+        ngram_embedding_manager=SimpleNamespace(prepare_for_forward=lambda b, **_: b),
+    )
+    worker.server_args, worker.dllm_algorithm = args, None
+    worker.ps = SimpleNamespace(attn_dcp_size=1, dcp_size=1, tp_size=1)
+    worker.weight_load_time = worker.graph_time_usage = worker.graph_memory_usage = 0.0
+    worker.init_attention_backends = worker.init_cuda_graphs = lambda: None
+    interleave = importlib.import_module("sglang.srt.mem_cache.allocator.page_interleave")
+    scope = {
+        **vars(importlib.import_module(CONTEXT)),
+        "page_interleave_shard_size": interleave.page_interleave_shard_size,
+        "logger": logging.getLogger("sglang.srt.managers.tp_worker"),
+    }
+    body = scheduler_host.release_function(
+        release.root, "sglang/srt/managers/tp_worker.py", "get_worker_info", scope
+    )
+    worker.get_worker_info = lambda: body(worker)
+
+
+def host_names(release: Release, config: ShimConfig) -> dict[str, Any]:
+    """Names the scheduler's modules import from stand-ins, answered as one rank."""
+    world = scheduler_host.release_function(
+        release.root,
+        "sglang/srt/layers/dp_attention.py",
+        "compute_dp_attention_world_info",
+        vars(importlib.import_module(CONTEXT)),
+    )
+    eplb = (release.root / "sglang/srt/eplb/expert_distribution.py").read_text()
+    windows = re.search(r"^EPLB_BALANCEDNESS_WINDOW_SIZES = (\(.*\))$", eplb, re.M)
+    return {
+        "compute_dp_attention_world_info": world,
+        "get_dp_tp_group": lambda: GROUP,
+        "EPLB_BALANCEDNESS_WINDOW_SIZES": tuple(int(n) for n in re.findall(r"\d+", windows[1])),
+    }
+
+
+def model_family(config: ShimConfig) -> None:
+    """The model family the cache builder reads (``configs.hybrid_arch`` is a
+    stand-in): a hybrid SSM model for a mamba run, a plain decoder otherwise."""
+    builder = importlib.import_module("sglang.srt.mem_cache.kv_cache_builder")
+    for name in FAMILIES:
+        setattr(builder, name, _answer(None))
+    if config.pools.mamba_slots is not None:
+        builder.hybrid_gdn_config = _answer(SimpleNamespace())
+
+
+def _answer(value: Any) -> Any:
+    return lambda *_, **__: value
