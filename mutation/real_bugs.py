@@ -25,9 +25,9 @@ the bug and on the release with the fix.
                                          (tests/mutation/test_real_bugs_live.py, make test)
      "decided_by": "engine",             what decides the verdicts: "engine", the engine's
                                          own code (SGLang's scheduler and caches as shipped,
-                                         vLLM's own scheduler), or "modelled", a kvwatch
-                                         stand-in for part of it (a scheduler shim): such a
-                                         row is kept, but does not count
+                                         vLLM's own scheduler), or "modelled", kvwatch
+                                         standing in for part of it (calls made by hand in
+                                         its order): such a row is kept, but does not count
      "result": {"buggy": {"exit": 1, "detector": "allocator", "evidence": "..."},
                 "fixed": {"exit": 0, "detector": null, "evidence": ""}},
                                          what the last `make real-bugs` measured (null:

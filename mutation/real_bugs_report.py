@@ -75,7 +75,10 @@ def _gated(row: BugRow) -> list[str]:
 
 DECIDED = {
     "engine": "the engine's own code: its scheduler and caches as released.",
-    "modelled": "a kvwatch stand-in for part of the engine (a scheduler shim): kept, not counted.",
+    "modelled": (
+        "kvwatch stands in for part of the engine (calls made by hand in the engine's"
+        " order rather than by its own scheduler): kept, not counted."
+    ),
 }
 
 

@@ -4,8 +4,9 @@ page audit failing on bugs planted in SGLang's own allocator and tree.
 ``kvwatch gate --engine sglang-cache --page-size P`` runs as a user runs it (a
 process per gate, the page sizes of one release and cache side by side) for
 the radix and the SWA cache on 0.5.13.post1, the newest release SGLang's own
-``Scheduler`` drives here and the first with an SWA cache, and on 0.5.23, the
-newest release (kvwatch's checkpoint shim); and for the radix cache on 0.5.9,
+``Scheduler`` drives here with ``ServerArgs`` and the first with an SWA cache,
+and on 0.5.23, the newest release (its own scheduler over ``runtime_context``);
+and for the radix cache on 0.5.9,
 whose paged allocator is the one in ``mem_cache/allocator.py``. Each exits 0.
 
 The plants run one ``pressure`` workload (eviction and retraction) at page

@@ -3,10 +3,10 @@
 ``kvwatch gate --engine sglang-cache --sglang-version V`` loads the
 scheduling and cache modules of SGLang release V unmodified from its PyPI
 wheel (downloaded at run time into a cache folder, never kept in this
-repository), with stand-ins for the GPU, model and server parts. For
-0.5.4.post3 .. 0.5.13.post1 it builds the release's own ``Scheduler`` and
-steps its own event loop; for 0.5.22+, whose scheduler is not built on a
-CPU host yet, a shim makes SGLang's scheduler's calls in its order. A probe
+repository), with stand-ins for the GPU, model and server parts, builds the
+release's own ``Scheduler`` and steps its own event loop (0.5.4.post3 ..
+0.5.13.post1 read ``ServerArgs``; 0.5.22+ read ``runtime_context``; 0.5.16 ..
+0.5.21 are refused, saying why). A probe
 reads SGLang's pools, tree and session slots into kvwatch's ``ProbeReport``
 after every step; kvwatch's recorder and detectors judge the run. The
 target itself is ``kvwatch.targets.sglang.cache_target``.
@@ -20,24 +20,18 @@ Modules, in the order data flows::
     wheel_fetch         pip download --no-deps sglang==V -> $KVWATCH_CACHE/sglang/V/src/sglang
     release_layout      roles -> module paths per layout; which modules are imported for real
     host_modules        stand-ins with behaviour: triton, sgl_kernel, platform, utils, ServerArgs
-    runtime_settings    sglang.srt.runtime_context (0.5.16+): the run's settings over defaults
-    draft_decode        EAGLE spec-v2 for the shim: spec_info, the decode dispatcher, drafts
     release_import      the import hook; Release, load(V, plan), release.active()
     scheduler_imports   PLAN: what the release's own Scheduler needs imported for real
-    scheduler_traits    what the release's scheduler does differently, read from its own files
+    runtime_host        0.5.22+: runtime_context published, one-rank groups, worker facts
     kv_pools            the release's req-to-token pool and KV / SWA / mamba allocators on CPU
-    tree_caches         the release's tree cache, built as its scheduler builds it (the shim)
-    shim_parts          ShimConfig, messages, Outcome, the drivers' shared bookkeeping
+    shim_parts          ShimConfig, Outcome, the driver's bookkeeping (ShimLoop)
     admission_watch     liveness: requests wait while nothing runs
     scheduler_host      the own scheduler's clock, sockets, tokenizer, config, ServerArgs
     stand_in_worker     the model worker the own scheduler builds: pools, next tokens
     scheduler_setup     the release's Scheduler, built by its own __init__ on CPU
     paced_loop          the release's event loop, one iteration per step
-    own_scheduler       OwnScheduler: the release's Scheduler as a driver (to 0.5.13.post1)
-    checkpoint_shim     CheckpointScheduler: the scheduler's calls for 0.5.22+
-    checkpoint_admission its admission: get_new_batch_prefill
-    checkpoint_results  its batches' results: tokens, drafts, releases, checkpoints
-    shim_choice         which driver steps a release (or Unsupported, with the reason)
+    own_scheduler       OwnScheduler: the release's Scheduler as the driver
+    shim_choice         how a release's scheduler is built (or Unsupported, with the reason)
     cache_views         read-only views of requests, session slots, tree nodes and locks
     pool_holders        who holds which unit of sglang.kv / sglang.swa / sglang.mamba
     pool_audit          orphans, double and free-and-held units, lock refs, tree counters

@@ -5,13 +5,13 @@
 
 Each (release, layout, seed) is one ``kvwatch gate --engine sglang-cache
 --sglang-version V --sglang-cache K --page-size P -c 2,4 --seed S`` process,
-as a user runs it (``../gate_hunt.py``): every profile the release's driver
-runs, at every concurrency, judged by every detector the gate composes for
-this target. A profile the release cannot run (``shim_choice.check``: the
-session profiles before 0.5.10rc0, ``priority`` under the shim, ``swa``
-before 0.5.13.post1) and a release nothing drives (0.5.16 to 0.5.21) are
-``unsupported`` rows with the target's reason, not findings. Each row says
-what decided it: SGLang's own ``Scheduler`` or kvwatch's checkpoint shim.
+as a user runs it (``../gate_hunt.py``): every profile the release runs, at
+every concurrency, judged by every detector the gate composes for this
+target. A profile the release cannot run (``shim_choice.check``: the session
+profiles before 0.5.10rc0, ``swa`` before 0.5.13.post1) and a release not
+built here (0.5.16 to 0.5.21) are ``unsupported`` rows with the target's
+reason, not findings. Each row says what decided it (SGLang's own
+``Scheduler``, from the target's console line).
 A finding a corpus row (``docs/real-bugs.json``) explains is labelled with
 its id: same profile, detector and pool, on a release before that row's fix.
 
@@ -69,7 +69,7 @@ LAYOUTS = (  # (cache, page size): mamba takes page size 1 only
     ("mamba", 1),
 )
 DRIVEN_BY = re.compile(r"^sglang \S+: driven by (.+)$", re.MULTILINE)
-WHO = {"its own Scheduler": "SGLang's own Scheduler", "kvwatch's checkpoint shim": "kvwatch shim"}
+WHO = {"its own Scheduler": "SGLang's own Scheduler"}
 
 
 def decided_by(console: str) -> str | None:
@@ -114,11 +114,10 @@ TITLE = "SGLang cache hunt"
 INTRO = (
     "Written by `make sglang-hunt` (`python -m kvwatch.targets.sglang.sglang_hunt`): one",
     "`kvwatch gate --engine sglang-cache --sglang-version V --sglang-cache K --page-size P",
-    "--seed S -c ...` per release, layout and seed, every profile the release's driver runs,",
-    "every detector the gate composes (`src/kvwatch/targets/README.md`, SGLang's caches).",
-    "'decided by' is what stepped the release: SGLang's own `Scheduler` (0.5.4.post3 ..",
-    "0.5.13.post1) or kvwatch's checkpoint shim (0.5.22+), whose verdicts prove nothing about",
-    "SGLang's scheduler. A finding labelled known is explained by that row of",
+    "--seed S -c ...` per release, layout and seed, every profile the release runs, every",
+    "detector the gate composes (`src/kvwatch/targets/README.md`, SGLang's caches).",
+    "'decided by' is what stepped the release: SGLang's own `Scheduler` on every release",
+    "driven (0.5.4.post3 .. 0.5.13.post1 and 0.5.22+). A finding labelled known is explained by that row of",
     "`docs/real-bugs.json`; a candidate's upstream search is written below the marker.",
 )
 
