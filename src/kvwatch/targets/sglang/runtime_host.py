@@ -56,6 +56,24 @@ FAMILIES = (
     *("hybrid_lightning_config", "linear_attn_model_spec"),
 )
 
+# modules whose answers a stub would give wrong or only by luck, pure Python and
+# imported as they ship (docs/sglang-stubs-audit.md says where each is read)
+REAL_ANSWERS = (
+    "sglang.srt.managers.min_free_slots_delayer",  # None: no delayer, not a stub one
+    "sglang.srt.dllm.config",
+    "sglang.srt.dllm.mixin.req",  # Req's base: dllm_config None, no stub attributes
+    "sglang.srt.hardware_backend.mlx.runtime",  # use_mlx(): SGLANG_USE_MLX unset
+    "sglang.srt.layers.attention.dsv4.unified_kv_gate",  # 0.5.23: is_unified_kv_triton
+    "sglang.kernels.ops.attention.dsv4.unified_kv_kernels.env_gate",  # 0.5.22: the same
+    "sglang.srt.constrained.grammar_manager",  # no grammar backend: nothing queued
+    "sglang.srt.configs.shared_experts",
+)
+# functions the scheduler's modules import from stubbed ones, compiled from the release
+CAPTURERS = (
+    ("sglang/srt/state_capturer/indexer_topk.py", "get_global_indexer_capturer"),
+    ("sglang/srt/state_capturer/routed_experts.py", "get_global_experts_capturer"),
+)
+
 PLAN = scheduler_imports.PLAN._replace(
     real=(
         *scheduler_imports.PLAN.real,
@@ -64,6 +82,7 @@ PLAN = scheduler_imports.PLAN._replace(
         "sglang.srt.environ",
         "sglang.srt.model_executor.cuda_graph_config",
         "sglang.srt.lora.lora_registry",
+        *REAL_ANSWERS,
     ),
     unfixed=(*scheduler_imports.PLAN.unfixed, CONTEXT),
     utils={
@@ -176,17 +195,34 @@ def host_names(release: Release, config: ShimConfig) -> dict[str, Any]:
         "compute_dp_attention_world_info": world,
         "get_dp_tp_group": lambda: GROUP,
         "EPLB_BALANCEDNESS_WINDOW_SIZES": tuple(int(n) for n in re.findall(r"\d+", windows[1])),
+    } | capturers(release)
+
+
+def capturers(release: Release) -> dict[str, Any]:
+    """The release's own state-capturer getters over its context (None: nothing
+    is captured), where a stub would hand back a capturer that is not None."""
+    scope = vars(importlib.import_module(CONTEXT))
+    return {
+        name: scheduler_host.release_function(release.root, path, name, scope)
+        for path, name in CAPTURERS
+        if (release.root / path).is_file()
     }
 
 
 def model_family(config: ShimConfig) -> None:
-    """The model family the cache builder reads (``configs.hybrid_arch`` is a
-    stand-in): a hybrid SSM model for a mamba run, a plain decoder otherwise."""
+    """The model family the cache builder reads (``configs.hybrid_arch`` and
+    ``configs.model_config`` are stand-ins): a hybrid SSM model for a mamba run,
+    a plain decoder otherwise, never a DeepSeek DSA one; and the builder's
+    tree-cache group is the one rank's (``get_dp_tp_group`` comes from a stub)."""
     builder = importlib.import_module("sglang.srt.mem_cache.kv_cache_builder")
     for name in FAMILIES:
         setattr(builder, name, _answer(None))
     if config.pools.mamba_slots is not None:
         builder.hybrid_gdn_config = _answer(SimpleNamespace())
+    builder.get_dp_tp_group = lambda: GROUP
+    # the scheduler imports it from the stub module inside a method
+    for module in (builder, importlib.import_module("sglang.srt.configs.model_config")):
+        module.is_deepseek_dsa = _answer(False)
 
 
 def _answer(value: Any) -> Any:

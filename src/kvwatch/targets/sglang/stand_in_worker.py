@@ -44,6 +44,8 @@ GROUP = SimpleNamespace(
     rank_in_group=0,
     ranks=[0],
     world_size=1,
+    first_rank=0,  # GroupCoordinator's ranks[0] and ranks[-1]: the grammar manager reads them
+    last_rank=0,
     is_first_rank=True,
     is_last_rank=True,
 )
