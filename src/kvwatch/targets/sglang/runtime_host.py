@@ -11,7 +11,8 @@ own ``runtime_context`` does that work here, unchanged:
 * ``PLAN``: ``scheduler_imports.PLAN`` with ``runtime_context``, the
   argument groups, ``environ`` and the two registries the bags read imported
   from the wheel (the caches-only stand-in of ``runtime_settings`` is left
-  out);
+  out), and ``REAL_ANSWERS``: modules a stub would answer wrong or only by
+  luck (docs/sglang-stubs-audit.md), pure Python, imported as they ship;
 * ``server_args``: the release's ``ServerArgs`` (a ``msgspec`` struct, its own
   ``__post_init__`` run) over the run's settings, published with the
   release's own ``publish(role="scheduler", ranks=SpawnRanks(...))``; the
@@ -22,8 +23,9 @@ own ``runtime_context`` does that work here, unchanged:
   embeddings), and that method body compiled over the release's bags;
 * ``host_names``: the names the scheduler's modules import from stubbed ones
   and call for data: the DP-attention world and TP group of one rank, the
-  model family (``uses_ssm_state`` true only for a mamba run), the expert
-  balance windows' literal;
+  model family (``uses_ssm_state`` true only for a mamba run, never a
+  DeepSeek DSA model), the expert balance windows' literal, the state
+  capturers' getters compiled from the release (``capturers``: None);
 * ``ENVIRONMENT``: the pure-Python tree core (``SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND``),
   since the Rust core is a compiled extension this host does not build.
 
