@@ -55,13 +55,10 @@ def test_the_release_files_choose_how_the_scheduler_is_built(tmp_path):
     _release_files(tmp_path / "a", "from sglang.srt.server_args import ServerArgs\n")
     assert shim_choice.plan_for(tmp_path / "a") is scheduler_imports.PLAN
     context = "from sglang.srt.runtime_context import get_server_args\n"
-    _release_files(tmp_path / "b", context)
-    spawn = "class SpawnRanks(msgspec.Struct, frozen=True):\n    world_rank: int\n"
-    (tmp_path / "b/sglang/srt/runtime_context.py").write_text(spawn)
+    _release_files(tmp_path / "b", context)  # 0.5.16+, however it publishes the context
     assert shim_choice.plan_for(tmp_path / "b") is runtime_host.PLAN
-    _release_files(tmp_path / "c", context)  # 0.5.16-0.5.21: published another way
-    (tmp_path / "c/sglang/srt/runtime_context.py").write_text("def set_context(args):\n")
-    with pytest.raises(shim_choice.Unsupported, match="without SpawnRanks"):
+    (tmp_path / "c/sglang/srt").mkdir(parents=True)  # no scheduler at all
+    with pytest.raises(shim_choice.Unsupported, match=r"no managers/scheduler\.py"):
         shim_choice.plan_for(tmp_path / "c")
 
 

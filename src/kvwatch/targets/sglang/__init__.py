@@ -5,8 +5,7 @@ scheduling and cache modules of SGLang release V unmodified from its PyPI
 wheel (downloaded at run time into a cache folder, never kept in this
 repository), with stand-ins for the GPU, model and server parts, builds the
 release's own ``Scheduler`` and steps its own event loop (0.5.4.post3 ..
-0.5.13.post1 read ``ServerArgs``; 0.5.22+ read ``runtime_context``; 0.5.16 ..
-0.5.21 are refused, saying why). A probe
+0.5.13.post1 read ``ServerArgs``; 0.5.16+ read ``runtime_context``). A probe
 reads SGLang's pools, tree and session slots into kvwatch's ``ProbeReport``
 after every step; kvwatch's recorder and detectors judge the run. The
 target itself is ``kvwatch.targets.sglang.cache_target``.
@@ -22,7 +21,7 @@ Modules, in the order data flows::
     host_modules        stand-ins with behaviour: triton, sgl_kernel, platform, utils, ServerArgs
     release_import      the import hook; Release, load(V, plan), release.active()
     scheduler_imports   PLAN: what the release's own Scheduler needs imported for real
-    runtime_host        0.5.22+: runtime_context published, one-rank groups, worker facts
+    runtime_host        0.5.16+: runtime_context published, one-rank groups, worker facts
     kv_pools            the release's req-to-token pool and KV / SWA / mamba allocators on CPU
     shim_parts          ShimConfig, Outcome, the driver's bookkeeping (ShimLoop)
     admission_watch     liveness: requests wait while nothing runs

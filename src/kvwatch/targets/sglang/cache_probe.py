@@ -108,8 +108,9 @@ class CacheProbe(StepProbe):
 
     def _locks(self) -> list[cache_views.Lock]:
         shim, cache = self.shim, self.shim.tree_cache
-        unified = cache_views.is_unified(cache)
-        holders = shim.live_requests() if unified else shim.running_requests()
+        live = shim.live_requests()
+        recorded = cache_views.is_unified(cache) and all(map(cache_views.records_locks, live))
+        holders = live if recorded else shim.running_requests()
         locks = [cache_views.lock_of(r, f"request {r.rid}", cache) for r in holders]
         slots = cache_views.session_records(cache).items()
         locks += [cache_views.lock_of(slot, f"session {sid}", cache) for sid, slot in slots]

@@ -2,9 +2,9 @@
 
 SGLang release V's own scheduler, cache, pool, request, session and batch
 classes, from its wheel, run in the gate's process on CPU
-(``kvwatch.targets.sglang``): the release's own ``Scheduler`` where it can
-be built here (0.5.4.post3 .. 0.5.13.post1), a scheduler shim where it
-cannot (0.5.22+; ``shim_choice`` says which and why); no server, no model,
+(``kvwatch.targets.sglang``): the release's own ``Scheduler``, built by its
+own ``__init__`` (0.5.4.post3 .. 0.5.23; ``shim_choice`` says how, and why
+not for a release it cannot build); no server, no model,
 no Locust. Its profiles are the workloads of ``cache_workloads``;
 ``--sglang-cache`` picks the model family whose cache is
 built (``radix``: full attention; ``mamba``: hybrid SSM; ``swa``: hybrid

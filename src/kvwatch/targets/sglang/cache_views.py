@@ -12,7 +12,8 @@ The audit (``pool_audit.py``) checks pools against holders; what a holder
 * tree nodes: ``TreeNode`` (``value``, ``mamba_value``, ``lock_ref`` or
   ``full_lock_ref`` / ``mamba_lock_ref``) or ``UnifiedTreeNode``
   (``component_data[ComponentType.X].value`` and ``.lock_ref``);
-* who locks a path: a request's ``last_node`` (before 0.5.22) or its
+* who locks a path: a request's ``last_node`` (before the unified tree), its
+  ``lock_receipt``'s node (the unified tree of 0.5.16 .. 0.5.21) or its
   ``TreeLock`` (``req.lock.node``, a node id; its receipt says which
   components it skipped), a session slot's likewise.
 
@@ -77,10 +78,20 @@ class Lock(NamedTuple):
     mamba: bool  # the anchor's mamba state is locked too
 
 
+COMPONENT_TYPES = (  # where a release defines ComponentType, newest first
+    "sglang.srt.mem_cache.unified_cache.component_type",  # 0.5.17+
+    "sglang.srt.mem_cache.unified_cache_components.tree_component",  # 0.5.16
+)
+
+
 def component_type(name: str) -> Any:
-    """The release's ``ComponentType`` member (while the release is active)."""
-    mod = importlib.import_module("sglang.srt.mem_cache.unified_cache.component_type")
-    return getattr(mod.ComponentType, name.upper())
+    """The release's ``ComponentType`` member (while the release is active), from the
+    first of its modules that is the wheel's own (a stand-in has no file)."""
+    for path in COMPONENT_TYPES:
+        module = importlib.import_module(path)
+        if getattr(module, "__file__", None):
+            return getattr(module.ComponentType, name.upper())
+    raise LookupError("the release defines no ComponentType")
 
 
 def _int(x: Any) -> int | None:
@@ -132,13 +143,26 @@ def kv(obj: Any, *, chunked: bool = False) -> KvView:
     )
 
 
+def core(cache: Any) -> Any:
+    """What keeps the tree's nodes and counters: the unified cache's ``tree_core``
+    (0.5.17+), else the cache itself (its own ``root_node``)."""
+    tree = inner(cache)
+    return getattr(tree, "tree_core", tree)
+
+
 def is_unified(cache: Any) -> bool:
-    return hasattr(inner(cache), "tree_core")
+    """A tree of ``UnifiedTreeNode``s (per-component data), in a ``tree_core`` or,
+    in 0.5.16, in the cache itself."""
+    return hasattr(core(cache).root_node, "component_data")
 
 
 def root(cache: Any) -> Any:
-    tree = inner(cache)
-    return tree.tree_core.root_node if is_unified(cache) else tree.root_node
+    return core(cache).root_node
+
+
+def _node(cache: Any, ref: Any) -> Any:
+    """A node named by id (a tree core's arena) or the node itself (0.5.16)."""
+    return ref if hasattr(ref, "children") else core(cache)._node_arena.get(ref)
 
 
 def _tensor(value: Any) -> Any:
@@ -208,17 +232,42 @@ def nodes(cache: Any, to_swa: Any = None) -> list[NodeView]:
     return out
 
 
+def records_locks(req: Any) -> bool:
+    """Whether a request records the lock it holds (a ``TreeLock`` from 0.5.22, a
+    receipt in 0.5.20 and 0.5.21), so a waiting request's record says it holds none;
+    before, a request's ``last_node`` is locked only while it runs."""
+    own = vars(req)  # the instance's own fields: a stand-in base answers any name
+    return "lock" in own or "lock_receipt" in own
+
+
 def lock_of(obj: Any, who: str, cache: Any) -> Lock | None:
-    """The lock a request or a session slot holds, if any."""
+    """The lock a request or a session slot holds, if any (a request of a release
+    that does not ``records_locks`` is asked only while it runs)."""
     if not is_unified(cache):
         node = getattr(obj, "last_node", None)
         held = node is not None and hasattr(node, "children")
         return Lock(who=who, node=node, mamba=True) if held else None
-    lock = getattr(obj, "lock", None)
-    if lock is None or not isinstance(lock.node, int):
-        return None
-    node = inner(cache).tree_core._node_arena.get(lock.node)
-    skipped = set(getattr(lock.receipt, "skipped_lock_components", ()))
+    own = getattr(obj, "__dict__", {})
+    if "lock" in own:  # 0.5.22+: a TreeLock while it holds one, else None
+        lock = obj.lock
+        if lock is None or not isinstance(lock.node, int):
+            return None
+        node = _node(cache, lock.node)
+        receipt = lock.receipt
+    elif "lock_receipt" in own:  # 0.5.20, 0.5.21: the receipt names the locked node
+        receipt = obj.lock_receipt
+        if not isinstance(getattr(receipt, "node_id", None), int):
+            return None
+        node = _node(cache, receipt.node_id)
+    else:  # 0.5.16 .. 0.5.19: last_node (a node or its id) while it runs
+        last = getattr(obj, "last_node", None)
+        if not isinstance(last, int) and not hasattr(last, "children"):
+            return None
+        node = _node(cache, last)
+        skipped_ids = getattr(obj, "skip_lock_node_ids", None) or {}  # 0.5.17+
+        mamba = getattr(node, "id", last) not in skipped_ids.get(component_type(MAMBA), ())
+        return Lock(who=who, node=node, mamba=mamba) if node is not None else None
+    skipped = set(getattr(receipt, "skipped_lock_components", ()))
     mamba = component_type(MAMBA) not in skipped
     return Lock(who=who, node=node, mamba=mamba) if node is not None else None
 
@@ -240,11 +289,11 @@ def size_counters(cache: Any) -> dict[str, int]:
     tree = inner(cache)
     if not is_unified(cache):
         return {key: getattr(tree, name) for name, key in LEGACY_COUNTERS if hasattr(tree, name)}
-    core = tree.tree_core
+    counters = core(cache)
     out = {}
-    for ct, evictable in core.component_evictable_size_.items():
+    for ct, evictable in counters.component_evictable_size_.items():
         out[f"{ct.name.lower()}.evictable"] = evictable
-        out[f"{ct.name.lower()}.protected"] = core.component_protected_size_[ct]
+        out[f"{ct.name.lower()}.protected"] = counters.component_protected_size_[ct]
     return out
 
 

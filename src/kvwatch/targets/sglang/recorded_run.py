@@ -6,7 +6,7 @@
     release.active(), SGLANG_INVARIANT_CHECK=2 (SGLang's own invariants raise),
                       SGLANG_REQ_WAITING_TIMEOUT (own scheduler)
       shim = shim_choice.make(release, workload.config())     fresh pools and cache:
-             SGLang's own Scheduler (0.5.4.post3 .. 0.5.13.post1) or a shim (0.5.22+)
+             SGLang's own Scheduler, stepped one event-loop iteration at a time
       probe = CacheProbe(shim); recorder = TurnRecorder(ShimSource(probe), watch=True)
       recorder.start()                       baseline probe, per-step audits on
       workload.start(shim)                   sessions opened, histories seeded

@@ -73,8 +73,10 @@ REAL = (
     "sglang.srt.mem_cache.utils",
     "sglang.srt.mem_cache.events",
     "sglang.srt.mem_cache.unified_cache",
-    # 0.5.13-0.5.20: the paged allocator's triton kernels (launches run kv_pools' stand-ins)
+    # the paged allocator's triton kernels (launches run kv_pools' stand-ins): 0.5.13 ..
+    # 0.5.19 in mem_cache, 0.5.20+ in sglang.kernels (0.5.22+ use them on CUDA only)
     "sglang.srt.mem_cache.triton_ops",
+    "sglang.kernels.ops.memory.allocator",
     "sglang.srt.mem_cache.unified_cache_components",
     "sglang.srt.mem_cache.unified_radix_cache",
     "sglang.srt.mem_cache.registry",

@@ -1,5 +1,5 @@
 """What the own scheduler needs beyond ``scheduler_setup`` on releases that read
-``sglang.srt.runtime_context`` (0.5.22+).
+``sglang.srt.runtime_context`` (0.5.16+).
 
 From 0.5.16 SGLang's scheduler reads its settings through
 ``runtime_context`` ("config bags": ``get_schedule().page_size``,
@@ -13,11 +13,14 @@ own ``runtime_context`` does that work here, unchanged:
   from the wheel (the caches-only stand-in of ``runtime_settings`` is left
   out), and ``REAL_ANSWERS``: modules a stub would answer wrong or only by
   luck (docs/sglang-stubs-audit.md), pure Python, imported as they ship;
-* ``server_args``: the release's ``ServerArgs`` (a ``msgspec`` struct, its own
-  ``__post_init__`` run) over the run's settings, published with the
-  release's own ``publish(role="scheduler", ranks=SpawnRanks(...))``; the
-  process groups the parallel bag would make with ``torch.distributed`` are
-  one-rank stand-ins (``override_permanently``);
+* ``server_args``: the release's ``ServerArgs`` over the run's settings (a
+  ``msgspec`` struct from 0.5.20, built by its own constructor; a dataclass
+  before, its declared defaults), made the process's configuration the way
+  the release's scheduler process does: ``publish(role="scheduler",
+  ranks=SpawnRanks(...))`` (0.5.22+), ``publish(role="scheduler")``
+  (0.5.20, 0.5.21) or ``set_global_server_args_for_scheduler`` (0.5.16 ..
+  0.5.19); the process groups and ranks the parallel context would read from
+  ``torch.distributed`` are one rank's (``_one_rank``);
 * ``fit_worker``: what the release's own ``get_worker_info`` and cache
   builder read of a model runner (capacities, no draft pools, no n-gram
   embeddings), and that method body compiled over the release's bags;
@@ -41,7 +44,7 @@ import logging
 import re
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, NamedTuple
 
 from kvwatch.targets.sglang import scheduler_host, scheduler_imports
 from kvwatch.targets.sglang.release_import import Release
@@ -50,6 +53,7 @@ from kvwatch.targets.sglang.stand_in_worker import GROUP
 
 RUNTIME_CONTEXT = "from sglang.srt.runtime_context import"  # 0.5.16+: in scheduler.py
 CONTEXT = "sglang.srt.runtime_context"
+HELD: list[Any] = []  # parallel overrides entered for the process (_one_rank)
 ENVIRONMENT = {"SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND": "python"}
 GROUPS = ("world", "tp", "pp", "attn_tp", "attn_cp", "moe_ep", "moe_dp", "moe_tp")
 # the model families kv_cache_builder asks about (configs.hybrid_arch is a stand-in)
@@ -103,18 +107,10 @@ def applies(root: Path) -> bool:
     return RUNTIME_CONTEXT in scheduler.read_text()
 
 
-def publishes(root: Path) -> bool:
-    """Whether the release's ``runtime_context`` is published with ``SpawnRanks``
-    (0.5.22+), the way ``server_args`` publishes it."""
-    context = root / "sglang" / "srt" / "runtime_context.py"
-    return context.is_file() and "class SpawnRanks(" in context.read_text()
-
-
 def server_args(release: Release, settings: dict[str, Any]) -> Any:
     """The release's ``ServerArgs`` over ``settings``, published for the scheduler."""
     module = importlib.import_module("sglang.srt.server_args")
     context = importlib.import_module(CONTEXT)
-    declared = set(module.ServerArgs.__struct_fields__)
     wanted = dict(
         settings,
         model_path="dummy",  # SGLang's own word for no model to read (no HF config)
@@ -122,15 +118,42 @@ def server_args(release: Release, settings: dict[str, Any]) -> Any:
         # "auto" resolves against the built pool's device kind; a CPU tensor copy
         disaggregation_decode_retraction_backup="cpu_tensor",
     )
-    args = module.ServerArgs(**{k: v for k, v in wanted.items() if k in declared})
+    if hasattr(module.ServerArgs, "__struct_fields__"):  # 0.5.20+: a msgspec struct
+        declared = set(module.ServerArgs.__struct_fields__)
+        args = module.ServerArgs(**{k: v for k, v in wanted.items() if k in declared})
+    else:  # 0.5.16 .. 0.5.19: the dataclass of older releases
+        args = scheduler_host.server_args(module.ServerArgs, **wanted)
     # a mamba cache's chunk is read from the model's HF config, which "dummy" has
     # none of: seeded as SGLang's own test fixtures seed it, from its kernel's literal
     args._mamba_cache_chunk_size = max(_fla_chunk_size(release.root), settings["page_size"])
-    context.publish(
-        args, role="scheduler", ranks=context.SpawnRanks(world_rank=0, dp_rank=None, gpu_id=0)
-    )
-    context.get_parallel().override_permanently(**{f"{g}_group": GROUP for g in GROUPS})
+    if hasattr(context, "SpawnRanks"):  # 0.5.22+
+        ranks = context.SpawnRanks(world_rank=0, dp_rank=None, gpu_id=0)
+        context.publish(args, role="scheduler", ranks=ranks)
+        context.get_parallel().override_permanently(**{f"{g}_group": GROUP for g in GROUPS})
+        return args
+    if hasattr(context, "publish"):  # 0.5.20, 0.5.21
+        context.publish(args, role="scheduler")
+    else:  # 0.5.16 .. 0.5.19
+        module.set_global_server_args_for_scheduler(args)
+    _one_rank(context)
     return args
+
+
+def _one_rank(context: Any) -> None:
+    """Every parallel field of a release without ``SpawnRanks`` answered as one
+    rank (sizes 1, ranks 0, no decode context parallelism, the one-rank group),
+    through the parallel context's own ``override``, held for the process."""
+    one = {}
+    for name in context._PARALLEL_FIELDS:
+        if name.endswith("_group"):
+            one[name] = GROUP
+        elif name.endswith("_size"):
+            one[name] = 1
+        else:  # *_rank, dcp_enabled
+            one[name] = 0 if name.endswith("_rank") else False
+    held = context.get_parallel().override(**one)
+    held.__enter__()
+    HELD.append(held)  # a dropped generator would exit and restore the old values
 
 
 def _fla_chunk_size(root: Path) -> int:
@@ -161,6 +184,7 @@ def fit_worker(worker: Any, release: Release, config: ShimConfig, args: Any) -> 
         mtp_draft_device_pools=(),
         mtp_draft_mamba_pools=(),
         device="cpu",
+        dcp_size=1,  # 0.5.17: no decode context parallelism
         model_config=worker.model_config,
         max_running_requests=config.max_running_requests,
         prefill_aware_swa=False,
@@ -191,13 +215,18 @@ def host_names(release: Release, config: ShimConfig) -> dict[str, Any]:
         "compute_dp_attention_world_info",
         vars(importlib.import_module(CONTEXT)),
     )
+    names = {"compute_dp_attention_world_info": world, "get_dp_tp_group": lambda: GROUP}
     eplb = (release.root / "sglang/srt/eplb/expert_distribution.py").read_text()
     windows = re.search(r"^EPLB_BALANCEDNESS_WINDOW_SIZES = (\(.*\))$", eplb, re.M)
-    return {
-        "compute_dp_attention_world_info": world,
-        "get_dp_tp_group": lambda: GROUP,
-        "EPLB_BALANCEDNESS_WINDOW_SIZES": tuple(int(n) for n in re.findall(r"\d+", windows[1])),
-    } | capturers(release)
+    if windows is not None:  # 0.5.20+: the metrics reporter imports it
+        names["EPLB_BALANCEDNESS_WINDOW_SIZES"] = tuple(map(int, re.findall(r"\d+", windows[1])))
+    common = "sglang/srt/utils/common.py"
+    if "\nclass Range(NamedTuple):" in (release.root / common).read_text():  # 0.5.16 .. 0.5.21
+        # Req.extend_range's type, a plain NamedTuple of the utils the host stands in for
+        names["Range"] = scheduler_host.release_function(
+            release.root, common, "Range", {"NamedTuple": NamedTuple}
+        )
+    return names | capturers(release)
 
 
 def capturers(release: Release) -> dict[str, Any]:

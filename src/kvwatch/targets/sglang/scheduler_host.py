@@ -173,7 +173,7 @@ def release_function(
     module imports, where the module itself is a stand-in)."""
     source = (root / relpath).read_text()
     for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.FunctionDef) and node.name == name:
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and node.name == name:
             scope: dict[str, Any] = dict(namespace or {})
             exec(textwrap.dedent(ast.get_source_segment(source, node)), scope)
             return scope[name]

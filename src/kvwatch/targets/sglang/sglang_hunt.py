@@ -9,8 +9,7 @@ as a user runs it (``../gate_hunt.py``): every profile the release runs, at
 every concurrency, judged by every detector the gate composes for this
 target. A profile the release cannot run (``shim_choice.check``: the session
 profiles before 0.5.10rc0, ``swa`` before 0.5.13.post1) and a release not
-built here (0.5.16 to 0.5.21) are ``unsupported`` rows with the target's
-reason, not findings. Each row says what decided it (SGLang's own
+built here are ``unsupported`` rows with the target's reason, not findings. Each row says what decided it (SGLang's own
 ``Scheduler``, from the target's console line).
 A finding a corpus row (``docs/real-bugs.json``) explains is labelled with
 its id: same profile, detector and pool, on a release before that row's fix.
@@ -43,8 +42,7 @@ ALL = (
     "0.5.11",
     "0.5.12",
     "0.5.13.post1",
-    "0.5.16",
-    "0.5.20",
+    *("0.5.16", "0.5.17", "0.5.18", "0.5.19", "0.5.20", "0.5.21"),
     "0.5.22",
     "0.5.23",
 )
@@ -56,6 +54,7 @@ DEFAULT = (  # the corpus's bug rows' releases and their fixes, and the newest
     "0.5.10.post1",
     "0.5.11",
     "0.5.13.post1",
+    "0.5.21",
     "0.5.22",
     "0.5.23",
 )
@@ -117,7 +116,7 @@ INTRO = (
     "--seed S -c ...` per release, layout and seed, every profile the release runs, every",
     "detector the gate composes (`src/kvwatch/targets/README.md`, SGLang's caches).",
     "'decided by' is what stepped the release: SGLang's own `Scheduler` on every release",
-    "driven (0.5.4.post3 .. 0.5.13.post1 and 0.5.22+). A finding labelled known is explained by that row of",
+    "driven (0.5.4.post3 .. 0.5.23). A finding labelled known is explained by that row of",
     "`docs/real-bugs.json`; a candidate's upstream search is written below the marker.",
 )
 

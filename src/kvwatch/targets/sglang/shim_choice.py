@@ -8,11 +8,9 @@ reads its settings:
 
 * from the ``ServerArgs`` dataclass (0.5.4.post3 .. 0.5.13.post1):
   ``scheduler_imports.PLAN``, the settings given to ``ServerArgs``;
-* from ``sglang.srt.runtime_context`` with the release's ``publish(...,
-  ranks=SpawnRanks(...))`` (0.5.22+): ``runtime_host.PLAN``, the settings
-  published through the release's own context;
-* 0.5.16 .. 0.5.21 read ``runtime_context`` but publish it another way,
-  which the host does not build: refused with the reason (``Unsupported``).
+* from ``sglang.srt.runtime_context`` (0.5.16+): ``runtime_host.PLAN``, the
+  settings made the process's configuration by the release's own code, the
+  way its scheduler process does (``runtime_host.server_args``).
 
 ``check`` refuses, with the reason, a run a release cannot make: an SWA
 cache before the release's registry and SWA pool base (0.5.13.post1),
@@ -41,16 +39,10 @@ class Unsupported(RuntimeError):
 def plan_for(root: Path) -> release_import.ImportPlan:
     """The imports the release extracted at ``root`` needs; ``Unsupported`` for a
     release whose scheduler the host does not build."""
-    if not runtime_host.applies(root):
-        return scheduler_imports.PLAN
-    if runtime_host.publishes(root):
-        return runtime_host.PLAN
-    raise Unsupported(
-        f"sglang at {root.parent.name}: its scheduler reads runtime_context, published "
-        "without SpawnRanks (the 0.5.16-0.5.21 way), which is not built on a CPU host "
-        "here; kvwatch drives 0.5.4.post3-0.5.13.post1 and 0.5.22+ with SGLang's own "
-        "scheduler"
-    )
+    scheduler = root / "sglang" / "srt" / "managers" / "scheduler.py"
+    if not scheduler.is_file():
+        raise Unsupported(f"sglang at {root.parent.name}: it has no managers/scheduler.py")
+    return runtime_host.PLAN if runtime_host.applies(root) else scheduler_imports.PLAN
 
 
 def load(version: str, cache: Path | None = None) -> Release:
