@@ -1,60 +1,103 @@
-"""Suspected SGLang bug (0.5.11 .. 0.5.23): on a hybrid SSM (mamba) cache, a streaming-session
+"""Suspected SGLang bug (0.5.22, 0.5.23): on a hybrid SSM (mamba) cache, a streaming-session
 turn aborted while it waits in the queue is committed to its session as if it had finished.
 
     .venv/bin/python docs/real-bugs/sglang_queued_abort_mamba.py [VERSION]   (default 0.5.23)
-    (VERSION: 0.5.22 or later, the releases kvwatch's checkpoint shim plays)
+    (VERSION: 0.5.22 or 0.5.23, the releases whose own scheduler kvwatch builds here)
 
-SGLang's own classes from the release's wheel, driven by hand in its scheduler's order:
+SGLang's own ``Scheduler`` from the release's wheel, built by its own ``__init__`` with
+its default settings and stepped one iteration of its event loop at a time
+(``shim_choice.make``). The script sends only what a tokenizer manager sends and reads
+the scheduler's state between iterations:
 
-1. turn t1 finishes: the session slot keeps its KV record and mamba slot;
-2. turn t2 is looked at once and not admitted: ``req.init_next_round_input(tree_cache)``
-   lends it the slot's record (``holds_mamba``);
-3. the client aborts t2 while queued: ``abort_request`` pops it and, because it holds a
-   mamba slot ("For mamba radix cache"), calls ``release_kv_cache(req, tree, checkpoint=False)``
-   -> ``StreamingSession.try_cache_finished_req``; the queued-abort path never set
-   ``req.finished_reason``, so the turn is taken for finished: ``Session.finish_req(t2)``.
+1. turn t1 of streaming session ``sess`` finishes: the session slot keeps its KV record
+   (and, on the mamba cache, its mamba slot);
+2. a plain request x (100 tokens, up to 60 out) runs and holds most of a 200-token KV
+   pool;
+3. turn t2 arrives: ``_get_new_batch_prefill_raw`` calls ``req.init_next_round_input``
+   (the match lends t2 the slot's record, ``holds_mamba`` on the mamba cache) and the
+   prefill adder turns it down for memory: t2 stays queued;
+4. the client aborts t2 while it waits: ``abort_request`` pops it and, because it holds
+   a mamba slot ("For mamba radix cache"), calls ``release_kv_cache(req, tree,
+   checkpoint=False)`` -> ``StreamingSession.try_cache_finished_req``; the queued-abort
+   path never set ``req.finished_reason``, so the turn is taken for finished:
+   ``Session.finish_req(t2)``;
+5. once x is done, turn t3 arrives.
 
-The next turn's prompt then carries t2's tokens. The same abort on a plain (radix) cache
-leaves the session at t1. Nothing leaks (no pool finding): the conversation is wrong.
-Prints both caches' outcome; exits 1 when the mamba case carries the aborted tokens.
+On the mamba cache t3's prompt carries the aborted t2's tokens; on a plain (radix) cache
+the same messages leave the session at t1. Nothing leaks (the probe finds nothing): the
+conversation is wrong. Prints both caches' outcome; exits 1 when the mamba case carries
+the aborted tokens, 0 when it does not.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 
 from kvwatch.targets.sglang import shim_choice
-from kvwatch.targets.sglang.release_import import load
+from kvwatch.targets.sglang.cache_probe import CacheProbe
 from kvwatch.targets.sglang.shim_parts import PoolConfig, ShimConfig
 
-T2 = list(range(200, 208))
+T1, T2, T3, X = (list(range(a, b)) for a, b in ((100, 110), (200, 208), (300, 304), (500, 600)))
 
 
-def scenario(release, cache: str) -> tuple[list[str], int]:
-    pools = PoolConfig(kv_tokens=512, req_slots=8, mamba_slots=16 if cache == "mamba" else None)
-    shim = shim_choice.make(release, ShimConfig(pools=pools, streaming=True))
-    shim.open_session("sess")
-    shim.submit("t1", list(range(100, 110)), 4, session_id="sess")
-    shim.run_until_idle()
-    t2 = shim.submit("t2", T2, 4, session_id="sess")
-    t2.init_next_round_input(shim.tree_cache)  # looked at once, not admitted
-    shim.abort("t2")
-    session = shim.sessions.get("sess")
-    t3 = shim.submit("t3", list(range(300, 304)), 4, session_id="sess")
-    return list(session.req_nodes), sum(1 for t in t3.origin_input_ids if t in T2)
+def config(cache: str) -> ShimConfig:
+    pools = PoolConfig(kv_tokens=200, req_slots=8, mamba_slots=16 if cache == "mamba" else None)
+    return ShimConfig(pools=pools, streaming=True)
+
+
+def contains(seq: list[int], part: list[int]) -> bool:
+    """Whether ``part`` occurs in ``seq`` as a contiguous run."""
+    return any(seq[i : i + len(part)] == part for i in range(len(seq) - len(part) + 1))
+
+
+def scenario(release, cache: str) -> bool:
+    """Whether the next turn's prompt carries the turn aborted while queued."""
+    driver = shim_choice.make(release, config(cache))
+    probe = CacheProbe(driver)
+    driver.open_session("sess")
+    driver.submit("t1", T1, 4, session_id="sess")
+    driver.run_until_idle()
+    driver.submit("x", X, 60)
+    driver.step()
+    t2 = driver.submit("t2", T2, 60, session_id="sess")
+    driver.step()
+    waiting = [r.rid for r in driver.waiting_queue]
+    print(
+        f"  step {driver.step_no}: waiting {waiting}, running "
+        f"{[r.rid for r in driver.running_requests()]}; t2 looked at and turned down: "
+        f"holds the slot's KV record = {t2.kv.holds_kv}, a mamba slot = {t2.kv.holds_mamba}"
+    )
+    driver.abort("t2")
+    driver.step()
+    session = driver.sessions.get("sess")
+    print(
+        f"  t2 {[o.status for o in driver.outcomes if o.rid == 't2']}; session.req_nodes = "
+        f"{list(session.req_nodes)}, in flight = {session._inflight}"
+    )
+    driver.run_until_idle()
+    t3 = driver.submit("t3", T3, 4, session_id="sess")
+    driver.step()
+    prompt = list(t3.origin_input_ids)
+    carried = contains(prompt, T2)
+    print(f"  t3's prompt ({len(prompt)} tokens) carries the aborted t2's tokens: {carried}")
+    driver.run_until_idle()
+    findings = [f.detail[:160] for f in probe.report().findings]
+    own = driver.own_reports() or "nothing reported"
+    print(f"  probe: {findings or 'no finding'}; SGLang's own idle memory check: {own}")
+    driver.close()
+    return carried
 
 
 def main() -> int:
     version = sys.argv[1] if len(sys.argv) > 1 else "0.5.23"
-    release = load(version)
+    release = shim_choice.load(version)
     carried = {}
     with release.active():
         for cache in ("radix", "mamba"):
-            nodes, carried[cache] = scenario(release, cache)
-            print(
-                f"sglang {version} cache={cache}: session.req_nodes after the queued abort = "
-                f"{nodes}; the next turn's prompt carries {carried[cache]} of t2's {len(T2)} tokens"
-            )
+            os.environ.update(shim_choice.environment(release, config(cache)))
+            print(f"sglang {version} cache={cache}:")
+            carried[cache] = scenario(release, cache)
     return 1 if carried["mamba"] else 0
 
 
