@@ -39,7 +39,7 @@ from kvwatch.targets.sglang.recorded_run import record_run
 pytestmark = pytest.mark.e2e
 OWN, NEWEST, OLD_ALLOCATOR = "0.5.13.post1", "0.5.23", "0.5.9"
 PAGE = 4
-# docs/real-bugs.json sglang-admission-stall-empty-batch: 0.5.10rc0 .. 0.5.13.post1 stop
+# docs/real-bugs.json sglang-admission-stall-empty-batch: 0.5.10rc0 .. 0.5.21 stop
 # admitting on this profile at every page size (fixed in 0.5.22)
 STALLS = "session-pressure"
 
