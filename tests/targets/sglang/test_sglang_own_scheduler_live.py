@@ -18,10 +18,11 @@ import collections
 
 import pytest
 from packaging.version import Version
+from sglang_drive import drive, load
 
 from kvwatch.contracts import FindingKind
-from kvwatch.targets.sglang import scheduler_workloads, shim_choice, wheel_fetch
-from kvwatch.targets.sglang.recorded_run import STRICT_INVARIANTS, environment, record_run
+from kvwatch.targets.sglang import scheduler_workloads
+from kvwatch.targets.sglang.recorded_run import record_run
 from kvwatch.targets.sglang.shim_parts import (
     ABORTED,
     ABORTED_IN_QUEUE,
@@ -37,25 +38,7 @@ STALL_FIXED = "0.5.22"  # docs/real-bugs.json sglang-admission-stall-empty-batch
 
 @pytest.fixture(scope="module", params=VERSIONS)
 def release(request):
-    try:
-        return shim_choice.load(request.param)
-    except wheel_fetch.Unavailable as exc:
-        pytest.skip(f"cannot download sglang {request.param}'s wheel (is PyPI reachable?): {exc}")
-
-
-def drive(release, workload, turns=1):
-    """``workload`` for ``turns`` turns on the release's own scheduler; its driver."""
-    config = workload.config()
-    values = {**STRICT_INVARIANTS, **shim_choice.environment(release, config)}
-    with release.active(), environment(values):
-        driver = shim_choice.make(release, config, seed=workload.seed)
-        try:
-            workload.start(driver)
-            for t in range(turns):
-                workload.turn(driver, t)
-        finally:
-            driver.close()
-    return driver
+    return load(request.param)
 
 
 def test_the_driver_is_the_release_scheduler_one_iteration_a_step(release):
@@ -110,20 +93,14 @@ def test_a_scheduler_that_stops_admitting_is_reported_and_the_run_ends(release):
 def test_sglangs_own_idle_check_runs_and_sees_a_planted_leak(release):
     """SGLang's memory check at idle runs as shipped: silent after a clean load, and
     it reports three KV tokens taken from the allocator behind the scheduler's back."""
-    workload = scheduler_workloads.AbortStages(c=2, seed=0)
-    config = workload.config()
-    values = {**STRICT_INVARIANTS, **shim_choice.environment(release, config)}
-    with release.active(), environment(values):
-        driver = shim_choice.make(release, config, seed=workload.seed)
-        try:
-            workload.start(driver)
-            workload.turn(driver, 0)
-            driver.step()  # idle: the check runs
-            clean = driver.own_reports()
-            driver.sched.token_to_kv_pool_allocator.alloc(3)
-            driver.step()
-            leaked = driver.own_reports()
-        finally:
-            driver.close()
+
+    def plant(driver):
+        driver.step()  # idle: the check runs
+        clean = driver.own_reports()
+        driver.sched.token_to_kv_pool_allocator.alloc(3)
+        driver.step()
+        return clean, driver.own_reports()
+
+    clean, leaked = drive(release, scheduler_workloads.AbortStages(c=2, seed=0), then=plant)
     assert clean == [], clean
     assert leaked and "leak" in leaked[0].lower(), leaked

@@ -16,9 +16,9 @@ from __future__ import annotations
 import importlib
 
 import pytest
+from sglang_drive import drive, load
 
-from kvwatch.targets.sglang import scheduler_workloads, shim_choice, wheel_fetch
-from kvwatch.targets.sglang.recorded_run import STRICT_INVARIANTS, environment
+from kvwatch.targets.sglang import scheduler_workloads
 from kvwatch.targets.stand_ins import Stub
 
 pytestmark = pytest.mark.e2e
@@ -33,38 +33,26 @@ GATES = {  # where each release keeps is_unified_kv_triton
 
 @pytest.fixture(scope="module", params=VERSIONS)
 def release(request):
-    try:
-        return shim_choice.load(request.param)
-    except wheel_fetch.Unavailable as exc:
-        pytest.skip(f"cannot download sglang {request.param}'s wheel (is PyPI reachable?): {exc}")
+    return load(request.param)
 
 
 @pytest.fixture(scope="module")
 def built(release):
     """The release's scheduler after one turn of the abort-stages profile, and
     what its modules answer (read while the release is active)."""
-    workload = scheduler_workloads.AbortStages(c=2, seed=0, cache="radix")
-    config = workload.config()
-    values = {**STRICT_INVARIANTS, **shim_choice.environment(release, config)}
-    with release.active(), environment(values):
-        driver = shim_choice.make(release, config, seed=workload.seed)
-        try:
-            workload.start(driver)
-            workload.turn(driver, 0)
-            results = importlib.import_module(f"{COMPONENTS}.batch_result_processor")
-            answers = {
-                "indexer": results.get_global_indexer_capturer(),
-                "experts": results.get_global_experts_capturer(),
-                "mlx": importlib.import_module("sglang.srt.managers.scheduler").use_mlx(),
-                "req": importlib.import_module("sglang.srt.managers.schedule_batch").Req,
-                "dsa": importlib.import_module(MODEL_CONFIG).is_deepseek_dsa(None),
-                "unified_kv": importlib.import_module(
-                    GATES[release.version]
-                ).is_unified_kv_triton(),
-            }
-        finally:
-            driver.close()
-    return driver.sched, answers
+
+    def answers(driver):
+        results = importlib.import_module(f"{COMPONENTS}.batch_result_processor")
+        return driver.sched, {
+            "indexer": results.get_global_indexer_capturer(),
+            "experts": results.get_global_experts_capturer(),
+            "mlx": importlib.import_module("sglang.srt.managers.scheduler").use_mlx(),
+            "req": importlib.import_module("sglang.srt.managers.schedule_batch").Req,
+            "dsa": importlib.import_module(MODEL_CONFIG).is_deepseek_dsa(None),
+            "unified_kv": importlib.import_module(GATES[release.version]).is_unified_kv_triton(),
+        }
+
+    return drive(release, scheduler_workloads.AbortStages(c=2, seed=0, cache="radix"), then=answers)
 
 
 def stubbed(cls: type) -> list[str]:
