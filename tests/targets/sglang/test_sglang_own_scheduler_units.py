@@ -63,6 +63,14 @@ def test_the_release_files_choose_how_the_scheduler_is_built(tmp_path):
 
 
 # -- the host's side --------------------------------------------------------------------------
+def test_a_release_literal_is_read_from_its_file_or_is_none(tmp_path):
+    (tmp_path / "m.py").write_text("CHUNK_SIZE = 64\nWINDOWS = (10, 100)\nOTHER = f(1)\n")
+    assert scheduler_host.release_literal(tmp_path, "m.py", "CHUNK_SIZE") == 64
+    assert scheduler_host.release_literal(tmp_path, "m.py", "WINDOWS") == (10, 100)
+    assert scheduler_host.release_literal(tmp_path, "m.py", "MISSING") is None
+    assert scheduler_host.release_literal(tmp_path, "absent.py", "CHUNK_SIZE") is None
+
+
 def test_the_clock_is_virtual_and_the_sockets_are_queues():
     clock = scheduler_host.Clock(start=10.0)
     module = clock.module()

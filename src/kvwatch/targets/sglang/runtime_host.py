@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import importlib
 import logging
-import re
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, NamedTuple
@@ -159,11 +158,8 @@ def _one_rank(context: Any) -> None:
 def _fla_chunk_size(root: Path) -> int:
     """``CHUNK_SIZE`` of the release's FLA kernel (64 where the wheel has none,
     as SGLang's own fallback says)."""
-    kernel = root / "sglang/kernels/ops/attention/fla/chunk_delta_h.py"
-    found = (
-        re.search(r"^CHUNK_SIZE = (\d+)", kernel.read_text(), re.M) if kernel.is_file() else None
-    )
-    return int(found[1]) if found else 64
+    kernel = "sglang/kernels/ops/attention/fla/chunk_delta_h.py"
+    return scheduler_host.release_literal(root, kernel, "CHUNK_SIZE") or 64
 
 
 def fit_worker(worker: Any, release: Release, config: ShimConfig, args: Any) -> None:
@@ -216,10 +212,10 @@ def host_names(release: Release, config: ShimConfig) -> dict[str, Any]:
         vars(importlib.import_module(CONTEXT)),
     )
     names = {"compute_dp_attention_world_info": world, "get_dp_tp_group": lambda: GROUP}
-    eplb = (release.root / "sglang/srt/eplb/expert_distribution.py").read_text()
-    windows = re.search(r"^EPLB_BALANCEDNESS_WINDOW_SIZES = (\(.*\))$", eplb, re.M)
+    eplb = "sglang/srt/eplb/expert_distribution.py"
+    windows = scheduler_host.release_literal(release.root, eplb, "EPLB_BALANCEDNESS_WINDOW_SIZES")
     if windows is not None:  # 0.5.20+: the metrics reporter imports it
-        names["EPLB_BALANCEDNESS_WINDOW_SIZES"] = tuple(map(int, re.findall(r"\d+", windows[1])))
+        names["EPLB_BALANCEDNESS_WINDOW_SIZES"] = windows
     common = "sglang/srt/utils/common.py"
     if "\nclass Range(NamedTuple):" in (release.root / common).read_text():  # 0.5.16 .. 0.5.21
         # Req.extend_range's type, a plain NamedTuple of the utils the host stands in for

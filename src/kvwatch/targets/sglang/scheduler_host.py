@@ -165,6 +165,19 @@ def server_args(cls: type, **settings: Any) -> Any:
     return obj
 
 
+def release_literal(root: Path, relpath: str, name: str) -> Any:
+    """The literal a module-level ``name = ...`` of the release's file ``relpath``
+    binds (``CHUNK_SIZE = 64``), or None when the file or the assignment is not there."""
+    path = root / relpath
+    if not path.is_file():
+        return None
+    for node in ast.parse(path.read_text()).body:
+        targets = [getattr(t, "id", None) for t in getattr(node, "targets", ())]
+        if isinstance(node, ast.Assign) and targets == [name]:
+            return ast.literal_eval(node.value)
+    return None
+
+
 def release_function(
     root: Path, relpath: str, name: str, namespace: dict[str, Any] | None = None
 ) -> Callable:

@@ -96,8 +96,8 @@ def _server_args(release: Release, config: ShimConfig) -> Any:
     object.__setattr__(args, "get_model_config", lambda *a, **k: model)
     if "FLA_CHUNK_SIZE" in vars(module) and not isinstance(module.FLA_CHUNK_SIZE, int):
         # imported from a stubbed kernel module (0.5.11+): the wheel's own literal
-        fla = release.root / "sglang/srt/layers/attention/fla/chunk_delta_h.py"
-        module.FLA_CHUNK_SIZE = int(re.search(r"^CHUNK_SIZE = (\d+)", fla.read_text(), re.M)[1])
+        fla = "sglang/srt/layers/attention/fla/chunk_delta_h.py"
+        module.FLA_CHUNK_SIZE = scheduler_host.release_literal(release.root, fla, "CHUNK_SIZE")
     module.set_global_server_args_for_scheduler(args)
     return args
 
