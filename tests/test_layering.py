@@ -204,6 +204,35 @@ def test_the_gate_process_never_loads_gevent_or_locust():
     assert out.stdout.strip() == "", f"the gate imported {out.stdout.strip()}"
 
 
+# what starts Locust: the run and soak loops (imported by the targets that run the
+# load, and the gate) and the Locust user classes (loaded by Locust itself)
+LOCUST_RUNNERS = ("kvwatch.harness.locust_run", "kvwatch.harness.soak_load", "kvwatch.loadtests")
+
+
+def loaded_by(module: str) -> list[str]:
+    """What importing ``module`` in a fresh interpreter loads of Locust, gevent, and
+    kvwatch's own modules that run Locust."""
+    code = (
+        f"import sys, {module}\n"
+        "names = [m for m in sys.modules if m.split('.')[0] in ('gevent', 'locust')\n"
+        f"         or m.startswith({LOCUST_RUNNERS!r})]\n"
+        "print(','.join(sorted(names)))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return [name for name in out.stdout.strip().split(",") if name]
+
+
+def test_the_target_seam_loads_nothing_that_runs_locust():
+    """``harness/target.py`` is what the gate and every target share: it names plain
+    records (``specs.py``) and loads no code that starts Locust, so nothing imports
+    in a circle through it."""
+    assert loaded_by("kvwatch.harness.target") == []
+
+
+def test_loaded_by_sees_the_code_that_runs_locust():
+    assert "kvwatch.harness.locust_run" in loaded_by("kvwatch.harness.soak_load")
+
+
 def test_the_gate_checks_its_flags_without_loading_torch_or_scipy():
     """Parsing ``--inject`` needs the fault registry, not the engine: a usage error
     answers in well under a second instead of after torch loads."""

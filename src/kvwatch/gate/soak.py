@@ -3,7 +3,7 @@
     target.serving(target.soak_profile(PROFILES))   kvwatch: its server, with --inject faults
         served.soak(SoakSpec)                       the load and its probes
                                                     (harness/soak_load.py) -> RunRecord
-    detector_set(soak_load.SIGNALS) judges it -> OUT/summary.json, soak/usage.csv, --junit
+    detector_set(SOAK_SIGNALS) judges it -> OUT/summary.json, soak/usage.csv, --junit
 
 It is the gate over a time-indexed record: one ``RunRecord`` (with ``soak``
 timing and the users' request counts), judged by ``allocator`` (findings,
@@ -29,15 +29,15 @@ from kvwatch.gate.judge import judge
 from kvwatch.gate.junit import write_junit
 from kvwatch.gate.soak_report import soak_section, table, write_episodes, write_series
 from kvwatch.gate.summary import GateSummary, summarize, write_summary
-from kvwatch.harness import outputs, soak_load
+from kvwatch.harness import outputs
 from kvwatch.harness.profiles import SOAK_PROFILES
 from kvwatch.harness.progress import Progress
 from kvwatch.harness.run_record import Counts, RunRecord
-from kvwatch.harness.soak_load import SoakSpec
+from kvwatch.harness.specs import SOAK_SIGNALS, SoakSpec
 from kvwatch.harness.target import Target
 from kvwatch.processes import ServerError
 
-DETECTORS = detector_set(soak_load.SIGNALS)
+DETECTORS = detector_set(SOAK_SIGNALS)
 MIN_SOAK_S, MAX_SOAK_S = 5.0, 7 * 24 * 3600.0
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*([smh]?)")
 _UNITS = {"": 1, "s": 1, "m": 60, "h": 3600}

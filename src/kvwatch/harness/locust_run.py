@@ -23,16 +23,13 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from kvwatch.harness.plan import RunPlan
 from kvwatch.harness.progress import Progress, turn_line
 from kvwatch.harness.run_record import RunRecord
+from kvwatch.harness.specs import RunSpec
 from kvwatch.harness.time_spent import TimeSpent, load_phases
 from kvwatch.processes import free_port, stop
-
-if TYPE_CHECKING:
-    from kvwatch.harness.target import RunSpec
 
 # found without importing it: importing Locust's user classes pulls gevent in
 LOCUSTFILE = Path(importlib.util.find_spec("kvwatch.loadtests").origin).parent / "locustfile.py"

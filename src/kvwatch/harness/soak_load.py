@@ -9,9 +9,10 @@
     TurnRecorder.finish: no request live -> flush the cache -> drained probe
 
 A target that can soak (``Served.soak``) runs this against the server it
-started; the gate's ``soak.py`` judges the record. What a soak's record
-carries is ``SIGNALS``: probes (with the slot table and every registry's
-size) and the users' request counts; no heap samples, replays or gauges.
+started; the gate's ``soak.py`` judges the record. What a soak is asked
+(``SoakSpec``) and what its record carries (``SOAK_SIGNALS``: probes, with
+the slot table and every registry's size, and the users' request counts; no
+heap samples, replays or gauges) are plain records in ``specs.py``.
 """
 
 from __future__ import annotations
@@ -19,9 +20,6 @@ from __future__ import annotations
 import json
 import subprocess
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Protocol
 
 import requests
@@ -29,27 +27,10 @@ import requests
 from kvwatch.harness.locust_run import locust_commands
 from kvwatch.harness.plan import ProbeSpec, RunPlan
 from kvwatch.harness.recorder import RecorderOptions, TurnRecorder
-from kvwatch.harness.run_record import Counts, RunRecord, Signal, Soak
+from kvwatch.harness.run_record import Counts, RunRecord, Soak
 from kvwatch.harness.sources import HttpSource
+from kvwatch.harness.specs import SoakSpec
 from kvwatch.processes import stop
-
-SIGNALS = frozenset({Signal.PROBES, Signal.SLOTS, Signal.REGISTRIES, Signal.REQUESTS})
-
-
-@dataclass(frozen=True, kw_only=True)
-class SoakSpec:
-    """One soak the gate asks of a served target."""
-
-    duration: float  # seconds of load
-    concurrency: int  # Locust users
-    where: Path  # OUT/soak: the plan, Locust's files, its log
-    seed: int = 0
-    episode_turns: int = 6  # turns before a user closes its conversations and starts anew
-    interval: float = 1.0  # seconds between probes
-    warmup_s: float = 0.0  # left out of the usage trend
-    stop_timeout: float = 60.0  # each user finishes its turn and closes its sessions
-    drain_timeout: float = 120.0
-    progress: Callable[[str], None] = print  # a line now and then while it runs
 
 
 class SoakServer(Protocol):

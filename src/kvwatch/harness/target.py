@@ -4,7 +4,7 @@ A ``Target`` is everything the gate needs from the thing under test. The
 gate defines it and never imports an implementation: those live in
 ``kvwatch.targets`` (kvwatch's engine, a black-box server, vLLM, ...), the
 flags of ``kvwatch gate`` pick one, once (``targets/select.py``), and the
-gate loop (``pipeline.py``) knows nothing else about it::
+gate loop (``gate/pipeline.py``) knows nothing else about it::
 
     with target.started(progress):                   what every profile shares (vLLM)
         for profile in target.selected(names):
@@ -15,9 +15,13 @@ gate loop (``pipeline.py``) knows nothing else about it::
 
 ``signals`` say what the target's records carry (probes, heap samples,
 replays, gauges, ...); which detectors judge it follows from them in one
-place (``gate.detectors.detector_set``). A target that cannot start raises
-``ServerError`` from ``started`` or ``serving``: the runs it would have
+place (``gate.verdicts.detectors.detector_set``). A target that cannot start
+raises ``ServerError`` from ``started`` or ``serving``: the runs it would have
 served are broken (exit 3), never passed.
+
+The seam loads nothing that runs Locust: what a run and a soak are asked to
+do are plain records (``specs.py``); the code that starts Locust
+(``locust_run.py``, ``soak_load.py``) is imported by the targets that run it.
 """
 
 from __future__ import annotations
@@ -25,13 +29,14 @@ from __future__ import annotations
 import contextlib
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, ClassVar, Protocol
+from typing import ClassVar, Protocol
 
 from kvwatch.harness.progress import Progress
 from kvwatch.harness.run_record import RunRecord, Signal
-from kvwatch.harness.soak_load import SoakSpec
+from kvwatch.harness.specs import RunSpec, SoakSpec
+
+# the seam: what a target implements and what the gate hands it
+__all__ = ["Profile", "RunSpec", "Served", "SoakSpec", "Target"]
 
 
 class Profile(Protocol):
@@ -40,21 +45,6 @@ class Profile(Protocol):
 
     name: str
     turns: int
-
-
-@dataclass(frozen=True, kw_only=True)
-class RunSpec:
-    """One run the gate asks of a served target."""
-
-    profile: Any  # one of the target's profiles
-    concurrency: int
-    turns: int
-    warmup: int
-    seed: int
-    where: Path  # the run's folder: OUT/runs/PROFILE-cN
-    progress: Progress
-    locust_workers: int = 0
-    run_timeout: float = 600.0
 
 
 class Served(ABC):
@@ -72,7 +62,7 @@ class Served(ABC):
 
     def soak(self, spec: SoakSpec) -> RunRecord:
         """Free-running load for ``spec.duration``, probed while it runs, then
-        drained (``kvwatch gate --soak``): a record carrying ``soak_load.SIGNALS``.
+        drained (``kvwatch gate --soak``): a record carrying ``specs.SOAK_SIGNALS``.
         Only a target whose ``soak_profile`` serves one is asked."""
         raise NotImplementedError(f"{type(self).__name__} does not soak")
 
