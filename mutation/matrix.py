@@ -36,7 +36,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import NamedTuple
 
-from kvwatch.gate.detectors import IDS
+from kvwatch.gate.verdicts.detectors import IDS
 from kvwatch.harness.profiles import CATCHES, PROFILES
 
 CONCURRENCY = (1, 2, 4, 8)

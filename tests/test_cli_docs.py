@@ -106,7 +106,7 @@ def test_the_parser_walk_sees_nested_subcommands():
 
 
 def test_the_readme_counts_and_lists_the_detectors_the_gate_runs():
-    from kvwatch.gate.detectors import IDS
+    from kvwatch.gate.verdicts.detectors import IDS
 
     text = (ROOT / "README.md").read_text()
     line = next(x for x in text.splitlines() if "leak detectors:" in x)

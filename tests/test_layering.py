@@ -100,7 +100,7 @@ def test_telemetry_and_the_gate_only_listen_to_the_engine():
     folders = ("instrumentation", "harness", "gate")
     for path, names in {k: v for f in folders for k, v in imports_of(f).items()}.items():
         engine = {n for n in names if n.startswith("kvwatch.engine")}
-        if path.startswith("gate/detectors/"):
+        if path.startswith("gate/verdicts/detectors/"):
             assert not engine, f"{path} imports {sorted(engine)}: detectors read probe JSON"
         elif Path(path).name in LISTENERS and Path(path).parent.name == "instrumentation":
             allowed = {"kvwatch.engine", "kvwatch.engine.events", "kvwatch.engine.probe"}
@@ -288,7 +288,7 @@ LAYERS = {
 
 
 def part_of(module: str) -> str | None:
-    """The part of the package ``module`` belongs to (``kvwatch.gate.judge``: ``gate``,
+    """The part of the package ``module`` belongs to (``kvwatch.gate.verdicts.judge``: ``gate``,
     ``kvwatch``: ``__init__``), None outside the package."""
     parts = module.split(".")
     if parts[0] != "kvwatch":
@@ -338,13 +338,13 @@ def test_a_planted_upward_import_is_seen(tmp_path):
         (tmp_path / part).mkdir()
     (tmp_path / "harness" / "x.py").write_text(
         "from typing import TYPE_CHECKING\n"
-        "from kvwatch.gate.judge import judge\n"  # the harness reaching up to the verdicts
+        "from kvwatch.gate.verdicts.judge import judge\n"  # the harness reaching up to the verdicts
         "if TYPE_CHECKING:\n    from kvwatch.targets.select import choose\n"
     )
     (tmp_path / "gate" / "y.py").write_text("from kvwatch.harness.plan import RunPlan\n")
     (tmp_path / "targets" / "z.py").write_text("import kvwatch.loadtests.agents\n")
     assert upward_imports(tmp_path) == [
-        "harness/x.py imports kvwatch.gate.judge (layer 6 from 4)",
+        "harness/x.py imports kvwatch.gate.verdicts.judge (layer 6 from 4)",
         "targets/z.py imports kvwatch.loadtests.agents (layer 5 from 5)",
     ]
 

@@ -11,7 +11,7 @@ import re
 
 from paths import REPO
 
-from kvwatch.gate.detectors import IDS
+from kvwatch.gate.verdicts.detectors import IDS
 from kvwatch.harness.profiles import PROFILES
 from kvwatch.instrumentation import names as n
 

@@ -20,7 +20,7 @@ import httpx
 from inprocserver import serving
 
 from kvwatch.engine import events, scheduler
-from kvwatch.gate.detectors import counter_truth, gauge_trend
+from kvwatch.gate.verdicts.detectors import counter_truth, gauge_trend
 from kvwatch.harness.plan import PRESETS
 from kvwatch.harness.run_record import RunRecord
 from kvwatch.harness.sources import HttpSource

@@ -8,7 +8,7 @@ import pytest
 from probes import make_finding, make_probe
 
 from kvwatch.contracts import FindingKind, ProbeReport
-from kvwatch.gate.detectors import (
+from kvwatch.gate.verdicts.detectors import (
     DETECTORS,
     FAIL,
     PASS,
@@ -18,8 +18,8 @@ from kvwatch.gate.detectors import (
     RunRecord,
     Turn,
 )
-from kvwatch.gate.detectors.stats import first_rise, trend
-from kvwatch.gate.detectors.verdict import not_back
+from kvwatch.gate.verdicts.detectors.stats import first_rise, trend
+from kvwatch.gate.verdicts.detectors.verdict import not_back
 from kvwatch.harness.run_record import Counts
 
 
@@ -368,6 +368,6 @@ def test_a_failure_tells_how_it_grew_first_turn_last_turn_after_the_drain():
     assert v.failed and v.first_turn == 0
     assert v.story == "full.kv leaked pages 1 -> 10 over turns 0-5, 10 after the drain"
     assert v.as_dict()["story"] == v.story
-    from kvwatch.gate.detectors.verdict import Verdict as V
+    from kvwatch.gate.verdicts.detectors.verdict import Verdict as V
 
     assert V.from_json("allocator", v.as_dict()).story == v.story

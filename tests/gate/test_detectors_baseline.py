@@ -14,8 +14,8 @@ import pytest
 from probes import make_finding, make_probe
 
 from kvwatch.contracts import Finding, FindingKind
-from kvwatch.gate.detectors import DETECTORS, RunRecord, Turn
-from kvwatch.gate.detectors.verdict import new_findings, unjudged
+from kvwatch.gate.verdicts.detectors import DETECTORS, RunRecord, Turn
+from kvwatch.gate.verdicts.detectors.verdict import new_findings, unjudged
 
 ORPHAN = make_finding(FindingKind.ORPHAN)
 

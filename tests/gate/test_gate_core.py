@@ -9,10 +9,10 @@ import xml.etree.ElementTree as ET
 from probes import make_probe
 
 from kvwatch.contracts import Finding, FindingKind
-from kvwatch.gate.detectors import IDS, Evidence, HeapSample, RunRecord, Turn, Verdict
-from kvwatch.gate.judge import RunResult, judge
 from kvwatch.gate.junit import junit_xml, write_junit
 from kvwatch.gate.summary import EXIT_ERROR, EXIT_FAIL, EXIT_PASS, summarize, write_summary
+from kvwatch.gate.verdicts.detectors import IDS, Evidence, HeapSample, RunRecord, Turn, Verdict
+from kvwatch.gate.verdicts.judge import RunResult, judge
 from kvwatch.harness.run_record import Counts
 
 
@@ -221,7 +221,7 @@ def test_a_detector_that_raises_fails_alone_and_the_gate_exits_3(monkeypatch, tm
     exception as evidence, every other detector still judges the run, the summary
     and JUnit are written, and the gate exits 3. With a real finding beside it the
     finding stands (exit 1)."""
-    from kvwatch.gate import detectors
+    from kvwatch.gate.verdicts import detectors
 
     def crash(run):
         raise ZeroDivisionError("no turns to divide by")

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from serverproc import kvwatch_server
 
-from kvwatch.gate.detectors import IDS
+from kvwatch.gate.verdicts.detectors import IDS
 from kvwatch.harness.profiles import PROFILES
 from kvwatch.harness.time_spent import WALL
 

@@ -14,7 +14,7 @@ from inprocserver import serving
 
 from kvwatch.engine.cache import base, reads
 from kvwatch.engine.config import STATE_GROUPS
-from kvwatch.gate.detectors import gauge_trend, gauge_truth
+from kvwatch.gate.verdicts.detectors import gauge_trend, gauge_truth
 from kvwatch.harness.plan import PRESETS
 from kvwatch.harness.recorder import RecorderOptions, TurnRecorder
 from kvwatch.harness.run_record import RunRecord

@@ -15,7 +15,7 @@ import pytest
 from inprocserver import serving
 
 from kvwatch.engine.engine import Engine
-from kvwatch.gate.detectors import heap
+from kvwatch.gate.verdicts.detectors import heap
 from kvwatch.harness.recorder import RecorderOptions, TurnRecorder
 from kvwatch.harness.run_record import Counts, HeapSample, RunRecord, SiteGrowth, Turn
 from kvwatch.harness.sources import HttpSource

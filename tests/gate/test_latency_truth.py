@@ -17,7 +17,7 @@ import time
 import httpx
 from inprocserver import serving
 
-from kvwatch.gate.detectors import latency_truth
+from kvwatch.gate.verdicts.detectors import latency_truth
 from kvwatch.harness.plan import PRESETS
 from kvwatch.harness.run_record import RunRecord, Timings
 from kvwatch.harness.sources import HttpSource

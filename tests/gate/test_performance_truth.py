@@ -24,7 +24,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import numpy as np
 import pytest
 
-from kvwatch.gate.performance import Percentiles, Performance
+from kvwatch.gate.verdicts.performance import Percentiles, Performance
 from kvwatch.harness.plan import PRESETS
 from kvwatch.harness.run_record import Timings, merge_timings
 from kvwatch.instrumentation import names as n

@@ -22,7 +22,6 @@ from kvwatch.contracts import (
     TreeReport,
 )
 from kvwatch.gate import report_pool
-from kvwatch.gate.judge import RunResult
 from kvwatch.gate.report import write_report
 from kvwatch.gate.report_data import (
     latency_series,
@@ -31,6 +30,7 @@ from kvwatch.gate.report_data import (
     step_series,
 )
 from kvwatch.gate.summary import GateSummary
+from kvwatch.gate.verdicts.judge import RunResult
 from kvwatch.harness.run_record import RunRecord, Turn
 
 GROUPS = ("full.kv", "swa.kv", "swa.window", "linear.state")
@@ -180,7 +180,7 @@ def test_groups_that_held_nothing_get_one_line_not_a_panel(tmp_path):
 
 
 def test_latency_comes_from_the_gates_own_measurements_with_gaps_for_runs_without():
-    from kvwatch.gate.performance import Performance
+    from kvwatch.gate.verdicts.performance import Performance
     from kvwatch.harness.run_record import Timings
 
     streamed = Timings(ttft_ms=(10.0,) * 5, itl_ms=(2.0,) * 5, e2e_ms=(30.0,) * 5)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import httpx
 from inprocserver import serving
 
-from kvwatch.gate.detectors import gauge_trend
+from kvwatch.gate.verdicts.detectors import gauge_trend
 from kvwatch.harness.recorder import RecorderOptions, TurnRecorder
 from kvwatch.harness.scrape import SERIES, read_series
 from kvwatch.harness.sources import HttpSource

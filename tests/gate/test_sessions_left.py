@@ -16,7 +16,7 @@ import requests
 from inprocserver import serving
 
 from kvwatch.engine.engine import Engine
-from kvwatch.gate.detectors import allocator
+from kvwatch.gate.verdicts.detectors import allocator
 from kvwatch.harness.recorder import TurnRecorder
 from kvwatch.harness.sources import HttpSource
 from kvwatch.serve import ServeOptions, build

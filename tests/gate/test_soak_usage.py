@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from paths import DATA
 
-from kvwatch.gate.detectors import usage_trend as judge
+from kvwatch.gate.verdicts.detectors import usage_trend as judge
 
 STORED = DATA / "soak-clean-120s"
 WARMUP_FRACTION = 0.2  # SoakOptions' default

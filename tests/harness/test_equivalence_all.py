@@ -14,7 +14,7 @@ from inprocserver import serving
 
 from kvwatch.engine import EngineConfig
 from kvwatch.engine.runner import ModelRunner
-from kvwatch.gate.detectors import equivalence
+from kvwatch.gate.verdicts.detectors import equivalence
 from kvwatch.harness.recorder import RecorderOptions, TurnRecorder
 from kvwatch.harness.replay import Reference
 from kvwatch.harness.run_record import Candidate

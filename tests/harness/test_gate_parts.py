@@ -12,8 +12,8 @@ import pytest
 from kvwatch.engine import EngineConfig, SamplingParams
 from kvwatch.engine.config import PrefixCacheMode
 from kvwatch.engine.overrides import apply_overrides
-from kvwatch.gate.detectors import IDS
-from kvwatch.gate.detectors.requests import failure_line
+from kvwatch.gate.verdicts.detectors import IDS
+from kvwatch.gate.verdicts.detectors.requests import failure_line
 from kvwatch.harness.plan import PRESETS, RunPlan, preset
 from kvwatch.harness.profiles import CATCHES, PROFILES
 from kvwatch.harness.run_record import Counts, merge_counts

@@ -12,8 +12,8 @@ import pytest
 
 from kvwatch.contracts import FindingKind, finding
 from kvwatch.engine import Engine, SamplingParams
-from kvwatch.gate.detectors import requests
-from kvwatch.gate.detectors.allocator import drain_rule
+from kvwatch.gate.verdicts.detectors import requests
+from kvwatch.gate.verdicts.detectors.allocator import drain_rule
 from kvwatch.harness.recorder import RecorderOptions, TurnRecorder
 
 

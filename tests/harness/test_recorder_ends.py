@@ -12,7 +12,7 @@ from __future__ import annotations
 from probes import make_finding, make_probe
 
 from kvwatch.contracts import FindingKind
-from kvwatch.gate.detectors import DETECTORS
+from kvwatch.gate.verdicts.detectors import DETECTORS
 from kvwatch.harness.progress import Progress, turn_line
 from kvwatch.harness.recorder import RecorderOptions, TurnRecorder
 

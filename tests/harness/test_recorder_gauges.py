@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from kvwatch.contracts import ProbeReport
-from kvwatch.gate.detectors import DETECTORS
+from kvwatch.gate.verdicts.detectors import DETECTORS
 from kvwatch.harness.recorder import RecorderOptions, TurnRecorder
 
 USAGE = "engine_kv_usage"

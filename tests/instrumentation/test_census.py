@@ -12,7 +12,7 @@ import httpx
 from inprocserver import serving
 
 from kvwatch.engine.engine import Engine
-from kvwatch.gate.detectors import heap
+from kvwatch.gate.verdicts.detectors import heap
 from kvwatch.harness.recorder import RecorderOptions, TurnRecorder
 from kvwatch.harness.run_record import Counts
 from kvwatch.harness.sources import HttpSource

@@ -15,7 +15,7 @@ import re
 
 import pytest
 
-from kvwatch.gate.detectors import IDS
+from kvwatch.gate.verdicts.detectors import IDS
 from mutation import real_bugs
 from mutation.real_bugs import BugRow, Side
 

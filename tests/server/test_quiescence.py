@@ -18,7 +18,7 @@ from inprocserver import serving
 from probes import make_probe
 
 from kvwatch.engine.engine import Engine
-from kvwatch.gate.detectors import quiescence
+from kvwatch.gate.verdicts.detectors import quiescence
 from kvwatch.harness.run_record import RunRecord, Turn
 from kvwatch.instrumentation.registries import module_roots, registry_sizes, walk
 from kvwatch.serve import ServeOptions, build

@@ -20,7 +20,7 @@ import pytest
 from inprocserver import serving
 
 from kvwatch.contracts import FindingKind, ProbeReport
-from kvwatch.gate.detectors import requests
+from kvwatch.gate.verdicts.detectors import requests
 from kvwatch.harness.run_record import RunRecord, Turn
 from kvwatch.serve import ServeOptions, build
 from kvwatch.server import ServerSettings, completions, departures

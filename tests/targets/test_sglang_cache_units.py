@@ -16,7 +16,7 @@ from types import SimpleNamespace
 import pytest
 
 from kvwatch.contracts import FindingKind
-from kvwatch.gate.detectors import for_signals
+from kvwatch.gate.verdicts.detectors import for_signals
 from kvwatch.targets import unit_audit
 from kvwatch.targets.select import TargetFlags, choose
 from kvwatch.targets.sglang import (

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from kvwatch.gate.judge import RunResult
+from kvwatch.gate.verdicts.judge import RunResult
 
 if TYPE_CHECKING:
     from kvwatch.harness.progress import Lane, Progress

@@ -9,8 +9,8 @@ from __future__ import annotations
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-from kvwatch.gate.detectors import ERROR, FAIL, SKIPPED
 from kvwatch.gate.summary import GateSummary
+from kvwatch.gate.verdicts.detectors import ERROR, FAIL, SKIPPED
 
 
 def junit_xml(summary: GateSummary) -> str:

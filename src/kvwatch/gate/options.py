@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kvwatch import streams
-from kvwatch.gate.detectors import MIN_JUDGED_TURNS
+from kvwatch.gate.verdicts.detectors import MIN_JUDGED_TURNS
 from kvwatch.harness import outputs
 from kvwatch.processes import is_http_url
 

@@ -27,11 +27,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
 from kvwatch.gate.console import told
-from kvwatch.gate.detectors import detector_set
-from kvwatch.gate.judge import RunResult, broken, judge
 from kvwatch.gate.junit import write_junit
 from kvwatch.gate.options import GateOptions
 from kvwatch.gate.summary import GateSummary, coverage_line, summarize, write_summary
+from kvwatch.gate.verdicts.detectors import detector_set
+from kvwatch.gate.verdicts.judge import RunResult, broken, judge
 from kvwatch.harness import outputs
 from kvwatch.harness.progress import Progress
 from kvwatch.harness.run_record import Counts

@@ -22,7 +22,7 @@ from kvwatch.gate.pytest_text import format_failures
 
 if TYPE_CHECKING:
     from kvwatch.contracts import ProbeReport
-    from kvwatch.gate.detectors import Verdict
+    from kvwatch.gate.verdicts.detectors import Verdict
 
 HEAP_FRAMES = 8
 
@@ -39,7 +39,7 @@ class LeakGate:
         heap: bool = False,
         heap_scope: str | None = None,
     ) -> None:
-        from kvwatch.gate.detectors import Signal, for_signals
+        from kvwatch.gate.verdicts.detectors import Signal, for_signals
         from kvwatch.harness.recorder import RecorderOptions, TurnRecorder
         from kvwatch.harness.sources import CallableSource
 
@@ -59,7 +59,7 @@ class LeakGate:
         self.recorder.barrier(len(self.recorder.turns), [report], drain=False)
 
     def verdicts(self, drained: ProbeReport | None = None) -> dict[str, Verdict]:
-        from kvwatch.gate.detectors import detector_set
+        from kvwatch.gate.verdicts.detectors import detector_set
 
         run = self.recorder.record()._replace(drained=drained)
         return detector_set(only=self.detectors).judge(run)

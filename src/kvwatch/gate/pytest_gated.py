@@ -17,7 +17,7 @@ from kvwatch.gate.pytest_options import MARKER, MarkerError, MarkerOptions, Prob
 
 if TYPE_CHECKING:
     from kvwatch.contracts import ProbeReport
-    from kvwatch.gate.detectors import RunRecord, Verdict
+    from kvwatch.gate.verdicts.detectors import RunRecord, Verdict
 
 BOUND_ID = "max_pages"
 HEAP_FRAMES = 8  # frames per allocation when the gate starts tracemalloc itself
@@ -86,7 +86,7 @@ class MarkedGate:
 
     def end(self) -> GateOutcome:
         """The final probe (drained, flushed where the target can flush) and the verdicts."""
-        from kvwatch.gate.detectors import detector_set
+        from kvwatch.gate.verdicts.detectors import detector_set
 
         try:
             self.recorder.finish()
@@ -134,7 +134,7 @@ def bound_verdict(run: RunRecord, max_pages: dict[str, int]) -> Verdict:
     """``max_pages`` as a verdict: fail at the first probe (barrier, or the one after
     the test) where a group holds more pages than allowed; the evidence names each
     group's first breach and its peak."""
-    from kvwatch.gate.detectors.verdict import fail, fail_after_drain, passed, skipped
+    from kvwatch.gate.verdicts.detectors.verdict import fail, fail_after_drain, passed, skipped
 
     probes = [(t.turn, p) for t in run.turns for p in t.probes]
     probes += [(None, run.drained)] if run.drained is not None else []
@@ -162,7 +162,7 @@ def bound_verdict(run: RunRecord, max_pages: dict[str, int]) -> Verdict:
 def _breach_evidence(breaches: list, max_pages: dict[str, int], peaks: dict[str, int]) -> list:
     """One line per group over its bound, at its first breach: what it held, the
     bound, its peak, and when, where that is not the verdict's first breach."""
-    from kvwatch.gate.detectors.verdict import Evidence
+    from kvwatch.gate.verdicts.detectors.verdict import Evidence
 
     evidence, seen, first = [], set(), breaches[0][0]
     for turn, group, probe in breaches:

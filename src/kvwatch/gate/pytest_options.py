@@ -86,7 +86,7 @@ def options_from_marker(args: tuple, kwargs: Mapping[str, Any]) -> MarkerOptions
 def _detectors(asked: Any, heap: bool) -> tuple[str, ...]:
     """The ids asked for (default: every detector an engine's probe feeds), ``heap``
     added when ``heap`` is set, checked against the registry."""
-    from kvwatch.gate.detectors import detector_set, for_signals
+    from kvwatch.gate.verdicts.detectors import detector_set, for_signals
 
     signals = MarkerOptions(heap=heap).signals
     if asked is None:

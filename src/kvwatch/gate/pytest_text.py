@@ -14,8 +14,8 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from kvwatch.gate.detectors import Verdict
     from kvwatch.gate.pytest_gated import GateOutcome
+    from kvwatch.gate.verdicts.detectors import Verdict
 
 SECTION = "kvwatch leak gate"
 SUMMARY_PROPERTY = "kvwatch_leak_gate"

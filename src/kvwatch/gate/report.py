@@ -21,9 +21,9 @@ from pathlib import Path
 from kvwatch.gate import report_plots as plots
 from kvwatch.gate import report_pool
 from kvwatch.gate import report_text as text
-from kvwatch.gate.judge import RunResult
 from kvwatch.gate.report_data import latency_series, pool_series, step_series
 from kvwatch.gate.summary import GateSummary
+from kvwatch.gate.verdicts.judge import RunResult
 from kvwatch.harness.run_record import RunRecord
 
 STYLE = """

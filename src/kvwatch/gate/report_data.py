@@ -15,8 +15,8 @@ from collections.abc import Iterable, Mapping
 from typing import NamedTuple
 
 from kvwatch.contracts import FindingKind, ProbeReport
-from kvwatch.gate.detectors.story import over_bound, pages_found
-from kvwatch.gate.performance import Performance
+from kvwatch.gate.verdicts.detectors.story import over_bound, pages_found
+from kvwatch.gate.verdicts.performance import Performance
 from kvwatch.harness.run_record import RunRecord
 
 # pool stack, bottom to top: what live holders pin, then the tree's cache
@@ -136,7 +136,7 @@ def latency_series(
     performance: Mapping[int, Performance | None],
 ) -> dict[str, dict[int, tuple[float, ...]]]:
     """TTFT, ITL and end to end: p50, p90 and p99 in ms at each concurrency, from
-    the gate's own measurements (``performance.py``); all NaN where a run has none."""
+    the gate's own measurements (``verdicts/performance.py``); all NaN where a run has none."""
     missing = (math.nan,) * len(PERCENTILES)
     out = {}
     for label, field in (("TTFT", "ttft"), ("ITL", "itl"), ("end to end", "e2e")):

@@ -24,11 +24,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from kvwatch import streams
-from kvwatch.gate.detectors import NONE, detector_set
-from kvwatch.gate.judge import judge
 from kvwatch.gate.junit import write_junit
 from kvwatch.gate.soak_report import soak_section, table, write_episodes, write_series
 from kvwatch.gate.summary import GateSummary, summarize, write_summary
+from kvwatch.gate.verdicts.detectors import NONE, detector_set
+from kvwatch.gate.verdicts.judge import judge
 from kvwatch.harness import outputs
 from kvwatch.harness.profiles import SOAK_PROFILES
 from kvwatch.harness.progress import Progress

@@ -18,9 +18,9 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
-from kvwatch.gate.detectors import allocator
-from kvwatch.gate.detectors.verdict import PASS, Verdict
-from kvwatch.gate.judge import RunResult
+from kvwatch.gate.verdicts.detectors import allocator
+from kvwatch.gate.verdicts.detectors.verdict import PASS, Verdict
+from kvwatch.gate.verdicts.judge import RunResult
 from kvwatch.harness.run_record import Counts, RunRecord
 
 FINDING_DETECTORS = ("refcount", "tree", "slot-table")

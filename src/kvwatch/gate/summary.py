@@ -26,8 +26,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kvwatch.gate.detectors import ERROR, FAIL, IDS, PASS, SKIPPED
-from kvwatch.gate.judge import RunResult
+from kvwatch.gate.verdicts.detectors import ERROR, FAIL, IDS, PASS, SKIPPED
+from kvwatch.gate.verdicts.judge import RunResult
 from kvwatch.harness.run_record import RunRecord
 from kvwatch.instrumentation.coverage import coverage, merge
 

@@ -9,7 +9,7 @@ reads them at both ends of the flush, the engine idle throughout::
          ─► drained probe (the record's) + pool gauges (``gauges_after``)
 
 so the gate can hold each gauge to the probe of the same moment, and the
-evictable figure to what the flush then freed (``detectors/gauge_trend.py``).
+evictable figure to what the flush then freed (``gate/verdicts/detectors/gauge_trend.py``).
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ the usage the server returned (``prompt_tokens``, ``cached_tokens``,
 (``users.py``). This keeps every sample, in milliseconds, with the wall-clock
 window the answered requests spanned; each process hands its ``Timings`` to
 the END barrier with its request counts, and the gate turns the merged
-samples into percentiles and rates (``gate/performance.py``). Locust's own
+samples into percentiles and rates (``gate/verdicts/performance.py``). Locust's own
 stats CSV is not read: it is rewritten once a second and misses the last
 second of a run.
 """

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from kvwatch.contracts import FindingKind, RootRefs
-from kvwatch.gate.detectors import for_signals
+from kvwatch.gate.verdicts.detectors import for_signals
 from kvwatch.targets import unit_audit
 from kvwatch.targets.lightllm import slot_audit, state_read
 from kvwatch.targets.lightllm.infer_probe import InferProbe

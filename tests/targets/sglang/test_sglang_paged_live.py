@@ -31,7 +31,7 @@ from typing import Any
 import pytest
 import torch
 
-from kvwatch.gate.detectors import detector_set
+from kvwatch.gate.verdicts.detectors import detector_set
 from kvwatch.targets.sglang import cache_workloads, shim_choice, wheel_fetch
 from kvwatch.targets.sglang.cache_target import PROFILES, SglangCacheTarget
 from kvwatch.targets.sglang.recorded_run import record_run

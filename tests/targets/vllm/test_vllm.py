@@ -22,7 +22,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from kvwatch.gate.detectors import for_signals
+from kvwatch.gate.verdicts.detectors import for_signals
 from kvwatch.targets.vllm.api_server import SERVED_NAME, VllmServer, build_tiny_model
 from kvwatch.targets.vllm.server_target import VllmTarget
 

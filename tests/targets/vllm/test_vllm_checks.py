@@ -319,7 +319,7 @@ def test_a_finding_keeps_its_identity_while_its_counts_move():
 
 
 def test_the_scheduler_drivers_record_reads_as_a_run_the_detectors_judge():
-    from kvwatch.gate.detectors import DETECTORS
+    from kvwatch.gate.verdicts.detectors import DETECTORS
     from kvwatch.targets.vllm.scheduler_target import to_record
 
     def probe(step: int, *checks: dict) -> dict:

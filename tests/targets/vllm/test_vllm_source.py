@@ -5,7 +5,7 @@ them (``GET /audit``), no vLLM needed."""
 from __future__ import annotations
 
 from kvwatch.contracts import FindingKind
-from kvwatch.gate.detectors import DETECTORS, RunRecord, Turn, for_signals
+from kvwatch.gate.verdicts.detectors import DETECTORS, RunRecord, Turn, for_signals
 from kvwatch.targets.vllm.probe_source import GROUP, probe_report
 from kvwatch.targets.vllm.server_target import VllmTarget
 

@@ -17,10 +17,10 @@ state usage that grows with turns, and usage that does not drain.
 from __future__ import annotations
 
 from kvwatch.contracts import OWNERSHIP
-from kvwatch.gate.detectors.stats import first_rise
-from kvwatch.gate.detectors.story import finding_story, over_bound, probe_story, trajectory
-from kvwatch.gate.detectors.usage_trend import UsageTrend, usage_trend
-from kvwatch.gate.detectors.verdict import (
+from kvwatch.gate.verdicts.detectors.stats import first_rise
+from kvwatch.gate.verdicts.detectors.story import finding_story, over_bound, probe_story, trajectory
+from kvwatch.gate.verdicts.detectors.usage_trend import UsageTrend, usage_trend
+from kvwatch.gate.verdicts.detectors.verdict import (
     Evidence,
     Verdict,
     fail,

@@ -43,7 +43,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from kvwatch.gate.detectors.verdict import Evidence
+from kvwatch.gate.verdicts.detectors.verdict import Evidence
 from kvwatch.harness.run_record import RunRecord
 from kvwatch.harness.scrape import parse_spec
 from kvwatch.instrumentation import names as n

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from kvwatch.contracts import FindingKind
-from kvwatch.gate.detectors.verdict import Verdict, findings_detector
+from kvwatch.gate.verdicts.detectors.verdict import Verdict, findings_detector
 from kvwatch.harness.run_record import RunRecord, Signal
 
 ID = "slot-table"

@@ -17,7 +17,7 @@ import re
 from collections.abc import Callable, Sequence
 
 from kvwatch.contracts import MAX_PAGES, FindingKind, ProbeReport
-from kvwatch.gate.detectors.verdict import new_findings
+from kvwatch.gate.verdicts.detectors.verdict import new_findings
 from kvwatch.harness.run_record import RunRecord
 
 ProbeCount = Callable[[ProbeReport], float]

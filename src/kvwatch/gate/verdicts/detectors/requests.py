@@ -22,7 +22,7 @@ server's ``--session-idle-timeout`` promise, ``server/overdue.py``).
 from __future__ import annotations
 
 from kvwatch.contracts import FindingKind
-from kvwatch.gate.detectors.verdict import (
+from kvwatch.gate.verdicts.detectors.verdict import (
     Evidence,
     Verdict,
     fail,

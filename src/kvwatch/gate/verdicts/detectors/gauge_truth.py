@@ -29,7 +29,7 @@ The states, as the gauge promises them (``instrumentation/names.py``)::
 from __future__ import annotations
 
 from kvwatch.contracts import GroupReport, ProbeReport
-from kvwatch.gate.detectors.verdict import Evidence
+from kvwatch.gate.verdicts.detectors.verdict import Evidence
 from kvwatch.harness.run_record import RunRecord
 from kvwatch.harness.scrape import parse_spec, selector
 from kvwatch.instrumentation import names as n

@@ -18,7 +18,7 @@ import traceback
 from collections.abc import Callable, Collection, Mapping
 from typing import NamedTuple
 
-from kvwatch.gate.detectors import (
+from kvwatch.gate.verdicts.detectors import (
     allocator,
     equivalence,
     gauge_trend,
@@ -29,8 +29,8 @@ from kvwatch.gate.detectors import (
     slot_table,
     tree,
 )
-from kvwatch.gate.detectors.stats import MIN_POINTS as MIN_JUDGED_TURNS
-from kvwatch.gate.detectors.verdict import ERROR, FAIL, PASS, SKIPPED, Evidence, Verdict
+from kvwatch.gate.verdicts.detectors.stats import MIN_POINTS as MIN_JUDGED_TURNS
+from kvwatch.gate.verdicts.detectors.verdict import ERROR, FAIL, PASS, SKIPPED, Evidence, Verdict
 from kvwatch.harness.run_record import HeapSample, Replay, RunRecord, Signal, Turn
 
 

@@ -17,10 +17,10 @@ than its client measured it (``latency_truth.py``).
 
 from __future__ import annotations
 
-from kvwatch.gate.detectors import counter_truth, gauge_truth, latency_truth
-from kvwatch.gate.detectors.stats import first_rise
-from kvwatch.gate.detectors.story import trajectory
-from kvwatch.gate.detectors.verdict import (
+from kvwatch.gate.verdicts.detectors import counter_truth, gauge_truth, latency_truth
+from kvwatch.gate.verdicts.detectors.stats import first_rise
+from kvwatch.gate.verdicts.detectors.story import trajectory
+from kvwatch.gate.verdicts.detectors.verdict import (
     Evidence,
     Verdict,
     fail,

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from kvwatch.contracts import FindingKind
-from kvwatch.gate.detectors.story import probe_story
-from kvwatch.gate.detectors.verdict import (
+from kvwatch.gate.verdicts.detectors.story import probe_story
+from kvwatch.gate.verdicts.detectors.verdict import (
     Evidence,
     Verdict,
     fail,

@@ -34,7 +34,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Mapping
 
-from kvwatch.gate.detectors.verdict import Evidence
+from kvwatch.gate.verdicts.detectors.verdict import Evidence
 from kvwatch.harness.run_record import RunRecord, Timings
 from kvwatch.harness.scrape import parse_spec
 from kvwatch.instrumentation import names as n

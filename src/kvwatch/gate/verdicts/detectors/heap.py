@@ -30,8 +30,8 @@ finished request must leave nothing behind.
 
 from __future__ import annotations
 
-from kvwatch.gate.detectors.stats import first_rise
-from kvwatch.gate.detectors.verdict import (
+from kvwatch.gate.verdicts.detectors.stats import first_rise
+from kvwatch.gate.verdicts.detectors.verdict import (
     Evidence,
     Verdict,
     fail,

@@ -3,7 +3,7 @@ with the cache off must give the tokens the cached run gave."""
 
 from __future__ import annotations
 
-from kvwatch.gate.detectors.verdict import Evidence, Verdict, fail, passed, skipped
+from kvwatch.gate.verdicts.detectors.verdict import Evidence, Verdict, fail, passed, skipped
 from kvwatch.harness.run_record import RunRecord, Signal
 
 ID = "equivalence"

@@ -29,7 +29,7 @@ would.
 from __future__ import annotations
 
 from kvwatch.contracts import FindingKind
-from kvwatch.gate.detectors.verdict import (
+from kvwatch.gate.verdicts.detectors.verdict import (
     Evidence,
     Verdict,
     fail_after_drain,

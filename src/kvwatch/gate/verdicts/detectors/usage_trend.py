@@ -34,7 +34,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from kvwatch.gate.detectors.stats import trend
+from kvwatch.gate.verdicts.detectors.stats import trend
 
 ALPHA = 0.01  # one-sided: many probes, so a stricter level than per-turn series
 MIN_TOLERANCE_PAGES = 4

@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import NamedTuple
 
-from kvwatch.gate.detectors import DetectorSet, RunRecord, Verdict, detector_set
-from kvwatch.gate.detectors.heap import bytes_per_held_token
-from kvwatch.gate.performance import Performance
+from kvwatch.gate.verdicts.detectors import DetectorSet, RunRecord, Verdict, detector_set
+from kvwatch.gate.verdicts.detectors.heap import bytes_per_held_token
+from kvwatch.gate.verdicts.performance import Performance
 from kvwatch.harness.time_spent import TimeSpent
 
 

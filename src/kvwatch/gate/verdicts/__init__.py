@@ -1,0 +1,1 @@
+"""kvwatch.gate.verdicts: a run record judged, by pure functions of the record."""
