@@ -197,7 +197,7 @@ def test_the_reach_through_check_catches_what_it_is_for():
 def test_the_gate_process_never_loads_gevent_or_locust():
     """``kvwatch gate`` starts Locust as its own process; monkey-patching stays there."""
     code = (
-        "import sys, kvwatch.gate.pipeline, kvwatch.gate.report, kvwatch.cli\n"
+        "import sys, kvwatch.gate.pipeline, kvwatch.gate.outputs.report, kvwatch.cli\n"
         "print(','.join(sorted(m for m in sys.modules if m.split('.')[0] in ('gevent', 'locust'))))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -349,14 +349,52 @@ def test_a_planted_upward_import_is_seen(tmp_path):
     ]
 
 
-def test_no_two_source_modules_share_a_file_name():
-    """A reader must never confuse ``a/gate.py`` with ``b/gate.py``."""
+# the gate's folders by job: their folder names the job (``gate/outputs/metrics.py``
+# is the gate's verdict as metrics, ``instrumentation/metrics.py`` the engine's), so a
+# module there need only have a name of its own within its folder
+JOB_FOLDERS = tuple(PACKAGE / "gate" / job for job in ("verdicts", "outputs", "pytest_plugin"))
+
+
+def name_clashes(paths: list[Path], job_folders: tuple[Path, ...]) -> list[str]:
+    """Pairs of modules that share a file name, but where the later one lies in a job
+    folder (``gate/outputs/``, ...): its path says which it is."""
     seen: dict[str, str] = {}
     clashes = []
-    for path in [*outside_the_engine(), *sorted((PACKAGE / "engine").rglob("*.py"))]:
-        if not path.name.startswith("__"):
-            rel = str(path)
-            if path.name in seen:
-                clashes.append(f"{seen[path.name]} and {rel}")
-            seen.setdefault(path.name, rel)
-    assert not clashes, clashes
+    for path in paths:
+        if path.name.startswith("__") or any(path.is_relative_to(f) for f in job_folders):
+            continue
+        if path.name in seen:
+            clashes.append(f"{seen[path.name]} and {path}")
+        seen.setdefault(path.name, str(path))
+    return clashes
+
+
+def test_no_two_source_modules_share_a_file_name_outside_the_gates_job_folders():
+    """A reader must never confuse ``a/gate.py`` with ``b/gate.py``; in the gate's job
+    folders the folder is part of the name (``outputs/metrics.py``)."""
+    paths = [*outside_the_engine(), *sorted((PACKAGE / "engine").rglob("*.py"))]
+    assert name_clashes(paths, JOB_FOLDERS) == []
+    planted = [Path("a/gate.py"), Path("b/gate.py"), Path("gate/outputs/gate.py")]
+    assert name_clashes(planted, (Path("gate/outputs"),)) == ["a/gate.py and b/gate.py"]
+
+
+def stutters(module: Path, top: Path) -> bool:
+    """Whether ``module``'s name repeats the first word of a folder it lies in, up to
+    ``top``: ``gate/gate_metrics.py``, ``gate/pytest_plugin/pytest_options.py``."""
+    words = {folder.name.split("_")[0] for folder in module.parents if folder.is_relative_to(top)}
+    return module.stem.split("_")[0] in words and "_" in module.stem
+
+
+def test_no_module_of_the_gate_or_the_harness_repeats_its_folders_name():
+    found = [
+        str(path.relative_to(PACKAGE))
+        for part in ("gate", "harness")
+        for path in sorted((PACKAGE / part).rglob("*.py"))
+        if stutters(path, PACKAGE / part)
+    ]
+    assert found == []
+    gate = Path("kvwatch/gate")
+    assert stutters(gate / "gate_metrics.py", gate)
+    assert stutters(gate / "pytest_plugin" / "pytest_options.py", gate)
+    assert not stutters(gate / "pytest_plugin" / "plugin.py", gate)
+    assert not stutters(gate / "outputs" / "report_text.py", gate)

@@ -14,9 +14,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from kvwatch.cli import main
 from kvwatch.dashboards import build
 from kvwatch.engine import Engine, EngineConfig, SamplingParams, SchedulerConfig
-from kvwatch.gate.annotate import annotations
-from kvwatch.gate.gate_metrics import GateMetrics
-from kvwatch.gate.summary import GateSummary
+from kvwatch.gate.outputs.annotate import annotations
+from kvwatch.gate.outputs.metrics import GateMetrics
+from kvwatch.gate.outputs.summary import GateSummary
 from kvwatch.instrumentation import Telemetry, instrument
 from kvwatch.instrumentation import names as n
 

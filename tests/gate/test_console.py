@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kvwatch.gate.console import result_lines, told
+from kvwatch.gate.outputs.console import result_lines, told
 from kvwatch.gate.verdicts import judge as verdicts
 from kvwatch.gate.verdicts.detectors.verdict import Evidence, Verdict, fail, passed
 from kvwatch.harness.progress import HEARTBEAT_S, Progress, duration, turn_line

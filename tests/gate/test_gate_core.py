@@ -9,8 +9,8 @@ import xml.etree.ElementTree as ET
 from probes import make_probe
 
 from kvwatch.contracts import Finding, FindingKind
-from kvwatch.gate.junit import junit_xml, write_junit
-from kvwatch.gate.summary import EXIT_ERROR, EXIT_FAIL, EXIT_PASS, summarize, write_summary
+from kvwatch.gate.outputs.junit import junit_xml, write_junit
+from kvwatch.gate.outputs.summary import EXIT_ERROR, EXIT_FAIL, EXIT_PASS, summarize, write_summary
 from kvwatch.gate.verdicts.detectors import IDS, Evidence, HeapSample, RunRecord, Turn, Verdict
 from kvwatch.gate.verdicts.judge import RunResult, judge
 from kvwatch.harness.run_record import Counts

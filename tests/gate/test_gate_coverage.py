@@ -19,7 +19,7 @@ import sys
 import pytest
 from test_gate_runs import failing
 
-from kvwatch.gate.summary import NEVER_SHOWN
+from kvwatch.gate.outputs.summary import NEVER_SHOWN
 from kvwatch.harness.profiles import PROFILES
 from kvwatch.instrumentation import combos
 from kvwatch.instrumentation.coverage import MACHINES

@@ -88,7 +88,7 @@ def test_a_failing_gate_whose_reader_left_exits_1_with_its_outputs_written(tmp_p
 
 def test_results_and_progress_go_to_their_own_streams():
     """The console's split, without a gate: a run's result is told, its progress said."""
-    from kvwatch.gate import console
+    from kvwatch.gate.outputs import console
     from kvwatch.gate.verdicts import judge as verdicts
     from kvwatch.gate.verdicts.detectors.verdict import Evidence, fail
     from kvwatch.harness.progress import Progress

@@ -21,15 +21,15 @@ from kvwatch.contracts import (
     RootRefs,
     TreeReport,
 )
-from kvwatch.gate import report_pool
-from kvwatch.gate.report import write_report
-from kvwatch.gate.report_data import (
+from kvwatch.gate.outputs import report_pool
+from kvwatch.gate.outputs.report import write_report
+from kvwatch.gate.outputs.report_data import (
     latency_series,
     leaked_pages,
     pool_series,
     step_series,
 )
-from kvwatch.gate.summary import GateSummary
+from kvwatch.gate.outputs.summary import GateSummary
 from kvwatch.gate.verdicts.judge import RunResult
 from kvwatch.harness.run_record import RunRecord, Turn
 

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from paths import DATA
 
-from kvwatch.gate.report import write_report
-from kvwatch.gate.summary import read_summary
+from kvwatch.gate.outputs.report import write_report
+from kvwatch.gate.outputs.summary import read_summary
 from kvwatch.instrumentation.coverage import MACHINES
 
 

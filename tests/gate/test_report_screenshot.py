@@ -17,9 +17,9 @@ import pytest
 from paths import DATA
 from PIL import Image
 
-from kvwatch.gate.report import write_report
-from kvwatch.gate.report_plots import LEAKED
-from kvwatch.gate.summary import read_summary
+from kvwatch.gate.outputs.report import write_report
+from kvwatch.gate.outputs.report_plots import LEAKED
+from kvwatch.gate.outputs.summary import read_summary
 
 CHROMIUM = "/usr/bin/chromium"
 pytestmark = [

@@ -29,7 +29,7 @@ from kvwatch.engine.events import (
     TokensGenerated,
 )
 from kvwatch.engine.paths import NO_PATH, path_key
-from kvwatch.gate.summary import NEVER_SHOWN, coverage_line
+from kvwatch.gate.outputs.summary import NEVER_SHOWN, coverage_line
 from kvwatch.instrumentation import combos
 from kvwatch.instrumentation.combo_counter import CombinationCounter
 from kvwatch.instrumentation.coverage import MACHINES, coverage

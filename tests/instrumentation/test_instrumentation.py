@@ -15,8 +15,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from kvwatch.engine import Engine, EngineConfig, SamplingParams, SchedulerConfig
 from kvwatch.engine.config import GROUP_NAMES, PrefixCacheMode
-from kvwatch.gate.gate_metrics import GateMetrics
-from kvwatch.gate.summary import GateSummary
+from kvwatch.gate.outputs.metrics import GateMetrics
+from kvwatch.gate.outputs.summary import GateSummary
 from kvwatch.instrumentation import Telemetry, buckets, instrument
 from kvwatch.instrumentation import names as n
 from kvwatch.serve import ServeOptions, build

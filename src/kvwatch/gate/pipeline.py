@@ -26,10 +26,10 @@ from concurrent import futures
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
-from kvwatch.gate.console import told
-from kvwatch.gate.junit import write_junit
 from kvwatch.gate.options import GateOptions
-from kvwatch.gate.summary import GateSummary, coverage_line, summarize, write_summary
+from kvwatch.gate.outputs.console import told
+from kvwatch.gate.outputs.junit import write_junit
+from kvwatch.gate.outputs.summary import GateSummary, coverage_line, summarize, write_summary
 from kvwatch.gate.verdicts.detectors import detector_set
 from kvwatch.gate.verdicts.judge import RunResult, broken, judge
 from kvwatch.harness import outputs
@@ -70,7 +70,7 @@ def run_gate(opts: GateOptions, target: Target) -> tuple[GateSummary, int]:
         opts.result(f"verdict: interrupted ({summary.elapsed_s} s) -> {opts.out}")
         return summary, EXIT_INTERRUPTED
     if opts.report:
-        from kvwatch.gate.report import write_report
+        from kvwatch.gate.outputs.report import write_report
 
         opts.progress(f"writing {opts.out / 'report.html'}")
         write_report(summary, opts.out)
@@ -180,16 +180,16 @@ def publish(summary: GateSummary, opts: GateOptions) -> dict[str, str]:
 
     A failure here is reported, not fatal: the verdict and the exit code stand.
     """
-    from kvwatch.gate import gate_metrics
+    from kvwatch.gate.outputs import metrics
 
-    done = gate_metrics.export(summary, opts.out, opts.pushgateway)
+    done = metrics.export(summary, opts.out, opts.pushgateway)
     if done.get("pushgateway", "").startswith("error"):
         opts.progress(f"warning: could not push the verdict: {done['pushgateway']}")
     if opts.grafana_url:
         from grafana_client.client import GrafanaException
 
         from kvwatch.dashboards import push
-        from kvwatch.gate import annotate
+        from kvwatch.gate.outputs import annotate
 
         try:
             api = push.connect(opts.grafana_url, opts.grafana_token)

@@ -24,9 +24,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from kvwatch import streams
-from kvwatch.gate.junit import write_junit
-from kvwatch.gate.soak_report import soak_section, table, write_episodes, write_series
-from kvwatch.gate.summary import GateSummary, summarize, write_summary
+from kvwatch.gate.outputs.junit import write_junit
+from kvwatch.gate.outputs.soak_report import soak_section, table, write_episodes, write_series
+from kvwatch.gate.outputs.summary import GateSummary, summarize, write_summary
 from kvwatch.gate.verdicts.detectors import NONE, detector_set
 from kvwatch.gate.verdicts.judge import judge
 from kvwatch.harness import outputs

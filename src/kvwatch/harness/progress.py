@@ -122,7 +122,7 @@ class Progress:
 
     def run_finished(self, profile: str, concurrency: int, lines: Sequence[str]) -> None:
         """A run's result, on the result stream: its name and first line, then the
-        others indented (the gate's verdict side writes them: ``gate/console.py``)."""
+        others indented (the gate's verdict side writes them: ``gate/outputs/console.py``)."""
         with self.lock:
             self.done_weight += weight(concurrency)
             head, *rest = lines

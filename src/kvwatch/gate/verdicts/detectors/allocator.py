@@ -9,7 +9,7 @@ state usage that grows with turns, and usage that does not drain.
   their terminal snapshots as cache, but a path keeps O(1) snapshots, never
   one more per turn.
 * A soak's pinned pages per group stay below capacity and do not grow over
-  whole episodes (``usage.py``), in place of the per-turn trend.
+  whole episodes (``usage_trend.py``), in place of the per-turn trend.
 * After sessions close and the cache is flushed, every pool is back where it
   started (``drain_rule``).
 """

@@ -27,7 +27,7 @@ from pathlib import Path
 from opentelemetry.metrics import CallbackOptions, Observation
 from prometheus_client import generate_latest, push_to_gateway, write_to_textfile
 
-from kvwatch.gate.summary import GateSummary
+from kvwatch.gate.outputs.summary import GateSummary
 from kvwatch.gate.verdicts.detectors import ERROR, FAIL, PASS
 from kvwatch.gate.verdicts.judge import RunResult
 from kvwatch.instrumentation import names as n

@@ -19,7 +19,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 from matplotlib.transforms import blended_transform_factory
 
-from kvwatch.gate.report_data import PERCENTILES, StepSeries
+from kvwatch.gate.outputs.report_data import PERCENTILES, StepSeries
 
 LEAKED = "#e8000b"  # pages held by no live holder: only ever drawn for them
 OVER = "#9b0a7d"  # pinned pages beyond what live holders justify

@@ -19,8 +19,8 @@ from collections.abc import Mapping, Sequence
 
 from matplotlib.transforms import blended_transform_factory
 
-from kvwatch.gate.report_data import STACK, GroupSeries
-from kvwatch.gate.report_plots import LEAKED, OVER, Fail, plt
+from kvwatch.gate.outputs.report_data import STACK, GroupSeries
+from kvwatch.gate.outputs.report_plots import LEAKED, OVER, Fail, plt
 
 STACK_COLORS = {
     "session": "#4c72b0",

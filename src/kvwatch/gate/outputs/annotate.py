@@ -18,7 +18,7 @@ from kvwatch.dashboards.panels import GATE_ANNOTATION_TAG
 if TYPE_CHECKING:
     from grafana_client import GrafanaApi
 
-    from kvwatch.gate.summary import GateSummary
+    from kvwatch.gate.outputs.summary import GateSummary
 
 
 class Annotation(NamedTuple):

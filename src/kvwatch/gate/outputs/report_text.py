@@ -10,7 +10,7 @@ from __future__ import annotations
 from html import escape
 from pathlib import Path
 
-from kvwatch.gate.summary import GateSummary
+from kvwatch.gate.outputs.summary import GateSummary
 from kvwatch.gate.verdicts.detectors import ERROR, FAIL, SKIPPED, Evidence, Verdict
 from kvwatch.gate.verdicts.judge import RunResult
 from kvwatch.instrumentation.coverage import coverage

@@ -9,7 +9,7 @@ from __future__ import annotations
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-from kvwatch.gate.summary import GateSummary
+from kvwatch.gate.outputs.summary import GateSummary
 from kvwatch.gate.verdicts.detectors import ERROR, FAIL, SKIPPED
 
 

@@ -6,7 +6,7 @@ four questions a soak answers, each answered by the detectors' own rules::
 
     no-5xx              the ``requests`` detector
     probe-findings      allocator's probe rule, then refcount, tree, slot-table
-    usage-bounded       allocator's usage rule (``detectors/usage.py``)
+    usage-bounded       allocator's usage rule (``verdicts/detectors/usage_trend.py``)
     drain-to-baseline   allocator's drain rule
 
 ``OUT/soak/usage.csv`` has a row per probe, ``OUT/soak/episodes.csv`` one per

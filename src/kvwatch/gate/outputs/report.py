@@ -18,11 +18,11 @@ from collections.abc import Mapping
 from html import escape
 from pathlib import Path
 
-from kvwatch.gate import report_plots as plots
-from kvwatch.gate import report_pool
-from kvwatch.gate import report_text as text
-from kvwatch.gate.report_data import latency_series, pool_series, step_series
-from kvwatch.gate.summary import GateSummary
+from kvwatch.gate.outputs import report_plots as plots
+from kvwatch.gate.outputs import report_pool
+from kvwatch.gate.outputs import report_text as text
+from kvwatch.gate.outputs.report_data import latency_series, pool_series, step_series
+from kvwatch.gate.outputs.summary import GateSummary
 from kvwatch.gate.verdicts.judge import RunResult
 from kvwatch.harness.run_record import RunRecord
 

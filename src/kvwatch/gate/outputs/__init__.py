@@ -1,0 +1,1 @@
+"""kvwatch.gate.outputs: judged runs written out, every output from the typed summary."""
