@@ -13,7 +13,7 @@ from __future__ import annotations
 import tracemalloc
 from typing import TYPE_CHECKING, NamedTuple
 
-from kvwatch.gate.pytest_options import MARKER, MarkerError, MarkerOptions, ProbeTarget
+from kvwatch.gate.pytest_plugin.options import MARKER, MarkerError, MarkerOptions, ProbeTarget
 
 if TYPE_CHECKING:
     from kvwatch.contracts import ProbeReport

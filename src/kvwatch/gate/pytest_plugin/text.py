@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from kvwatch.gate.pytest_gated import GateOutcome
+    from kvwatch.gate.pytest_plugin.gated import GateOutcome
     from kvwatch.gate.verdicts.detectors import Verdict
 
 SECTION = "kvwatch leak gate"
@@ -44,7 +44,7 @@ def _at(verdict: Verdict) -> str:
 def format_failures(verdicts: Iterable[Verdict], *, errors: bool = False) -> str:
     """``kvwatch detector 'ID' failed at turn N:`` and its evidence, per failing
     verdict (with ``errors``, a detector that raised counts as failing)."""
-    from kvwatch.gate.pytest_gated import BOUND_ID
+    from kvwatch.gate.pytest_plugin.gated import BOUND_ID
 
     lines = []
     for v in verdicts:

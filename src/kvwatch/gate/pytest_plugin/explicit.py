@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from kvwatch.gate.pytest_text import format_failures
+from kvwatch.gate.pytest_plugin.text import format_failures
 
 if TYPE_CHECKING:
     from kvwatch.contracts import ProbeReport

@@ -17,7 +17,7 @@ naming the detector and its evidence; a test whose body failed keeps its own
 failure and gets the section. A test that records no barrier is judged on the
 probe after it alone (the drain rule: nothing held over the baseline);
 detectors with nothing to judge are skipped, never passed. The terminal
-summary lists every gated test. Marker arguments: ``pytest_options.py``.
+summary lists every gated test. Marker arguments: ``options.py``.
 
 The ``leak_gate`` fixture is the explicit form, for a block of a test::
 
@@ -30,7 +30,7 @@ The ``leak_gate`` fixture is the explicit form, for a block of a test::
 
 ``probe`` is any callable returning a ``ProbeReport`` or the probe JSON of
 ``GET /debug/probe`` (a dict). At the end of the block the detectors judge the turns;
-a failing one fails the test with its evidence (``pytest_explicit.py``). With
+a failing one fails the test with its evidence (``explicit.py``). With
 ``heap=True`` either form also samples tracemalloc and needs ``context_tokens``
 at every turn.
 
@@ -46,8 +46,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import pytest
 
-from kvwatch.gate.pytest_explicit import LeakGate, leak_gate
-from kvwatch.gate.pytest_options import (
+from kvwatch.gate.pytest_plugin.explicit import LeakGate, leak_gate
+from kvwatch.gate.pytest_plugin.options import (
     MARKER,
     MARKER_HELP,
     TURN_FIXTURE,
@@ -56,7 +56,7 @@ from kvwatch.gate.pytest_options import (
     options_from_marker,
     probe_target,
 )
-from kvwatch.gate.pytest_text import (
+from kvwatch.gate.pytest_plugin.text import (
     SECTION,
     SUMMARY_PROPERTY,
     failure_message,
@@ -66,7 +66,7 @@ from kvwatch.gate.pytest_text import (
 )
 
 if TYPE_CHECKING:
-    from kvwatch.gate.pytest_gated import GateOutcome, MarkedGate
+    from kvwatch.gate.pytest_plugin.gated import GateOutcome, MarkedGate
 
 __all__ = ["LeakGate", "leak_gate"]  # the explicit form, for a block of a test
 T = TypeVar("T")
@@ -117,7 +117,7 @@ def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
 
 def begin_gate(item: pytest.Item, options: MarkerOptions) -> MarkedGate:
     """The gate over the probe fixture's value, its baseline taken."""
-    from kvwatch.gate.pytest_gated import MarkedGate
+    from kvwatch.gate.pytest_plugin.gated import MarkedGate
 
     value = item.funcargs[options.probe]
     return _or_usage_error(lambda: MarkedGate(options, probe_target(options.probe, value)))
@@ -134,7 +134,7 @@ def _or_usage_error(make: Callable[[], T]) -> T:
 
 def end_gate(gate: MarkedGate) -> GateOutcome:
     """The gate's outcome; a final probe or a judge that raised is an outcome too."""
-    from kvwatch.gate.pytest_gated import broken
+    from kvwatch.gate.pytest_plugin.gated import broken
 
     try:
         return gate.end()
