@@ -6,7 +6,7 @@ concurrency, and the clean engine beside it.
 A cell is one ``kvwatch gate --profile P -c C [--inject F] --seed S`` process:
 its own server, real Locust users, the HTTP probes, the same detectors and
 exit code a user gets. Cells run on fresh servers (a fault is fixed when the
-engine is built), two at a time. ``profiles.CATCHES`` names each fault's
+engine is built), two at a time. ``catches.CATCHES`` names each fault's
 profile and the detector that must fail; every fault must fail the gate with
 that detector at every concurrency, and every clean cell (each profile a fault
 names, at every concurrency, two seeds) must pass.
@@ -36,8 +36,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import NamedTuple
 
+from kvwatch.gate.verdicts.catches import CATCHES
 from kvwatch.gate.verdicts.detectors import IDS
-from kvwatch.harness.profiles import CATCHES, PROFILES
+from kvwatch.harness.profiles import PROFILES
 
 CONCURRENCY = (1, 2, 4, 8)
 CLEAN_SEEDS = (0, 1)

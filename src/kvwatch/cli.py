@@ -33,7 +33,7 @@ def _print_json(entries: list[dict]) -> int:
 
 def _faults(args: argparse.Namespace) -> int:
     from kvwatch.engine.faults import REGISTRY
-    from kvwatch.harness.profiles import CATCHES
+    from kvwatch.gate.verdicts.catches import CATCHES
 
     entries = [{**info.as_dict(), **CATCHES[info.name]._asdict()} for info in REGISTRY.values()]
     if args.json:
@@ -86,9 +86,10 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _profiles(args: argparse.Namespace) -> int:
+    from kvwatch.gate.verdicts.catches import exposed_by
     from kvwatch.harness.profiles import PROFILES
 
-    entries = [p.as_dict() for p in PROFILES.values()]
+    entries = [p.as_dict(exposed_by(p.name)) for p in PROFILES.values()]
     if args.json:
         return _print_json(entries)
     width = max(len(e["name"]) for e in entries)

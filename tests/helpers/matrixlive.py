@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from kvwatch.harness.profiles import CATCHES
+from kvwatch.gate.verdicts.catches import CATCHES
 from mutation import matrix
 
 ROTATION = [

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections import Counter
 
 from kvwatch.engine.faults import Fault
-from kvwatch.harness.profiles import CATCHES
+from kvwatch.gate.verdicts.catches import CATCHES
 from mutation import matrix
 
 CELLS = matrix.load(matrix.DOC.with_suffix(".json"))

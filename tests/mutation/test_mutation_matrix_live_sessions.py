@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from matrixlive import ROTATION, assert_caught, cells_on
 
-from kvwatch.harness.profiles import CATCHES
+from kvwatch.gate.verdicts.catches import CATCHES
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 PROFILES = ("streaming-session", "rl-rollout", "slot-cache")

@@ -2,16 +2,16 @@
 
 A profile names its Locust user class (in ``agents.py``) and the engine
 overrides the gate serves it with (small pools, so pressure, pruning and
-retraction happen within a few turns). ``CATCHES`` says, for every fault in
-the engine's registry, which profile reaches its code path and which detector
-must fail on it: the mutation matrix (``mutation/matrix.py``) runs exactly that through
-``kvwatch gate``. ``kvwatch profiles`` prints both. Importing this module
-pulls in neither Locust nor the engine.
+retraction happen within a few turns). Which fault each profile is there to
+expose, and which detector must catch it, is the gate's
+(``gate/verdicts/catches.py``): the load knows no detector. ``kvwatch
+profiles`` prints the profiles with their faults. Importing this module pulls
+in neither Locust nor the engine.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
 # The gate's engine: the reference model with pools small enough to feel pressure,
@@ -54,20 +54,17 @@ class Profile(NamedTuple):
     # turns, the fewest a trend test can call rising, and only in perfect order
     turns: int = 6
 
-    @property
-    def faults(self) -> tuple[str, ...]:
-        """The faults this profile is there to expose (``CATCHES``)."""
-        return tuple(f for f, catch in CATCHES.items() if catch.profile == self.name)
-
     def engine_config(self) -> dict:
         return merge(BASE_ENGINE, self.engine)
 
-    def as_dict(self) -> dict:
+    def as_dict(self, faults: Sequence[str] = ()) -> dict:
+        """The profile as ``kvwatch profiles --json`` lists it, with ``faults``, the
+        faults it is there to expose (the gate knows them: ``catches.exposed_by``)."""
         return {
             "name": self.name,
             "user": self.user,
             "summary": self.summary,
-            "faults": list(self.faults),
+            "faults": list(faults),
             "black_box": not self.kvwatch_api,
             "heap": self.heap,
             "flush_every_turn": self.flush_every_turn,
@@ -179,28 +176,6 @@ PROFILES: dict[str, Profile] = {
             "chats and cold prompts that miss the cache",
         ),
     )
-}
-
-
-class Catch(NamedTuple):
-    profile: str  # the profile whose conversations take the fault's code path
-    detector: str  # the detector that must fail the gate on it
-
-
-# Every fault in the engine's registry (kvwatch.engine.faults), the profile that
-# reaches it and the detector that must catch it: the mutation matrix's rows.
-CATCHES: dict[str, Catch] = {
-    "interior-snapshot-leak": Catch("agentic-trie", "allocator"),
-    "snapshot-release-ignores-host-refs": Catch("agentic-trie", "tree"),
-    "history-only-anchor": Catch("agentic-trie", "tree"),
-    "root-ref-leak-on-miss": Catch("agentic-trie", "refcount"),
-    "root-in-evict-set": Catch("abort-storm", "tree"),
-    "abort-state-buffer-leak": Catch("abort-storm", "allocator"),
-    "spec-overalloc-leak": Catch("streaming-session", "allocator"),
-    "session-tail-leak": Catch("streaming-session", "allocator"),
-    "session-tail-unaligned-free": Catch("streaming-session", "allocator"),
-    "session-blob-retention": Catch("rl-rollout", "heap"),
-    "stale-slot-entry": Catch("slot-cache", "slot-table"),
 }
 
 
