@@ -3,8 +3,8 @@ dashboard code; the HTTP server only reaches telemetry through what it is handed
 the package's parts import downward only, the gate's verdicts on top:
 
     7  cli, parser, serve, __main__      the commands: compose the parts below
-    6  gate                              verdicts: detectors, summary, outputs, the soak,
-                                         the pytest plugin; never a target implementation
+    6  gate                              the verdicts and what reads them (below); never
+                                         a target implementation
     5  targets | loadtests               what is gated | what Locust loads: never each other
     4  harness                           what a load run needs: plan, recorder, sources,
                                          Locust runs, the Target seam, profiles, replay
@@ -12,6 +12,15 @@ the package's parts import downward only, the gate's verdicts on top:
     2  instrumentation                   OTel listeners and probes
     1  engine
     0  contracts, streams, processes, sockets, kvwatch/__init__
+
+Inside the gate, a folder per job, the pipeline at its root:
+
+    gate/ (options, pipeline, soak)      the pipeline: runs a target, composes the rest
+    outputs/ | pytest_plugin/            what reads a verdict: never each other, never
+                                         the pipeline; the plugin loads nothing that
+                                         runs Locust
+    verdicts/ (judge, detectors/, ...)   pure functions of a run record: no other job
+                                         of the gate, no engine
 """
 
 from __future__ import annotations
@@ -39,16 +48,17 @@ def test_importing_the_engine_pulls_no_telemetry():
     assert out.stdout.strip() == "", f"kvwatch.engine imported {out.stdout.strip()}"
 
 
-def imports_of(folder: str) -> dict[str, set[str]]:
+def imports_of(folder: str, root: Path = ROOT) -> dict[str, set[str]]:
+    """Every module each file under ``folder`` imports, by its path below ``root``."""
     out = {}
-    for path in sorted((ROOT / folder).rglob("*.py")):
+    for path in sorted((root / folder).rglob("*.py")):
         names = set()
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Import):
                 names.update(a.name for a in node.names)
             elif isinstance(node, ast.ImportFrom) and node.module:
                 names.add(node.module)
-        out[str(path.relative_to(ROOT))] = names
+        out[str(path.relative_to(root))] = names
     return out
 
 
@@ -100,8 +110,8 @@ def test_telemetry_and_the_gate_only_listen_to_the_engine():
     folders = ("instrumentation", "harness", "gate")
     for path, names in {k: v for f in folders for k, v in imports_of(f).items()}.items():
         engine = {n for n in names if n.startswith("kvwatch.engine")}
-        if path.startswith("gate/verdicts/detectors/"):
-            assert not engine, f"{path} imports {sorted(engine)}: detectors read probe JSON"
+        if path.startswith("gate/verdicts/"):
+            assert not engine, f"{path} imports {sorted(engine)}: verdicts read the run record"
         elif Path(path).name in LISTENERS and Path(path).parent.name == "instrumentation":
             allowed = {"kvwatch.engine", "kvwatch.engine.events", "kvwatch.engine.probe"}
             assert engine <= allowed, f"{path} reaches into {sorted(engine - allowed)}"
@@ -331,6 +341,98 @@ def test_the_gate_never_imports_a_target_or_a_load():
     for path, names in runtime_imports_of("gate").items():
         bad = sorted(n for n in names if n.startswith(("kvwatch.targets", "kvwatch.loadtests")))
         assert not bad, f"{path} imports {bad}"
+
+
+# what each job of the gate may import of the gate: the verdicts are pure functions
+# of a run record; outputs and the pytest plugin read verdicts; the pipeline (the
+# modules at the gate's root) composes all three
+GATE_JOBS = ("verdicts", "outputs", "pytest_plugin")
+GATE_MAY_IMPORT = {
+    "verdicts": {"verdicts"},
+    "outputs": {"verdicts", "outputs"},
+    "pytest_plugin": {"verdicts", "pytest_plugin"},
+    "pipeline": {"verdicts", "outputs", "pytest_plugin", "pipeline"},
+}
+
+
+def gate_job(module: str) -> str | None:
+    """The job of a gate module: ``kvwatch.gate.outputs.summary`` is ``outputs``,
+    ``kvwatch.gate.pipeline`` (a module at the gate's root) ``pipeline``; None
+    outside the gate."""
+    parts = module.split(".")
+    if parts[:2] != ["kvwatch", "gate"]:
+        return None
+    return parts[2] if len(parts) > 2 and parts[2] in GATE_JOBS else "pipeline"
+
+
+def gate_job_crossings(root: Path) -> list[str]:
+    """Every import in the gate under ``root`` (``TYPE_CHECKING`` ones too: a job that
+    needs another's types to speak depends on it) that its job may not make."""
+    bad = []
+    for path, names in imports_of("gate", root).items():
+        me = gate_job("kvwatch." + path.removesuffix(".py").replace("/", "."))
+        for name in sorted(names):
+            other = gate_job(name)
+            if other is not None and other not in GATE_MAY_IMPORT[me]:
+                bad.append(f"{path} ({me}) imports {name} ({other})")
+    return bad
+
+
+def test_each_job_of_the_gate_imports_only_what_it_may():
+    assert gate_job_crossings(PACKAGE) == []
+
+
+def test_a_planted_crossing_between_the_gates_jobs_is_seen(tmp_path):
+    for job in GATE_JOBS:
+        (tmp_path / "gate" / job).mkdir(parents=True)
+    (tmp_path / "gate" / "verdicts" / "judge.py").write_text(
+        "from typing import TYPE_CHECKING\n"
+        "from kvwatch.gate.verdicts.detectors import detector_set\n"
+        "if TYPE_CHECKING:\n    from kvwatch.gate.outputs.summary import GateSummary\n"
+    )
+    (tmp_path / "gate" / "outputs" / "console.py").write_text(
+        "from kvwatch.gate.pipeline import run_gate\nfrom kvwatch.gate.verdicts import judge\n"
+    )
+    (tmp_path / "gate" / "pytest_plugin" / "text.py").write_text(
+        "from kvwatch.gate.outputs import console\n"
+    )
+    (tmp_path / "gate" / "pipeline.py").write_text("from kvwatch.gate.outputs import console\n")
+    assert gate_job_crossings(tmp_path) == [
+        "gate/outputs/console.py (outputs) imports kvwatch.gate.pipeline (pipeline)",
+        "gate/pytest_plugin/text.py (pytest_plugin) imports kvwatch.gate.outputs (outputs)",
+        "gate/verdicts/judge.py (verdicts) imports kvwatch.gate.outputs.summary (outputs)",
+    ]
+
+
+def plugin_imports() -> set[str]:
+    """Every kvwatch module the pytest plugin's modules import, the ones they import
+    only once a test is gated included."""
+    found = imports_of("gate/pytest_plugin")
+    return {n for names in found.values() for n in names if n.startswith("kvwatch.")}
+
+
+def test_the_pytest_plugin_loads_nothing_that_runs_locust():
+    """The plugin loads in every pytest run of anyone who installs kvwatch: neither
+    it nor what it imports when a test is gated (the recorder, its probe sources, the
+    detectors) may load Locust, gevent or the code that starts Locust."""
+    names = plugin_imports()
+    runners = sorted(n for n in names if n.startswith((*LOCUST_RUNNERS, "kvwatch.targets")))
+    assert runners == []
+    assert "kvwatch.harness.recorder" in names  # what a gated test records with
+    assert loaded_by(", ".join(sorted(names))) == []
+
+
+def test_the_pytest_plugin_loads_only_itself_until_a_test_is_gated():
+    """docs/contracts.md: the plugin imports the detectors and the recorder only when
+    a test is gated."""
+    code = (
+        "import sys, kvwatch.gate.pytest_plugin.plugin\n"
+        "print(','.join(sorted(m for m in sys.modules if m.startswith('kvwatch.'))))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    loaded = out.stdout.strip().split(",")
+    assert "kvwatch.gate.pytest_plugin.plugin" in loaded
+    assert [m for m in loaded if not m.startswith("kvwatch.gate.pytest_plugin")] == ["kvwatch.gate"]
 
 
 def test_a_planted_upward_import_is_seen(tmp_path):
