@@ -17,6 +17,7 @@ the package's parts import downward only, the gate's verdicts on top:
 from __future__ import annotations
 
 import ast
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -320,14 +321,41 @@ def test_a_planted_upward_import_is_seen(tmp_path):
     ]
 
 
-def test_no_two_source_modules_share_a_file_name():
-    """A reader must never confuse ``a/gate.py`` with ``b/gate.py``."""
-    seen: dict[str, str] = {}
-    clashes = []
-    for path in [*outside_the_engine(), *sorted((PACKAGE / "engine").rglob("*.py"))]:
-        if not path.name.startswith("__"):
-            rel = str(path)
-            if path.name in seen:
-                clashes.append(f"{seen[path.name]} and {rel}")
-            seen.setdefault(path.name, rel)
-    assert not clashes, clashes
+# Modules named before this rule, still to be renamed by their part's owners (the
+# mutation catalog names some of them by path); the list only shrinks.
+STUTTER_KNOWN = frozenset(
+    {
+        "engine/engine.py",
+        "engine/model/model.py",
+        "engine/cache/full_cache.py",
+        "engine/cache/radix_cache.py",
+        "gate/gate_metrics.py",
+        "targets/lightllm/lightllm_hunt.py",
+        "targets/lightllm/lightllm_target.py",
+        "targets/sglang/sglang_hunt.py",
+    }
+)
+
+
+def stutter(paths: list[Path]) -> list[str]:
+    """Modules whose file name repeats their folder's name (``sglang/sglang_hunt.py``):
+    the folder already says it. Two folders may each hold a ``target.py``; within a
+    folder the file system keeps names apart."""
+    return [
+        path.as_posix()
+        for path in paths
+        if not path.name.startswith("__") and path.parent.name in path.stem.split("_")
+    ]
+
+
+def test_no_module_name_repeats_its_folders_name():
+    paths = [*outside_the_engine(), *sorted((PACKAGE / "engine").rglob("*.py"))]
+    found = {os.path.relpath(p, PACKAGE) for p in stutter(paths)}
+    assert found - STUTTER_KNOWN == set()
+    assert STUTTER_KNOWN - found == set(), "renamed: take it off STUTTER_KNOWN"
+
+
+def test_a_module_that_repeats_its_folders_name_is_seen():
+    paths = [Path("t/sglang/sglang_hunt.py"), Path("t/sglang/target.py")]
+    paths += [Path("t/vllm/scheduler_target.py"), Path("t/kvwatch/__init__.py")]
+    assert stutter(paths) == ["t/sglang/sglang_hunt.py"]

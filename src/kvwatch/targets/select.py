@@ -51,7 +51,7 @@ class TargetFlags:
 
 
 def _http(flags: TargetFlags, out: Path) -> Target:
-    from kvwatch.targets.http_target import HttpTarget
+    from kvwatch.targets.http.target import HttpTarget
 
     if flags.engine is not None and flags.engine != "kvwatch":
         raise ValueError(
@@ -69,7 +69,7 @@ def _http(flags: TargetFlags, out: Path) -> Target:
 
 
 def _kvwatch(flags: TargetFlags, out: Path) -> Target:
-    from kvwatch.targets.kvwatch_target import KvwatchTarget
+    from kvwatch.targets.kvwatch.target import KvwatchTarget
 
     gauges = preset(flags.gauges or "kvwatch", flags.extra_gauges)
     return KvwatchTarget(

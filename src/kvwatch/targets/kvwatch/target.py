@@ -30,14 +30,14 @@ from kvwatch.harness.locust_run import HANDOVER, run_turns
 from kvwatch.harness.plan import GaugePreset, ProbeSpec, RunPlan, preset
 from kvwatch.harness.profiles import PROFILES, Profile, merge, soak_profile
 from kvwatch.harness.progress import Progress
-from kvwatch.harness.replay import choose
 from kvwatch.harness.run_record import RunRecord, Signal
 from kvwatch.harness.soak_load import SoakLoad, SoakSpec
 from kvwatch.harness.sources import HttpSource
 from kvwatch.harness.target import RunSpec, Served, Target
 from kvwatch.harness.time_spent import TimeSpent, engine_cpu
 from kvwatch.instrumentation.coverage import since
-from kvwatch.targets.kvwatch_serve import EngineServer
+from kvwatch.targets.kvwatch.replay import choose
+from kvwatch.targets.kvwatch.serve import EngineServer
 
 # The server traces its heap (tracemalloc, one frame) in every profile's runs up
 # to this concurrency, and at every one for profiles that ask (``Profile.heap``):
@@ -124,7 +124,7 @@ class KvwatchServed(Served):
     def reference(self):
         """The cache-off engine of the served model, built on the first replay."""
         if self._reference is None:
-            from kvwatch.harness.replay import Reference  # torch: only once a run needs it
+            from kvwatch.targets.kvwatch.replay import Reference  # torch: only once a run needs it
 
             self._reference = Reference(self.target.engine(self.profile))
         return self._reference

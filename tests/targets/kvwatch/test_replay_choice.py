@@ -12,9 +12,9 @@ from __future__ import annotations
 from fastapi.testclient import TestClient
 
 from kvwatch.engine import Engine
-from kvwatch.harness.replay import choose, spread_order
 from kvwatch.harness.run_record import Candidate
 from kvwatch.server import EngineWorker, ServerSettings, create_app
+from kvwatch.targets.kvwatch.replay import choose, spread_order
 
 MODEL = ServerSettings().model_name
 
@@ -80,7 +80,7 @@ def test_a_small_budget_replays_the_shallow_resume_that_shows_a_bad_restore(monk
     window): twenty-odd ordinary requests, two that resume shallow. Four replays chosen
     by what the requests exercised catch it; four spread evenly over the run do not."""
     from kvwatch.engine.cache import working
-    from kvwatch.harness.replay import Reference, spread
+    from kvwatch.targets.kvwatch.replay import Reference, spread
 
     honest = working.WorkingState.restore_state
 

@@ -16,11 +16,11 @@ from kvwatch.engine import EngineConfig
 from kvwatch.engine.runner import ModelRunner
 from kvwatch.gate.detectors import equivalence
 from kvwatch.harness.recorder import RecorderOptions, TurnRecorder
-from kvwatch.harness.replay import Reference
 from kvwatch.harness.run_record import Candidate
 from kvwatch.harness.sources import HttpSource
 from kvwatch.serve import ServeOptions, build
 from kvwatch.server import ServerSettings
+from kvwatch.targets.kvwatch.replay import Reference
 
 MODEL = "kvwatch-tiny-hybrid"
 
