@@ -331,7 +331,6 @@ STUTTER_KNOWN = frozenset(
         "engine/cache/radix_cache.py",
         "gate/gate_metrics.py",
         "targets/lightllm/lightllm_hunt.py",
-        "targets/lightllm/lightllm_target.py",
         "targets/sglang/sglang_hunt.py",
     }
 )

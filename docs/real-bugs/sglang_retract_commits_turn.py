@@ -6,7 +6,7 @@ its session while it is still queued.
 
 SGLang's own ``Scheduler`` from the release's wheel (downloaded once, as ``kvwatch gate
 --engine sglang-cache`` does), built by its own ``__init__`` and stepped one iteration of
-its event loop at a time (``shim_choice.make``). The script sends only what a tokenizer
+its event loop at a time (``loop_choice.make``). The script sends only what a tokenizer
 manager sends (requests, aborts, a session's open and close) and reads the scheduler's
 state between iterations:
 
@@ -44,9 +44,9 @@ import logging
 import os
 import sys
 
-from kvwatch.targets.sglang import shim_choice
-from kvwatch.targets.sglang.cache_probe import CacheProbe
-from kvwatch.targets.sglang.shim_parts import PoolConfig, ShimConfig
+from kvwatch.targets.sglang import loop_choice
+from kvwatch.targets.sglang.loop_parts import PoolConfig, ShimConfig
+from kvwatch.targets.sglang.probe import CacheProbe
 
 HISTORY, T2, T3 = list(range(100, 160)), list(range(200, 208)), list(range(300, 304))
 X = list(range(400, 410))
@@ -68,7 +68,7 @@ def contains(seq: list[int], part: list[int]) -> bool:
 def retracted_t2(release, config: ShimConfig):
     """A scheduler whose session ``sess`` has t2 retracted and queued, its probe, and
     whether SGLang retracted t2 at all."""
-    driver = shim_choice.make(release, config)
+    driver = loop_choice.make(release, config)
     probe = CacheProbe(driver)
     driver.open_session("sess")
     driver.submit("t1", HISTORY, 4, session_id="sess")
@@ -178,11 +178,11 @@ def quiet_test_retractions() -> None:
 def main() -> int:
     quiet_test_retractions()
     version = sys.argv[1] if len(sys.argv) > 1 else "0.5.23"
-    release = shim_choice.load(version)
+    release = loop_choice.load(version)
     shown = []
     with release.active():
         for case, config, run in CASES:
-            os.environ.update(shim_choice.environment(release, config))
+            os.environ.update(loop_choice.environment(release, config))
             print(f"sglang {version}, {case}:")
             shown.append(run(release, config))
     return 1 if any(shown) else 0

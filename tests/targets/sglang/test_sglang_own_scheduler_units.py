@@ -22,16 +22,15 @@ import torch
 from kvwatch.contracts import FindingKind
 from kvwatch.targets.sglang import (
     admission_watch,
+    loop_choice,
     pool_holders,
     registry_walk,
     runtime_host,
     scheduler_host,
     scheduler_imports,
-    shim_choice,
 )
-from kvwatch.targets.sglang.own_scheduler import OwnScheduler, RequestHandle, _ends
-from kvwatch.targets.sglang.paced_loop import PacedLoop
-from kvwatch.targets.sglang.shim_parts import (
+from kvwatch.targets.sglang.loop import OwnScheduler, RequestHandle, _ends
+from kvwatch.targets.sglang.loop_parts import (
     ABORTED,
     ABORTED_BY_SGLANG,
     ABORTED_IN_QUEUE,
@@ -39,6 +38,7 @@ from kvwatch.targets.sglang.shim_parts import (
     REJECTED,
     TIMED_OUT,
 )
+from kvwatch.targets.sglang.paced_loop import PacedLoop
 from kvwatch.targets.stand_ins import StubModule
 
 
@@ -53,13 +53,13 @@ def _release_files(root, scheduler: str, common: str = "") -> None:
 
 def test_the_release_files_choose_how_the_scheduler_is_built(tmp_path):
     _release_files(tmp_path / "a", "from sglang.srt.server_args import ServerArgs\n")
-    assert shim_choice.plan_for(tmp_path / "a") is scheduler_imports.PLAN
+    assert loop_choice.plan_for(tmp_path / "a") is scheduler_imports.PLAN
     context = "from sglang.srt.runtime_context import get_server_args\n"
     _release_files(tmp_path / "b", context)  # 0.5.16+, however it publishes the context
-    assert shim_choice.plan_for(tmp_path / "b") is runtime_host.PLAN
+    assert loop_choice.plan_for(tmp_path / "b") is runtime_host.PLAN
     (tmp_path / "c/sglang/srt").mkdir(parents=True)  # no scheduler at all
-    with pytest.raises(shim_choice.Unsupported, match=r"no managers/scheduler\.py"):
-        shim_choice.plan_for(tmp_path / "c")
+    with pytest.raises(loop_choice.Unsupported, match=r"no managers/scheduler\.py"):
+        loop_choice.plan_for(tmp_path / "c")
 
 
 # -- the host's side --------------------------------------------------------------------------

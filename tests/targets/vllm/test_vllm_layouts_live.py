@@ -1,7 +1,7 @@
 """The KV cache layouts users turn on, on vLLM's own scheduler: clean, planted, gated.
 
 vLLM lives in its own venv (``KVWATCH_VLLM_PYTHON``; without it these skip):
-``targets/vllm/layouts_planted.py`` runs there and prints what the checks saw
+``planted/layouts.py`` (beside this file) runs there and prints what the checks saw
 with each layout profile clean and with each fault planted in vLLM's own
 ``BlockPool`` (events dropped, doubled, invented; partial-block entries moved
 or foreign); the gate runs the layout profiles on the venv's vLLM and on the
@@ -16,6 +16,7 @@ import os
 import subprocess
 import sys
 from argparse import Namespace
+from pathlib import Path
 
 import pytest
 
@@ -24,6 +25,7 @@ from kvwatch.targets.vllm.kv_layout import parse
 from kvwatch.targets.vllm.release import find
 
 PYTHON = os.environ.get("KVWATCH_VLLM_PYTHON")
+PLANTED = Path(__file__).parent / "planted"  # run by vLLM's Python, never collected
 NEWEST = "0.33.0"
 pytestmark = [
     pytest.mark.vllm,
@@ -33,7 +35,7 @@ pytestmark = [
 
 @pytest.fixture(scope="module")
 def runs() -> dict:
-    cmd = [PYTHON, "-P", "-m", "kvwatch.targets.vllm.layouts_planted"]
+    cmd = [PYTHON, "-P", str(PLANTED / "layouts.py")]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout)

@@ -8,7 +8,7 @@ its default backend's infer loop one iteration at a time over its own
 memory and request managers. A probe reads LightLLM's pools, ref counts and
 tree into kvwatch's ``ProbeReport`` after every iteration; kvwatch's
 recorder and detectors judge the run. The target itself is
-``kvwatch.targets.lightllm.lightllm_target``.
+``kvwatch.targets.lightllm.target``.
 
 Stubs (``kvwatch.targets.stand_ins``), the units' audit (``unit_audit``), the
 per-step probe's memory (``step_probe``) and the container walk

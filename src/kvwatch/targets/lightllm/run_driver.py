@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from kvwatch.targets.lightllm.loop_recording import record_run
+from kvwatch.targets.lightllm.recording import record_run
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -8,7 +8,7 @@ release's own ``Scheduler`` and steps its own event loop (0.5.4.post3 ..
 0.5.13.post1 read ``ServerArgs``; 0.5.16+ read ``runtime_context``). A probe
 reads SGLang's pools, tree and session slots into kvwatch's ``ProbeReport``
 after every step; kvwatch's recorder and detectors judge the run. The
-target itself is ``kvwatch.targets.sglang.cache_target``.
+target itself is ``kvwatch.targets.sglang.target``.
 
 Stubs (``kvwatch.targets.stand_ins``), the units' audit (``unit_audit``), the
 per-step probe's memory (``step_probe``) and the container walk

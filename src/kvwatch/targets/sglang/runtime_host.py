@@ -46,8 +46,8 @@ from types import SimpleNamespace
 from typing import Any, NamedTuple
 
 from kvwatch.targets.sglang import scheduler_host, scheduler_imports
+from kvwatch.targets.sglang.loop_parts import ShimConfig
 from kvwatch.targets.sglang.release_import import Release
-from kvwatch.targets.sglang.shim_parts import ShimConfig
 from kvwatch.targets.sglang.stand_in_worker import GROUP
 
 RUNTIME_CONTEXT = "from sglang.srt.runtime_context import"  # 0.5.16+: in scheduler.py

@@ -42,8 +42,8 @@ from types import SimpleNamespace
 from typing import Any
 
 from kvwatch.targets.sglang import runtime_host, scheduler_host, scheduler_imports
+from kvwatch.targets.sglang.loop_parts import ShimConfig
 from kvwatch.targets.sglang.release_import import Release
-from kvwatch.targets.sglang.shim_parts import ShimConfig
 from kvwatch.targets.sglang.stand_in_worker import StandInWorker, TokenModel
 
 SCHEDULER = "sglang.srt.managers.scheduler"

@@ -36,8 +36,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvwatch.targets.sglang.cache_workloads import Actions, TurnStats, Workload
-from kvwatch.targets.sglang.shim_parts import ShimConfig
+from kvwatch.targets.sglang.loop_parts import ShimConfig
+from kvwatch.targets.sglang.workloads import Actions, TurnStats, Workload
 
 LOW, HIGH, LOWEST = 0, 10, -5
 

@@ -9,7 +9,7 @@ every answer comes from the driver (SGLang's own scheduler or the shim) and
 its ``CacheProbe``; there is no heap sampler (the target does not claim
 ``Signal.HEAP``: ``cache_target.py`` says why) and nothing is replayed.
 
-Invariant: only ``watch``, ``latched`` (``kvwatch.targets.step_probe``'s
+Invariant: only ``watch``, ``latched`` (``kvwatch.targets.driver.step_probe``'s
 ``StepSource``) and ``session_open`` differ from ``CallableSource``.
 """
 
@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvwatch.targets.sglang.cache_probe import CacheProbe
-from kvwatch.targets.step_probe import StepSource
+from kvwatch.targets.driver.step_probe import StepSource
+from kvwatch.targets.sglang.probe import CacheProbe
 
 
 class ShimSource(StepSource):

@@ -41,7 +41,7 @@ from kvwatch.targets.vllm.kv_layout import Layout, parse
 from kvwatch.targets.vllm.release import Release, find
 from kvwatch.targets.vllm.sched_profiles import WORKLOADS
 
-DRIVER = "kvwatch.targets.vllm.scheduler_driver"
+DRIVER = "kvwatch.targets.vllm.run_driver"
 LAYOUTS = tuple(
     parse(label)
     for label in (

@@ -23,7 +23,7 @@ and what became of it ("..., finished at step 12"). With ``watch()`` it also
 audits after every step and keeps the first reports that show a finding
 (``latched()``, what kvwatch's recorder collects at the next barrier), so a
 state that is wrong only while requests run is judged too
-(``kvwatch.targets.step_probe``).
+(``kvwatch.targets.driver.step_probe``).
 
 ``flush()`` evicts everything evictable (``tree.evict``, never ``reset()``), as
 kvwatch's ``POST /debug/flush_cache`` does, and answers False while requests
@@ -49,10 +49,10 @@ from kvwatch.contracts import (
     TreeReport,
     finding,
 )
+from kvwatch.targets.driver.step_probe import StepProbe
 from kvwatch.targets.sglang import cache_views, pool_audit, registry_walk
 from kvwatch.targets.sglang.cache_views import NodeView, inner
 from kvwatch.targets.sglang.pool_holders import KV, MAMBA, SWA, Holding, PoolReader
-from kvwatch.targets.step_probe import StepProbe
 
 OWNERS = ("tree", "request", "session")
 

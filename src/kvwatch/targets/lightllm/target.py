@@ -17,7 +17,7 @@ router. Its profiles are the workloads of ``infer_workloads``::
 
 Each run is a driver process of its own (``run_driver.py`` says why: start
 args read once per process, module singletons, global CPU changes to
-torch), run and followed by ``kvwatch.targets.driver_process``. A run that
+torch), run and followed by ``kvwatch.targets.driver.process``. A run that
 does not end in ``spec.run_timeout`` is killed and is an error.
 
 What its records carry (``signals``): probes (the audit of LightLLM's pools,
@@ -42,10 +42,10 @@ from kvwatch.harness.progress import Progress
 from kvwatch.harness.run_record import RunRecord, Signal
 from kvwatch.harness.target import RunSpec, Served, Target
 from kvwatch.processes import ServerError
-from kvwatch.targets import driver_process
-from kvwatch.targets.driver_process import Driver, DriverFiles
+from kvwatch.targets.driver import process
+from kvwatch.targets.driver.process import Driver, DriverFiles
 from kvwatch.targets.lightllm.checkout_check import Checkout
-from kvwatch.targets.lightllm.infer_workloads import WORKLOADS
+from kvwatch.targets.lightllm.workloads import WORKLOADS
 
 CACHES = ("radix", "linear")
 DRIVER = "kvwatch.targets.lightllm.run_driver"
@@ -130,4 +130,4 @@ class LightllmServed(Served):
         )
 
     def run(self, spec: RunSpec) -> RunRecord:
-        return driver_process.run(self.driver(spec), spec, self.plan(spec), RunRecord.from_json)
+        return process.run(self.driver(spec), spec, self.plan(spec), RunRecord.from_json)

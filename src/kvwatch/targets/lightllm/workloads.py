@@ -37,8 +37,8 @@ from collections.abc import Callable
 from typing import ClassVar, NamedTuple
 
 from kvwatch.targets.lightllm.infer_build import InferSizes
-from kvwatch.targets.lightllm.infer_loop import ABORTED, InferLoop
 from kvwatch.targets.lightllm.infer_records import ShmReq
+from kvwatch.targets.lightllm.loop import ABORTED, InferLoop
 
 MAX_ITERATIONS = 5_000  # per turn: a loop that never gets idle breaks the run
 LINEAR_ARGS = {"linear_att_hash_page_size": 4, "linear_att_page_block_num": 4}

@@ -39,7 +39,7 @@ import random
 from collections.abc import Callable
 from typing import Any, ClassVar, NamedTuple
 
-from kvwatch.targets.sglang.shim_parts import PoolConfig, ShimConfig
+from kvwatch.targets.sglang.loop_parts import PoolConfig, ShimConfig
 
 MAX_STEPS = 20_000  # per turn: a scheduler that never gets idle breaks the run
 BIG_MARGIN = 24  # aborts: a waiting prompt leaves this much of the pool for its output

@@ -34,11 +34,11 @@ from typing import Any
 
 from kvwatch.harness.recorder import RecorderOptions, TurnRecorder
 from kvwatch.harness.run_record import KEEP_FAILURES, Counts, RunRecord
+from kvwatch.targets.driver.step_probe import StepSource
 from kvwatch.targets.lightllm.infer_build import build
-from kvwatch.targets.lightllm.infer_loop import ABORTED, FAILED, FINISHED, InferLoop
-from kvwatch.targets.lightllm.infer_probe import InferProbe
-from kvwatch.targets.lightllm.infer_workloads import WORKLOADS, Workload
-from kvwatch.targets.step_probe import StepSource
+from kvwatch.targets.lightllm.loop import ABORTED, FAILED, FINISHED, InferLoop
+from kvwatch.targets.lightllm.probe import InferProbe
+from kvwatch.targets.lightllm.workloads import WORKLOADS, Workload
 
 
 def counts(loop: InferLoop) -> dict:

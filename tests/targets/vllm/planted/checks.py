@@ -6,7 +6,7 @@ release this Python has. Run it with vLLM's Python; it prints one JSON object,
 a key per scenario, each with the rules the checks found (per step and at the
 barrier, in order) and their first findings::
 
-    python -P -m kvwatch.targets.vllm.checks_planted
+    python -P tests/targets/vllm/planted/checks.py
 
 ``clean``      streaming sessions with readers, waves sharing a prefix, priority
                preemption with two steps in flight: nothing found
@@ -25,8 +25,8 @@ import json
 import tempfile
 from pathlib import Path
 
+from kvwatch.targets.vllm.loop import Core
 from kvwatch.targets.vllm.scheduler_build import build
-from kvwatch.targets.vllm.stepped_core import Core
 from kvwatch.targets.vllm.workloads import BLOCK, Priority, StreamingInput, Waves
 
 MODEL = Path(tempfile.mkdtemp(prefix="kvwatch-vllm-checks-")) / "model"

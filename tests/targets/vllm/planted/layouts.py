@@ -6,7 +6,7 @@ layouts of ``layout_workloads.py``. Run it with vLLM's Python; it prints one
 JSON object, a key per scenario, with the rules found (every step and every
 barrier, in order) and the first finding of each::
 
-    python -P -m kvwatch.targets.vllm.layouts_planted
+    python -P tests/targets/vllm/planted/layouts.py
 
 ``clean``             each layout profile, three turns at c = 2 (``hybrid-mamba``
                       at 4, where it preempts): no rule, and what each exercised
@@ -38,9 +38,9 @@ from pathlib import Path
 from kvwatch.targets.vllm.hash_checks import check_hashes
 from kvwatch.targets.vllm.kv_layout import Layout
 from kvwatch.targets.vllm.layout_workloads import LAYOUT_WORKLOADS, KvEvents, MidBlockPrefix
+from kvwatch.targets.vllm.loop import Core
 from kvwatch.targets.vllm.scheduler_build import build
 from kvwatch.targets.vllm.scheduler_reads import group_managers, table
-from kvwatch.targets.vllm.stepped_core import Core
 from kvwatch.targets.vllm.token_hashes import covered
 
 MODEL = Path(tempfile.mkdtemp(prefix="kvwatch-vllm-layouts-")) / "model"

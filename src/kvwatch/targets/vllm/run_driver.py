@@ -3,7 +3,7 @@
 ``scheduler_target.py`` starts this with the release's Python (and its
 unpacked wheel in front, ``release.py``) for each run::
 
-    python -P -m kvwatch.targets.vllm.scheduler_driver PLAN.json
+    python -P -m kvwatch.targets.vllm.run_driver PLAN.json
 
 It builds vLLM's own ``Scheduler`` (``AsyncScheduler`` where the workload
 keeps two steps in flight) over a tiny model's config, with no model: each
@@ -55,10 +55,10 @@ from pathlib import Path
 
 from kvwatch.targets.vllm.kv_groups import Unsupported
 from kvwatch.targets.vllm.kv_layout import Layout, fit, from_json
+from kvwatch.targets.vllm.loop import Core
 from kvwatch.targets.vllm.sched_profiles import WORKLOADS
 from kvwatch.targets.vllm.scheduler_build import build
 from kvwatch.targets.vllm.scheduler_reads import hash_block_size
-from kvwatch.targets.vllm.stepped_core import Core
 
 
 class Run:

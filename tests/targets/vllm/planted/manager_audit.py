@@ -6,7 +6,7 @@ driven through the calls vLLM's scheduler makes for each request
 decoded token, ``free``), with vLLM's own block hasher so prefix hits are
 real. Run it with vLLM's Python; it prints one JSON object, a key per scenario::
 
-    python -m kvwatch.targets.vllm.manager_audit_check
+    python -P tests/targets/vllm/planted/manager_audit.py
 
 ``clean``     A and B share a 32-token prefix; A finishes and is freed, B runs.
 ``leaked``    the same, but A's free is skipped: A is neither freed nor live.

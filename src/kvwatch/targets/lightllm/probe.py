@@ -27,7 +27,7 @@ observer of the loop), so an orphan names its last holder and what became
 of it (``request 7 pending big page at 16, aborted at iteration 3``). With
 ``watch()`` it audits after every iteration and keeps the first reports
 that show a finding (``latched()``), for the recorder's next barrier
-(``kvwatch.targets.step_probe``).
+(``kvwatch.targets.driver.step_probe``).
 
 Invariant: the probe only reads LightLLM's state; ``flush`` is the one call
 that changes it, through the cache's own eviction.
@@ -47,10 +47,10 @@ from kvwatch.contracts import (
     RootRefs,
     TreeReport,
 )
+from kvwatch.targets.driver.step_probe import StepProbe
 from kvwatch.targets.lightllm import object_sizes, slot_audit, state_read, tree_read
-from kvwatch.targets.lightllm.infer_loop import InferLoop
+from kvwatch.targets.lightllm.loop import InferLoop
 from kvwatch.targets.lightllm.state_read import KV, SMALL, STATE, Holding, PoolView
-from kvwatch.targets.step_probe import StepProbe
 
 OWNERS = ("tree", "request")
 

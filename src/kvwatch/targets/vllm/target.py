@@ -30,9 +30,9 @@ from kvwatch.harness.recorder import full_pools
 from kvwatch.harness.run_record import RunRecord, Signal
 from kvwatch.harness.target import RunSpec, Served, Target
 from kvwatch.processes import ServerError
-from kvwatch.targets.vllm.probe_source import probe_report
+from kvwatch.targets.vllm.probe import probe_report
 
-SOURCE = "kvwatch.targets.vllm.probe_source:VllmProbeSource.for_plan"
+SOURCE = "kvwatch.targets.vllm.probe:VllmProbeSource.for_plan"
 
 
 class VllmTarget(Target):

@@ -25,11 +25,11 @@ from kvwatch.targets.sglang import (
     release_layout,
     wheel_fetch,
 )
-from kvwatch.targets.sglang.cache_target import PROFILES, SglangCacheTarget
 from kvwatch.targets.sglang.cache_views import Lock, NodeView
+from kvwatch.targets.sglang.loop_parts import Outcome
 from kvwatch.targets.sglang.pool_holders import Holding
-from kvwatch.targets.sglang.recorded_run import counts
-from kvwatch.targets.sglang.shim_parts import Outcome
+from kvwatch.targets.sglang.recording import counts
+from kvwatch.targets.sglang.target import PROFILES, SglangCacheTarget
 from kvwatch.targets.stand_ins import Stub, StubModule, defines
 
 

@@ -1,7 +1,7 @@
 """Which releases SGLang's own ``Scheduler`` is driven on here, and what it refuses (and why).
 
 Decided by the release's own files, never by its version number. The
-driver is always ``OwnScheduler`` (``own_scheduler.py``), the release's
+driver is always ``OwnScheduler`` (``loop.py``), the release's
 ``Scheduler`` built by its own ``__init__`` and stepped one iteration of its
 own event loop at a time; how it is built depends on where the scheduler
 reads its settings:
@@ -26,9 +26,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kvwatch.targets.sglang import own_scheduler, release_import, runtime_host, scheduler_imports
+from kvwatch.targets.sglang import loop, release_import, runtime_host, scheduler_imports
+from kvwatch.targets.sglang.loop_parts import ShimConfig, ShimLoop
 from kvwatch.targets.sglang.release_import import Release
-from kvwatch.targets.sglang.shim_parts import ShimConfig, ShimLoop
 from kvwatch.targets.sglang.wheel_fetch import fetch
 
 
@@ -78,9 +78,9 @@ def _mamba(release: Release) -> bool:
 def environment(release: Release, config: ShimConfig) -> dict[str, str]:
     """What SGLang reads from the environment for this run."""
     runtime = runtime_host.ENVIRONMENT if release.plan is runtime_host.PLAN else {}
-    return {**own_scheduler.environment(config), **runtime}
+    return {**loop.environment(config), **runtime}
 
 
 def make(release: Release, config: ShimConfig, seed: int = 0) -> ShimLoop:
     """The release's own scheduler over fresh pools and cache (call while it is active)."""
-    return own_scheduler.OwnScheduler(release, config, seed=seed)
+    return loop.OwnScheduler(release, config, seed=seed)

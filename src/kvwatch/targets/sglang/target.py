@@ -42,9 +42,9 @@ from kvwatch.harness.progress import Progress
 from kvwatch.harness.run_record import RunRecord, Signal
 from kvwatch.harness.target import RunSpec, Served, Target
 from kvwatch.processes import ServerError
-from kvwatch.targets.sglang import cache_workloads, scheduler_workloads
-from kvwatch.targets.sglang.cache_workloads import Workload
+from kvwatch.targets.sglang import scheduler_workloads, workloads
 from kvwatch.targets.sglang.wheel_fetch import check_version
+from kvwatch.targets.sglang.workloads import Workload
 
 if TYPE_CHECKING:
     from kvwatch.targets.sglang.release_import import Release
@@ -61,7 +61,7 @@ class CacheProfile(NamedTuple):
     turns: int = 6
 
 
-WORKLOADS = {**cache_workloads.WORKLOADS, **scheduler_workloads.WORKLOADS}
+WORKLOADS = {**workloads.WORKLOADS, **scheduler_workloads.WORKLOADS}
 PROFILES: Mapping[str, CacheProfile] = {
     name: CacheProfile(name=name, summary=w.summary, workload=w) for name, w in WORKLOADS.items()
 }
@@ -105,7 +105,7 @@ class SglangCacheTarget(Target):
     def _load(self, progress: Progress | None) -> Release | None:
         """The release, loaded on first use (None, and ``unavailable`` set, when it
         cannot be had or nothing drives it)."""
-        from kvwatch.targets.sglang.shim_choice import Unsupported, load
+        from kvwatch.targets.sglang.loop_choice import Unsupported, load
         from kvwatch.targets.sglang.wheel_fetch import Unavailable
 
         say = progress.say if progress is not None else (lambda line: None)
@@ -122,7 +122,7 @@ class SglangCacheTarget(Target):
 
     def refusal(self, profile: CacheProfile) -> str | None:
         """Why the loaded release's driver cannot run ``profile`` here, or None."""
-        from kvwatch.targets.sglang.shim_choice import Unsupported, check
+        from kvwatch.targets.sglang.loop_choice import Unsupported, check
 
         try:
             check(self.release, self.workload(profile).config())
@@ -167,7 +167,7 @@ class SglangServed(Served):
         self.target, self.profile, self.release = target, profile, release
 
     def run(self, spec: RunSpec) -> RunRecord:
-        from kvwatch.targets.sglang.recorded_run import record_run
+        from kvwatch.targets.sglang.recording import record_run
 
         workload = self.target.workload(self.profile, c=spec.concurrency, seed=spec.seed)
         return record_run(

@@ -5,7 +5,7 @@
 
     release.active(), SGLANG_INVARIANT_CHECK=2 (SGLang's own invariants raise),
                       SGLANG_REQ_WAITING_TIMEOUT (own scheduler)
-      shim = shim_choice.make(release, workload.config())     fresh pools and cache:
+      shim = loop_choice.make(release, workload.config())     fresh pools and cache:
              SGLang's own Scheduler, stepped one event-loop iteration at a time
       probe = CacheProbe(shim); recorder = TurnRecorder(ShimSource(probe), watch=True)
       recorder.start()                       baseline probe, per-step audits on
@@ -39,12 +39,12 @@ from typing import Any
 
 from kvwatch.harness.recorder import RecorderOptions, TurnRecorder
 from kvwatch.harness.run_record import KEEP_FAILURES, RunRecord
-from kvwatch.targets.sglang import shim_choice
-from kvwatch.targets.sglang.cache_probe import CacheProbe
-from kvwatch.targets.sglang.cache_workloads import Workload
+from kvwatch.targets.sglang import loop_choice
+from kvwatch.targets.sglang.loop_parts import ABORTED_BY_SGLANG, FINISHED, ON_PURPOSE
+from kvwatch.targets.sglang.probe import CacheProbe
 from kvwatch.targets.sglang.release_import import Release
-from kvwatch.targets.sglang.shim_parts import ABORTED_BY_SGLANG, FINISHED, ON_PURPOSE
 from kvwatch.targets.sglang.shim_source import ShimSource
+from kvwatch.targets.sglang.workloads import Workload
 
 STRICT_INVARIANTS = {"SGLANG_INVARIANT_CHECK": "2"}  # InvariantCheckLevel.STRICT (0.5.22+)
 
@@ -136,10 +136,10 @@ def record_run(
     """Run ``workload`` for ``turns`` turns on ``release`` and return its record."""
     options = RecorderOptions(warmup=warmup, watch=True, replays=False, drain_timeout=2.0)
     config = workload.config()
-    values = {**STRICT_INVARIANTS, **shim_choice.environment(release, config)}
+    values = {**STRICT_INVARIANTS, **loop_choice.environment(release, config)}
     with release.active(), environment(values):
         try:
-            shim = shim_choice.make(release, config, seed=workload.seed)
+            shim = loop_choice.make(release, config, seed=workload.seed)
         except Exception as exc:  # the release's constructors broke: nothing to judge
             return RunRecord(turns=(), error=where_it_broke(release, exc))
         recorder = TurnRecorder(ShimSource(CacheProbe(shim)), options)

@@ -34,9 +34,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from kvwatch.targets.sglang import scheduler_host, scheduler_imports, scheduler_setup
-from kvwatch.targets.sglang.paced_loop import PacedLoop
-from kvwatch.targets.sglang.release_import import Release
-from kvwatch.targets.sglang.shim_parts import (
+from kvwatch.targets.sglang.loop_parts import (
     ABORTED,
     ABORTED_BY_SGLANG,
     ABORTED_IN_QUEUE,
@@ -47,6 +45,8 @@ from kvwatch.targets.sglang.shim_parts import (
     ShimLoop,
     call_offered,
 )
+from kvwatch.targets.sglang.paced_loop import PacedLoop
+from kvwatch.targets.sglang.release_import import Release
 from kvwatch.targets.sglang.stand_in_worker import TokenModel
 
 TIMEOUT_WORDS = ("waiting timeout",)  # _abort_on_waiting_timeout's message
