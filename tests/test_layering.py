@@ -330,8 +330,6 @@ STUTTER_KNOWN = frozenset(
         "engine/cache/full_cache.py",
         "engine/cache/radix_cache.py",
         "gate/gate_metrics.py",
-        "targets/lightllm/lightllm_hunt.py",
-        "targets/sglang/sglang_hunt.py",
     }
 )
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from kvwatch.targets.vllm import hunt
+from hunts import vllm as hunt
 from kvwatch.targets.vllm.kv_layout import parse
 from kvwatch.targets.vllm.release import find
 

@@ -1,12 +1,12 @@
 """``make lightllm-hunt``: LightLLM checkouts × caches × profiles × seeds × concurrencies.
 
-    python -m kvwatch.targets.lightllm.lightllm_hunt --lightllm-src DIR [--lightllm-src DIR2]
+    python -m hunts.lightllm --lightllm-src DIR [--lightllm-src DIR2]
                                             [--seeds 8] [-c 2 4 8] [--jobs 2]
                                             [--out docs/lightllm-hunt]
 
 Each (checkout, cache, seed) is one ``kvwatch gate --engine lightllm-cache
 --lightllm-src DIR --lightllm-cache K -c 2,4,8 --seed S`` process, as a user
-runs it (``../gate_hunt.py``): every profile (``prefix-share``, ``chunked``,
+runs it (``../gates.py``): every profile (``prefix-share``, ``chunked``,
 ``aborts``, ``pressure``) at every concurrency, judged by every detector the
 gate composes for this target, LightLLM's own infer loop deciding each run.
 A checkout without the ``linear`` cache (before LightLLM's PR #1265) gives
@@ -30,7 +30,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from kvwatch.targets import gate_hunt, gate_hunt_report
+from hunts import gate_tables, gates
 from kvwatch.targets.lightllm.checkout_check import commit_of, find_checkout
 
 CACHES = ("radix", "linear")
@@ -57,7 +57,7 @@ def contains(folder: Path, commit: str) -> bool | None:
     return {0: True, 1: False}.get(done.returncode)
 
 
-def engine(corpus: list[dict], folders: dict[str, Path]) -> gate_hunt.HuntedEngine:
+def engine(corpus: list[dict], folders: dict[str, Path]) -> gates.HuntedEngine:
     """The hunt's engine; ``folders`` maps each release label to its checkout."""
 
     def before_fix(release: str, bug: dict) -> bool:
@@ -66,7 +66,7 @@ def engine(corpus: list[dict], folders: dict[str, Path]) -> gate_hunt.HuntedEngi
             return (bug.get("buggy") or "").startswith(release)
         return not has_fix
 
-    return gate_hunt.HuntedEngine(
+    return gates.HuntedEngine(
         name="lightllm",
         decided_by=decided_by,
         before_fix=before_fix,
@@ -81,7 +81,7 @@ def label(folder: Path) -> str:
     return commit[:12] if commit else str(folder)
 
 
-def groups(folders: dict[str, Path], seeds: int) -> list[gate_hunt.Group]:
+def groups(folders: dict[str, Path], seeds: int) -> list[gates.Group]:
     """Every gate of the hunt, in a stable order: checkout, cache, seed."""
     out = []
     for release, folder in folders.items():
@@ -94,7 +94,7 @@ def groups(folders: dict[str, Path], seeds: int) -> list[gate_hunt.Group]:
             args = ("--engine", "lightllm-cache", "--lightllm-src", str(folder))
             args += ("--lightllm-cache", cache)
             out += [
-                gate_hunt.Group(
+                gates.Group(
                     release=release, cache=cache, page=1, seed=s, args=args, refused=refused
                 )
                 for s in range(seeds)
@@ -104,7 +104,7 @@ def groups(folders: dict[str, Path], seeds: int) -> list[gate_hunt.Group]:
 
 TITLE = "LightLLM cache hunt"
 INTRO = (
-    "Written by `make lightllm-hunt` (`python -m kvwatch.targets.lightllm.lightllm_hunt`): one",
+    "Written by `make lightllm-hunt` (`python -m hunts.lightllm`): one",
     "`kvwatch gate --engine lightllm-cache --lightllm-src DIR --lightllm-cache K --seed S -c ...`",
     "per checkout (named by its commit), cache and seed, every profile, every detector the gate",
     "composes (`src/kvwatch/targets/README.md`, LightLLM's caches). LightLLM's own infer loop",
@@ -116,7 +116,7 @@ INTRO = (
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="python -m kvwatch.targets.lightllm.lightllm_hunt")
+    ap = argparse.ArgumentParser(prog="python -m hunts.lightllm")
     ap.add_argument("--lightllm-src", action="append", default=[], help="repeatable")
     ap.add_argument("--seeds", type=int, default=8)
     ap.add_argument("-c", type=int, nargs="+", default=[2, 4, 8])
@@ -145,16 +145,16 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     folders = {label(Path(d).resolve()): Path(d).resolve() for d in args.lightllm_src}
     if args.relabel:
-        return gate_hunt_report.relabelled(
-            Path(args.out), engine(gate_hunt.load_corpus(), folders), title=TITLE, intro=INTRO
+        return gate_tables.relabelled(
+            Path(args.out), engine(gates.load_corpus(), folders), title=TITLE, intro=INTRO
         )
     work = groups(folders, args.seeds)
     matrix = (
         f"checkouts {', '.join(folders)}; caches {', '.join(CACHES)}; "
         f"{args.seeds} seeds; c = {', '.join(map(str, args.c))}"
     )
-    return gate_hunt_report.hunted(
-        engine(gate_hunt.load_corpus(), folders), work, args, matrix, title=TITLE, intro=INTRO
+    return gate_tables.hunted(
+        engine(gates.load_corpus(), folders), work, args, matrix, title=TITLE, intro=INTRO
     )
 
 

@@ -13,8 +13,8 @@ import json
 
 import pytest
 
-from kvwatch.targets import gate_hunt, gate_hunt_report, hunt_files
-from kvwatch.targets.sglang import sglang_hunt as hunt
+from hunts import gate_tables, gates, report
+from hunts import sglang as hunt
 from kvwatch.targets.sglang import wheel_fetch
 
 OWN = "sglang 0.5.10.post1: driven by its own Scheduler\n"
@@ -46,13 +46,13 @@ def run(profile: str, c: int, failed: dict[str, str] | None = None, error=None) 
     return out | ({"error": error} if error else {})
 
 
-def group(release: str = "0.5.10.post1", cache: str = "radix", page: int = 1) -> gate_hunt.Group:
+def group(release: str = "0.5.10.post1", cache: str = "radix", page: int = 1) -> gates.Group:
     return next(g for g in hunt.groups([release], 1) if (g.cache, g.page) == (cache, page))
 
 
 def rows(runs: list[dict], console: str = OWN, release="0.5.10.post1", cache="radix") -> list:
     engine = hunt.engine(CORPUS)
-    return gate_hunt.rows_of(engine, group(release, cache), {"runs": runs}, console, [2])
+    return gates.rows_of(engine, group(release, cache), {"runs": runs}, console, [2])
 
 
 def test_the_matrix_is_release_by_layout_by_seed_and_mamba_runs_at_page_1_only():
@@ -90,9 +90,9 @@ def test_in_another_profile_a_finding_is_known_only_by_the_same_cause():
     same = "turn 0: sglang.kv: 1 units (1 last held by request c-t0 mamba_pool_idx 4, aborted-in-queue at step 4)"
     other = same.replace("aborted-in-queue", "timed-out")
     stages = [run("abort-stages", 2, {"allocator": e}) for e in (same, other)]
-    out = gate_hunt.rows_of(engine, group(), {"runs": stages}, OWN, [2])
+    out = gates.rows_of(engine, group(), {"runs": stages}, OWN, [2])
     assert [r["findings"][0]["known"] for r in out] == ["sglang-queued", None]
-    assert [r["findings"][0]["known"] for r in gate_hunt.relabel(hunt.engine([]), out)] == [
+    assert [r["findings"][0]["known"] for r in gates.relabel(hunt.engine([]), out)] == [
         None,
         None,
     ]
@@ -142,17 +142,17 @@ def test_the_markdown_counts_runs_apart_from_the_unsupported_and_keeps_the_hand_
         console=console,
     )
     settings = {"matrix": "one", "jobs": 2, "cores": 2, "wall_s": 3}
-    md = gate_hunt_report.markdown(table, settings, title="T", intro=["x"])
+    md = gate_tables.markdown(table, settings, title="T", intro=["x"])
     assert "| 0.5.10.post1 | `radix/p1` | 3 | 1 | 2 | 0 | 1 | SGLang's own Scheduler |" in md
     assert "| `allocator` | known: `sglang-pr-1` | `radix/p1` | sessions | 0.5.10.post1 |" in md
     assert "| `allocator` | **candidate** | `radix/p1` | aborts | 0.5.10.post1 |" in md
     assert "2 findings: 1 known, 1 candidates" in md
     assert "- not possible (1 runs): not under the shim" in md
     out = tmp_path / "hunt"
-    hunt_files.write(out, settings, table, md)
+    report.write(out, settings, table, md)
     md_path = tmp_path / "hunt.md"
     md_path.write_text(md_path.read_text() + "\n## Upstream\n\nsearched\n")
-    hunt_files.write(out, settings, table[:1], md)
+    report.write(out, settings, table[:1], md)
     assert md_path.read_text().endswith("\n## Upstream\n\nsearched\n")
     assert len(json.loads((tmp_path / "hunt.json").read_text())["runs"]) == 1
 
@@ -165,8 +165,8 @@ def test_one_live_gate_finds_the_known_session_leak_and_passes_the_rest():
         wheel_fetch.fetch("0.5.10.post1")
     except wheel_fetch.Unavailable as exc:
         pytest.skip(f"cannot download sglang 0.5.10.post1's wheel (is PyPI reachable?): {exc}")
-    engine = hunt.engine(gate_hunt.load_corpus())
-    out = gate_hunt.hunt(engine, [group()], [2], jobs=1, timeout=300)
+    engine = hunt.engine(gates.load_corpus())
+    out = gates.hunt(engine, [group()], [2], jobs=1, timeout=300)
     failed = {r["profile"]: {f["known"] for f in r["findings"]} for r in out if r["findings"]}
     assert failed == {
         "sessions": {"sglang-pr-22862"},

@@ -1,6 +1,6 @@
 """A hunt's two files, ``OUT.json`` and ``OUT.md``, written so a rerun keeps the hand-written part.
 
-Shared by every hunt (``vllm/hunt_report.py``, ``gate_hunt_report.py``).
+Shared by every hunt (``vllm/hunt_report.py``, ``gate_tables.py``).
 Everything below ``HAND_WRITTEN`` in an existing ``OUT.md`` (the candidates'
 upstream search, verdicts, answers to questions about the table) is kept
 as it is: the table above the marker is rewritten, the reading of it is not.

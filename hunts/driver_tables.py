@@ -11,7 +11,7 @@ layout (runs, steps, requests, aborts, preemptions, prefix hits, hits inside
 a block, the most partial-block entries at once, block copies, events
 stored/removed/cleared, runs with findings); the findings, one line per
 rule, release, layout and profile; the runs not made and the broken ones.
-Everything below ``hunt_files.HAND_WRITTEN`` in an existing ``OUT.md`` (the
+Everything below ``report.HAND_WRITTEN`` in an existing ``OUT.md`` (the
 candidates' upstream search and verdicts) is kept as it is.
 """
 
@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from pathlib import Path
 
-from kvwatch.targets import hunt_files
+from hunts import report
 
 COLUMNS = (
     ("steps", "steps"),
@@ -89,7 +89,7 @@ def markdown(rows: list[dict], settings: dict) -> str:
     lines = [
         "# vLLM scheduler hunt",
         "",
-        "Written by `make vllm-hunt` (`python -m kvwatch.targets.vllm.hunt`): vLLM's own",
+        "Written by `make vllm-hunt` (`python -m hunts.vllm`): vLLM's own",
         "`Scheduler` in process with a model runner's output faked, every check after every",
         "step (`--engine vllm-scheduler` in `src/kvwatch/targets/README.md`).",
         "",
@@ -124,4 +124,4 @@ def markdown(rows: list[dict], settings: dict) -> str:
 
 def write(out: Path, rows: list[dict], settings: dict) -> None:
     """``out``.json and ``out``.md, keeping the hand-written part of the old ``out``.md."""
-    hunt_files.write(out, settings, rows, markdown(rows, settings))
+    report.write(out, settings, rows, markdown(rows, settings))

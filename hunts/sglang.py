@@ -1,11 +1,11 @@
 """``make sglang-hunt``: SGLang releases × caches × page sizes × profiles × seeds × concurrencies.
 
-    python -m kvwatch.targets.sglang.sglang_hunt [--releases 0.5.10.post1 0.5.23 | all] [--seeds 3]
+    python -m hunts.sglang [--releases 0.5.10.post1 0.5.23 | all] [--seeds 3]
                                           [-c 2 4] [--jobs 2] [--out docs/sglang-hunt]
 
 Each (release, layout, seed) is one ``kvwatch gate --engine sglang-cache
 --sglang-version V --sglang-cache K --page-size P -c 2,4 --seed S`` process,
-as a user runs it (``../gate_hunt.py``): every profile the release runs, at
+as a user runs it (``../gates.py``): every profile the release runs, at
 every concurrency, judged by every detector the gate composes for this
 target. A profile the release cannot run (``shim_choice.check``: the session
 profiles before 0.5.10rc0, ``swa`` before 0.5.13.post1) and a release not
@@ -30,7 +30,7 @@ from pathlib import Path
 
 from packaging.version import InvalidVersion, Version
 
-from kvwatch.targets import gate_hunt, gate_hunt_report
+from hunts import gate_tables, gates
 
 ALL = (
     "0.5.4.post3",
@@ -86,8 +86,8 @@ def before_fix(release: str, bug: dict) -> bool:
         return False
 
 
-def engine(corpus: list[dict]) -> gate_hunt.HuntedEngine:
-    return gate_hunt.HuntedEngine(
+def engine(corpus: list[dict]) -> gates.HuntedEngine:
+    return gates.HuntedEngine(
         name="sglang",
         decided_by=decided_by,
         before_fix=before_fix,
@@ -95,7 +95,7 @@ def engine(corpus: list[dict]) -> gate_hunt.HuntedEngine:
     )
 
 
-def groups(releases: list[str], seeds: int) -> list[gate_hunt.Group]:
+def groups(releases: list[str], seeds: int) -> list[gates.Group]:
     """Every gate of the hunt, in a stable order: release, layout, seed."""
     out = []
     for release in releases:
@@ -103,7 +103,7 @@ def groups(releases: list[str], seeds: int) -> list[gate_hunt.Group]:
             args = ("--engine", "sglang-cache", "--sglang-version", release)
             args += ("--sglang-cache", cache, "--page-size", str(page))
             out += [
-                gate_hunt.Group(release=release, cache=cache, page=page, seed=s, args=args)
+                gates.Group(release=release, cache=cache, page=page, seed=s, args=args)
                 for s in range(seeds)
             ]
     return out
@@ -111,7 +111,7 @@ def groups(releases: list[str], seeds: int) -> list[gate_hunt.Group]:
 
 TITLE = "SGLang cache hunt"
 INTRO = (
-    "Written by `make sglang-hunt` (`python -m kvwatch.targets.sglang.sglang_hunt`): one",
+    "Written by `make sglang-hunt` (`python -m hunts.sglang`): one",
     "`kvwatch gate --engine sglang-cache --sglang-version V --sglang-cache K --page-size P",
     "--seed S -c ...` per release, layout and seed, every profile the release runs, every",
     "detector the gate composes (`src/kvwatch/targets/README.md`, SGLang's caches).",
@@ -122,7 +122,7 @@ INTRO = (
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="python -m kvwatch.targets.sglang.sglang_hunt")
+    ap = argparse.ArgumentParser(prog="python -m hunts.sglang")
     ap.add_argument("--releases", nargs="+", default=list(DEFAULT), help="'all': every one")
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("-c", type=int, nargs="+", default=[2, 4])
@@ -143,8 +143,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.relabel:
-        return gate_hunt_report.relabelled(
-            Path(args.out), engine(gate_hunt.load_corpus()), title=TITLE, intro=INTRO
+        return gate_tables.relabelled(
+            Path(args.out), engine(gates.load_corpus()), title=TITLE, intro=INTRO
         )
     work = groups(args.releases, args.seeds)
     matrix = (
@@ -152,8 +152,8 @@ def main(argv: list[str] | None = None) -> int:
         f"{', '.join(f'{k}/p{p}' for k, p in LAYOUTS)}; {args.seeds} seeds; "
         f"c = {', '.join(map(str, args.c))}"
     )
-    return gate_hunt_report.hunted(
-        engine(gate_hunt.load_corpus()), work, args, matrix, title=TITLE, intro=INTRO
+    return gate_tables.hunted(
+        engine(gates.load_corpus()), work, args, matrix, title=TITLE, intro=INTRO
     )
 
 

@@ -1,4 +1,4 @@
-"""A gate hunt's ``OUT.md`` (``gate_hunt.py`` makes the rows; ``hunt_files`` writes both files).
+"""A gate hunt's ``OUT.md`` (``gates.py`` makes the rows; ``hunt_files`` writes both files).
 
 Sections: the settings; coverage, one line per (release, layout) with its
 runs, passes, failures, errors, runs not possible there and what decided
@@ -116,18 +116,18 @@ def markdown(rows: Sequence[dict], settings: dict, *, title: str, intro: Sequenc
 
 
 def hunted(engine, work: list, args, matrix: str, *, title: str, intro: Sequence[str]) -> int:
-    """Run ``work`` (``gate_hunt.hunt``, ``args.jobs`` gates at a time) and write
+    """Run ``work`` (``gates.hunt``, ``args.jobs`` gates at a time) and write
     ``args.out``.json and .md, the settings being ``args`` with the wall time,
     the cores and ``matrix`` (what the hunt crossed, in words)."""
-    from kvwatch.targets import gate_hunt, hunt_files
+    from hunts import gates, report
 
     print(f"{len(work)} gates, {args.jobs} at a time", flush=True)
     started = time.monotonic()
-    rows = gate_hunt.hunt(engine, work, args.c, jobs=args.jobs, timeout=args.timeout)
+    rows = gates.hunt(engine, work, args.c, jobs=args.jobs, timeout=args.timeout)
     wall = round(time.monotonic() - started)
     settings = vars(args) | {"wall_s": wall, "cores": os.cpu_count(), "matrix": matrix}
     md = markdown(rows, settings, title=title, intro=intro)
-    hunt_files.write(Path(args.out), settings, rows, md)
+    report.write(Path(args.out), settings, rows, md)
     fails = sum(r["verdict"] == "fail" for r in rows)
     print(f"{len(rows)} rows in {wall} s: {fails} failed; {args.out}.md")
     return 0
@@ -135,11 +135,11 @@ def hunted(engine, work: list, args, matrix: str, *, title: str, intro: Sequence
 
 def relabelled(out: Path, engine, *, title: str, intro: Sequence[str]) -> int:
     """``out``.json's rows labelled again against the corpus, both files rewritten."""
-    from kvwatch.targets import gate_hunt, hunt_files
+    from hunts import gates, report
 
     stored = json.loads(out.with_suffix(".json").read_text())
-    rows = gate_hunt.relabel(engine, stored["runs"])
+    rows = gates.relabel(engine, stored["runs"])
     md = markdown(rows, stored["settings"], title=title, intro=intro)
-    hunt_files.write(out, stored["settings"], rows, md)
+    report.write(out, stored["settings"], rows, md)
     print(f"{len(rows)} rows labelled again; {out}.md")
     return 0

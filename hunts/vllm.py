@@ -1,6 +1,6 @@
 """``make vllm-hunt``: vLLM's scheduler under every layout and option, with every check on.
 
-    python -m kvwatch.targets.vllm.hunt [--releases 0.32.0 0.33.0] [--seeds 3] [--steps 150]
+    python -m hunts.vllm [--releases 0.32.0 0.33.0] [--seeds 3] [--steps 150]
                                         [--turns 4] [-c 4] [--jobs 2] [--out docs/vllm-hunt]
 
 Runs ``scheduler_driver`` (the release's Python, ``release.find``; each
@@ -36,7 +36,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvwatch.targets.vllm.hunt_report import write
+from hunts.driver_tables import write
 from kvwatch.targets.vllm.kv_layout import Layout, parse
 from kvwatch.targets.vllm.release import Release, find
 from kvwatch.targets.vllm.sched_profiles import WORKLOADS
@@ -203,7 +203,7 @@ def hunt(args) -> list[dict]:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     default_python = os.environ.get("KVWATCH_VLLM_PYTHON") or ".venv-vllm/bin/python"
-    ap = argparse.ArgumentParser(prog="python -m kvwatch.targets.vllm.hunt")
+    ap = argparse.ArgumentParser(prog="python -m hunts.vllm")
     ap.add_argument("--releases", nargs="+", default=["0.32.0", "0.33.0"])
     ap.add_argument("--vllm-python", default=default_python)
     ap.add_argument("--seeds", type=int, default=3)

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from kvwatch.targets import gate_hunt, gate_hunt_report
-from kvwatch.targets.lightllm import lightllm_hunt as hunt
+from hunts import gate_tables, gates
+from hunts import lightllm as hunt
 from kvwatch.targets.lightllm.checkout_check import LINEAR, NEEDED
 
 LOADED = "LightLLM /src at 0123456789ab: its linear cache and infer loop on CPU\n"
@@ -68,14 +68,14 @@ def corpus(buggy: str, fixed: str) -> list[dict]:
     ]
 
 
-def leak_rows(engine: gate_hunt.HuntedEngine, release: str) -> list[dict]:
-    group = gate_hunt.Group(release=release, cache="linear", page=1, seed=0, args=())
+def leak_rows(engine: gates.HuntedEngine, release: str) -> list[dict]:
+    group = gates.Group(release=release, cache="linear", page=1, seed=0, args=())
     run = {
         "profile": "aborts",
         "concurrency": 2,
         "detectors": {"allocator": {"verdict": "fail", "evidence": LEAK}},
     }
-    return gate_hunt.rows_of(engine, group, {"runs": [run]}, LOADED, [2])
+    return gates.rows_of(engine, group, {"runs": [run]}, LOADED, [2])
 
 
 def test_a_finding_is_known_only_on_a_checkout_without_the_fix(tmp_path):
@@ -103,11 +103,11 @@ def test_a_checkout_without_the_linear_cache_gives_unsupported_rows(tmp_path):
         ("linear", 1, False),
     ]
     engine = hunt.engine([], {"old": old})
-    out = gate_hunt.run_group(engine, groups[2], [2, 4], timeout=5)  # no gate is started
+    out = gates.run_group(engine, groups[2], [2, 4], timeout=5)  # no gate is started
     assert len(out) == len(hunt.PROFILES) * 2
     assert {r["verdict"] for r in out} == {"unsupported"}
     assert all("LinearAttPagedRadixCache" in r["unsupported"] for r in out)
-    md = gate_hunt_report.markdown(
+    md = gate_tables.markdown(
         out, {"matrix": "m", "jobs": 1, "cores": 2, "wall_s": 0}, title="T", intro=[]
     )
     assert "| old | `linear/p1` | 0 | 0 | 0 | 0 | 8 | - |" in md
@@ -130,8 +130,8 @@ def test_one_live_gate_on_the_checkout_passes_decided_by_lightllm():
     folder = Path(src).resolve()
     release = hunt.label(folder)
     (radix, *_) = hunt.groups({release: folder}, 1)
-    out = gate_hunt.hunt(
-        hunt.engine(gate_hunt.load_corpus(), {release: folder}), [radix], [2], jobs=1, timeout=300
+    out = gates.hunt(
+        hunt.engine(gates.load_corpus(), {release: folder}), [radix], [2], jobs=1, timeout=300
     )
     assert [r["profile"] for r in out] == list(hunt.PROFILES)
     assert {(r["verdict"], r["decided_by"]) for r in out} == {("pass", "LightLLM's own infer loop")}
