@@ -35,12 +35,12 @@ import os
 import sys
 
 from kvwatch.targets.sglang import loop_choice
-from kvwatch.targets.sglang.loop_parts import PoolConfig, ShimConfig
+from kvwatch.targets.sglang.loop_parts import LoopConfig, PoolConfig
 from kvwatch.targets.sglang.probe import CacheProbe
 
 PROMPT = list(range(100, 140))
 LOW, HIGH = 0, 10
-CONFIG = ShimConfig(
+CONFIG = LoopConfig(
     pools=PoolConfig(kv_tokens=256, req_slots=8, mamba_slots=16),
     streaming=True,
     priority_scheduling=True,
@@ -74,7 +74,7 @@ def scenario(release, removal: str) -> list[str]:
     driver.close_session("sess")
     driver.step()
     driver.step()
-    probe.flush()
+    driver.flush()
     findings = [f.detail for f in probe.report().findings]
     own = [line for r in driver.own_reports()[:1] for line in r.splitlines() if "mamba" in line]
     print(f"  SGLang's own idle memory check: {own or 'nothing reported'}")

@@ -35,15 +35,15 @@ import os
 import sys
 
 from kvwatch.targets.sglang import loop_choice
-from kvwatch.targets.sglang.loop_parts import PoolConfig, ShimConfig
+from kvwatch.targets.sglang.loop_parts import LoopConfig, PoolConfig
 from kvwatch.targets.sglang.probe import CacheProbe
 
 T1, T2, T3, X = (list(range(a, b)) for a, b in ((100, 110), (200, 208), (300, 304), (500, 600)))
 
 
-def config(cache: str) -> ShimConfig:
+def config(cache: str) -> LoopConfig:
     pools = PoolConfig(kv_tokens=200, req_slots=8, mamba_slots=16 if cache == "mamba" else None)
-    return ShimConfig(pools=pools, streaming=True)
+    return LoopConfig(pools=pools, streaming=True)
 
 
 def contains(seq: list[int], part: list[int]) -> bool:

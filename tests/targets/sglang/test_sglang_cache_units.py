@@ -18,6 +18,8 @@ import pytest
 from kvwatch.contracts import FindingKind
 from kvwatch.gate.detectors import for_signals
 from kvwatch.targets import unit_audit
+from kvwatch.targets.driver.drive import counts
+from kvwatch.targets.driver.engine_loop import Outcome
 from kvwatch.targets.select import TargetFlags, choose
 from kvwatch.targets.sglang import (
     pool_audit,
@@ -26,9 +28,8 @@ from kvwatch.targets.sglang import (
     wheel_fetch,
 )
 from kvwatch.targets.sglang.cache_views import Lock, NodeView
-from kvwatch.targets.sglang.loop_parts import Outcome
+from kvwatch.targets.sglang.loop import SchedulerLoop
 from kvwatch.targets.sglang.pool_holders import Holding
-from kvwatch.targets.sglang.recording import counts
 from kvwatch.targets.sglang.target import PROFILES, SglangCacheTarget
 from kvwatch.targets.stand_ins import Stub, StubModule, defines
 
@@ -363,17 +364,16 @@ def test_the_walk_sizes_sglang_containers_and_bounds_the_declared_ones(monkeypat
 
 
 def test_requests_are_counted_as_their_clients_would():
-    shim = SimpleNamespace(
-        outcomes=[
-            Outcome(rid="a", status="finished", step=3),
-            Outcome(rid="b", status="aborted-in-queue", step=4),
-            Outcome(rid="c", status="timed-out", step=5),
-            Outcome(rid="d", status="aborted-by-sglang", step=6),
-        ]
-    )
-    got = counts(shim)
+    loop = object.__new__(SchedulerLoop)  # its statuses and how it names a failure
+    loop.outcomes = [
+        Outcome(rid="a", status="finished", step=3),
+        Outcome(rid="b", status="aborted-in-queue", step=4),
+        Outcome(rid="c", status="timed-out", step=5),
+        Outcome(rid="d", status="aborted-by-sglang", step=6, why="out of memory"),
+    ]
+    got = counts(loop)
     assert got["status"] == {"2xx": 1, "4xx": 2} and got["failed"] == 1
     assert got["first_failures"] == [
-        {"name": "d", "status": 0, "error": "SGLang aborted it at step 6"}
+        {"name": "d", "status": 0, "error": "SGLang aborted it at step 6: out of memory"}
     ]
     json.dumps(got)  # what the recorder's reports carry

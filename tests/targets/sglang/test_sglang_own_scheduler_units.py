@@ -29,7 +29,7 @@ from kvwatch.targets.sglang import (
     scheduler_host,
     scheduler_imports,
 )
-from kvwatch.targets.sglang.loop import OwnScheduler, RequestHandle, _ends
+from kvwatch.targets.sglang.loop import SchedulerLoop
 from kvwatch.targets.sglang.loop_parts import (
     ABORTED,
     ABORTED_BY_SGLANG,
@@ -38,6 +38,7 @@ from kvwatch.targets.sglang.loop_parts import (
     REJECTED,
     TIMED_OUT,
 )
+from kvwatch.targets.sglang.messages import RequestHandle, ends
 from kvwatch.targets.sglang.paced_loop import PacedLoop
 from kvwatch.targets.stand_ins import StubModule
 
@@ -160,8 +161,8 @@ def test_an_error_in_the_loop_is_raised_by_the_step_that_ran_it():
 def test_outputs_name_the_requests_they_end():
     batch = SimpleNamespace(rids=["a", "b", "c"], finished_reasons=[None, {"type": "length"}, None])
     abort = type("AbortReq", (), {"rid": "q", "finished_reason": {"type": "abort"}})()
-    assert _ends(batch) == [("b", {"type": "length"})]
-    assert _ends(abort) == [("q", {"type": "abort"})]
+    assert ends(batch) == [("b", {"type": "length"})]
+    assert ends(abort) == [("q", {"type": "abort"})]
 
 
 @pytest.mark.parametrize(
@@ -181,7 +182,7 @@ def test_an_end_reads_as_its_client_would_hear_it(rid, message, where, status):
         asked_to_abort=lambda r: r == "asked", where_asked={"asked": where} if where else {}
     )
     reason = {"type": "length"} if message is None else {"type": "abort", "message": message}
-    assert OwnScheduler._status(driver, rid, reason) == status
+    assert SchedulerLoop._status(driver, rid, reason) == status
 
 
 def test_a_handle_reads_the_request_once_the_scheduler_made_it():

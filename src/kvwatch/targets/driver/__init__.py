@@ -1,2 +1,3 @@
-"""What the targets that step an engine themselves share: the per-step probe's memory and
-a driver process per run (the shared in-process driver joins them)."""
+"""The shared in-process driver: the ``EngineLoop`` contract an engine kvwatch steps itself
+keeps, the ``Workload`` base, ``record_run`` under kvwatch's recorder, the per-step probe's
+memory, and a driver process per run (``README.md``)."""

@@ -1,7 +1,7 @@
 """A run in a driver process of its own: the plan written, the process followed, the record read.
 
 The targets that run an engine's code in a process per run
-(``lightllm/lightllm_target.py``, ``vllm/scheduler_target.py``) share this::
+(``lightllm/target.py``, ``vllm/scheduler_target.py``) share this::
 
     run(driver, spec, plan, read)
         RUN_DIR/<plan>     the target's plan, with the record's and the progress file's paths

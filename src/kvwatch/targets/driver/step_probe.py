@@ -1,8 +1,8 @@
 """What a probe over an engine run in process keeps from one step to the next.
 
-The in-process targets (``sglang/cache_probe.py``, ``lightllm/infer_probe.py``)
-probe the engine's structures after every step of its loop (``remember``,
-an observer of their driver). ``StepProbe`` is what they share:
+The in-process targets (``sglang/probe.py``, ``lightllm/probe.py``) probe the
+engine's structures after every step of its loop (``remember``, an observer
+of their ``EngineLoop``). ``StepProbe`` is what they share:
 
 * the last holder of each unit (``note``, ``last_seen``): a request or a
   session slot before the tree, so that an orphan names who held it last;
@@ -12,9 +12,9 @@ an observer of their driver). ``StepProbe`` is what they share:
   requests run is judged too.
 
 A probe defines ``report()`` (its ``ProbeReport``, noting the holders as it
-reads them), ``holdings()`` (every pool's holdings, read without an audit)
-and ``flush()``. ``StepSource`` is kvwatch's ``CallableSource`` over one:
-what ``TurnRecorder`` asks for (probes, the flush, ``watch``, ``latched``).
+reads them) and ``holdings()`` (every pool's holdings, read without an
+audit). ``drive.LoopSource`` is what ``TurnRecorder`` asks (probes,
+``watch``, ``latched``; the flush is the loop's).
 
 Invariant: nothing here reads or changes the engine; the probes read it.
 """
@@ -25,7 +25,6 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from kvwatch.contracts import ProbeReport
-from kvwatch.harness.sources import CallableSource
 from kvwatch.targets.unit_audit import owners_of
 
 MAX_LATCHED = 4  # mid-turn reports kept per barrier (the first ones with a finding)
@@ -43,11 +42,6 @@ class StepProbe:
 
     def holdings(self) -> Iterable[tuple[str, Sequence[Any]]]:
         """Each pool's group and its holdings (``units``, ``owner``, ``who``, ``rid``)."""
-        raise NotImplementedError
-
-    def flush(self) -> bool:
-        """Evict everything evictable, through the engine's own eviction; False while
-        requests are live."""
         raise NotImplementedError
 
     def watch(self) -> None:
@@ -77,18 +71,3 @@ class StepProbe:
     def last_seen(self, group: str, unit: int) -> tuple[str, Any]:
         """Who held ``unit`` last, and the id of the request it was (or None)."""
         return self.last_holder.get((group, unit), UNSEEN)
-
-
-class StepSource(CallableSource):
-    """The recorder's probe source over a ``StepProbe``: its reports, its flush, and
-    the reports it latched between barriers."""
-
-    def __init__(self, probe: StepProbe) -> None:
-        super().__init__(probe.report, flush=probe.flush)
-        self.step_probe = probe
-
-    def watch(self) -> None:
-        self.step_probe.watch()
-
-    def latched(self) -> list[ProbeReport]:
-        return self.step_probe.latched()

@@ -1,4 +1,5 @@
-"""LightLLM's own infer loop, stepped one iteration at a time, and the router's side of it.
+"""LightLLM's own infer loop as an ``EngineLoop`` (``../driver``): one iteration a step, and
+the router's side of it.
 
 ``InferLoop(parts)`` (``infer_build.build``) is what a workload drives:
 
@@ -19,7 +20,13 @@
   ``free_a_req_mem``. All of it is LightLLM's code; an exception it raises
   (its own asserts, as shipped) comes out of ``step``;
 * after each step, the requests the infer side released become
-  ``Outcome``s, and every ``observers`` callable runs (the probe).
+  ``Outcome``s (finished, aborted as the workload asked, or ended by LightLLM
+  unasked: failed), and every ``observers`` callable runs (the probe);
+* ``flush()`` evicts every unreferenced tree token with the cache's own
+  eviction, as an operator's flush would.
+
+An exception LightLLM raises ends its loop, as it would end its infer process:
+the run is judged on the state it left (``judged_where_it_broke``).
 
 Invariant: the workload changes LightLLM's state only through ``submit``,
 ``abort``, ``step`` and ``flush`` (the cache's own eviction), as the router
@@ -28,19 +35,13 @@ and an operator's flush would.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any, NamedTuple
 
+from kvwatch.targets.driver.engine_loop import ABORTED, FINISHED, EngineLoop, Outcome
 from kvwatch.targets.lightllm.infer_build import InferParts
 from kvwatch.targets.lightllm.infer_records import MultimodalParams, ShmReq, StopLoop
 
-FINISHED, ABORTED, FAILED = "finished", "aborted", "aborted-by-lightllm"
-
-
-class Outcome(NamedTuple):
-    rid: int
-    status: str  # FINISHED, ABORTED (the workload asked), FAILED (LightLLM ended it)
-    iteration: int
+FAILED = "aborted-by-lightllm"  # LightLLM ended it unasked (FINISHED, ABORTED: the shared ones)
 
 
 class _Kinds(NamedTuple):
@@ -48,18 +49,26 @@ class _Kinds(NamedTuple):
     finish_status: type
 
 
-class InferLoop:
+class InferLoop(EngineLoop):
+    engine = "LightLLM"
+    step_word = "iteration"
+    unasked = FAILED
+    judged_where_it_broke = True
+
     def __init__(self, parts: InferParts) -> None:
+        super().__init__()
         self.parts = parts
         self.iterations = 0
         self.requests: dict[int, ShmReq] = {}
         self.aborts: set[int] = set()
-        self.outcomes: list[Outcome] = []
-        self.observers: list[Callable[[], None]] = []
         self.waiting: list[tuple] = []  # new-request commands the slots do not take yet
         self._released = 0
         m = parts.modules
         self._kinds = _Kinds(hash_list=m.hl.TokenHashList, finish_status=m.objreq.FinishStatus)
+
+    @property
+    def steps(self) -> int:
+        return self.iterations
 
     @property
     def linear(self) -> bool:
@@ -82,7 +91,7 @@ class InferLoop:
         queued = [cmd for cmd in self.waiting if cmd[0] == rid]
         if queued:  # never sent: the router drops it
             self.waiting.remove(queued[0])
-            self.outcomes.append(Outcome(rid=rid, status=ABORTED, iteration=self.iterations))
+            self.outcomes.append(Outcome(rid=rid, status=ABORTED, step=self.iterations))
             return
         self.parts.io.cmds.append(self.parts.modules.io.AbortedReqCmd(req_id=rid))
 
@@ -106,15 +115,12 @@ class InferLoop:
         finally:
             self.iterations += 1
             self._note_released()
-        for observe in self.observers:
-            observe()
+        self.notify()
 
     def _note_released(self) -> None:
         released = self.parts.shm.put_back
         for rid in released[self._released :]:
-            self.outcomes.append(
-                Outcome(rid=rid, status=self.status_of(rid), iteration=self.iterations)
-            )
+            self.outcomes.append(Outcome(rid=rid, status=self.status_of(rid), step=self.iterations))
         self._released = len(released)
 
     def status_of(self, rid: int) -> str:
@@ -122,6 +128,10 @@ class InferLoop:
             return ABORTED
         status = self.requests[rid].finish_status
         return FINISHED if status.is_stopped() or status.is_finished_length() else FAILED
+
+    def failure(self, ended: Outcome) -> dict:
+        error = f"LightLLM ended it at iteration {ended.step}"
+        return {"name": f"request {ended.rid}", "status": 0, "error": error}
 
     def live(self) -> list[Any]:
         """LightLLM's live ``InferReq`` objects, running or paused."""

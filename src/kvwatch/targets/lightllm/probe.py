@@ -29,8 +29,9 @@ of it (``request 7 pending big page at 16, aborted at iteration 3``). With
 that show a finding (``latched()``), for the recorder's next barrier
 (``kvwatch.targets.driver.step_probe``).
 
-Invariant: the probe only reads LightLLM's state; ``flush`` is the one call
-that changes it, through the cache's own eviction.
+The flush is the loop's (``loop.InferLoop.flush``: the cache's own eviction).
+
+Invariant: the probe only reads LightLLM's state.
 """
 
 from __future__ import annotations
@@ -70,7 +71,7 @@ class InferProbe(StepProbe):
         who, rid = self.last_seen(group, unit)
         ends = [o for o in self.loop.outcomes if o.rid == rid]
         if ends:
-            return f"{who}, {ends[-1].status} at iteration {ends[-1].iteration}"
+            return f"{who}, {ends[-1].status} at iteration {ends[-1].step}"
         if rid in self.loop.aborts and rid not in self.loop.parts.ctx.requests_mapping:
             return f"{who}, aborted and never released"
         return who
@@ -180,6 +181,3 @@ class InferProbe(StepProbe):
             bounds={},
             registries=object_sizes.walk(object_sizes.roots(self.loop.parts)),
         )
-
-    def flush(self) -> bool:
-        return self.loop.flush()

@@ -7,7 +7,7 @@ and Qwen3.5 models), its memory and request managers and its default
 backend's own infer loop (``kvwatch.targets.lightllm``). There is no model,
 no router and no server: a stand-in forward writes the KV slots the model
 would, a fixed sampler never gives EOS, and the workload plays the
-router. Its profiles are the workloads of ``infer_workloads``::
+router. Its profiles are the workloads of ``workloads``::
 
     run(spec)   OUT/runs/P-cN/lightllm-plan.json
                 python -m kvwatch.targets.lightllm.run_driver PLAN   (the gate's Python)
@@ -26,7 +26,7 @@ objects hold) and request counts, so ``allocator``, ``refcount``, ``tree``,
 ``requests`` and ``quiescence`` judge it. Nothing is replayed (no model),
 there are no gauges (no server) and no heap samples (the driver's heap is
 mostly kvwatch's audit). For the linear cache the root's ref count is not
-judged: ``infer_probe.py`` says why.
+judged: ``probe.py`` says why.
 """
 
 from __future__ import annotations

@@ -32,37 +32,34 @@ watching its stream would.
 
 from __future__ import annotations
 
-import random
 from collections.abc import Callable
-from typing import ClassVar, NamedTuple
+from typing import ClassVar
 
+from kvwatch.targets.driver import workload as shared
+from kvwatch.targets.driver.workload import IdleRule, Schedule, TurnStats
 from kvwatch.targets.lightllm.infer_build import InferSizes
 from kvwatch.targets.lightllm.infer_records import ShmReq
 from kvwatch.targets.lightllm.loop import ABORTED, InferLoop
 
 MAX_ITERATIONS = 5_000  # per turn: a loop that never gets idle breaks the run
 LINEAR_ARGS = {"linear_att_hash_page_size": 4, "linear_att_page_block_num": 4}
-Trigger = Callable[[], bool]
 
 
-class TurnStats(NamedTuple):
-    conversations: int
-    context_tokens: int
+class Workload(shared.Workload):
+    """A profile of ``--engine lightllm-cache``: the shared workload with the pools and
+    start args it sizes (``sizes``) for a cache, request ids counted from 1, and
+    aborts its clients decide by what they watch (``abort_when``)."""
 
-
-class Workload:
-    name: ClassVar[str] = "base"
-    summary: ClassVar[str] = ""
+    vocab: ClassVar[int] = 4_000
+    idle_rule: ClassVar[IdleRule] = IdleRule(
+        MAX_ITERATIONS, "LightLLM's loop did not get idle in {n} iterations"
+    )
 
     def __init__(self, *, c: int = 4, seed: int = 0, cache: str = "radix") -> None:
-        self.c, self.seed, self.cache = c, seed, cache
-        self.rng = random.Random(seed)
-        self.histories: dict[str, list[int]] = {}
+        super().__init__(c=c, seed=seed)
+        self.cache = cache
         self.next_rid = 1
-        self.watch: list[tuple[int, Trigger]] = []  # (rid, when to abort it)
-
-    def tokens(self, n: int) -> list[int]:
-        return [self.rng.randrange(3, 4000) for _ in range(n)]
+        self.watching = Schedule()  # the aborts the clients decide while the loop runs
 
     def sizes(self) -> InferSizes:
         raise NotImplementedError
@@ -75,35 +72,28 @@ class Workload:
             cache=self.cache, kv_tokens=kv_tokens, max_reqs=4 * self.c + 4, max_seq=512, args=over
         )
 
-    def start(self, loop: InferLoop) -> None:
-        pass
-
     def turn(self, loop: InferLoop, t: int) -> TurnStats:
         raise NotImplementedError
-
-    def stats(self) -> TurnStats:
-        held = sum(len(h) for h in self.histories.values())
-        return TurnStats(conversations=len(self.histories), context_tokens=held)
 
     def submit(self, loop: InferLoop, prompt: list[int], max_new: int) -> ShmReq:
         rid, self.next_rid = self.next_rid, self.next_rid + 1
         return loop.submit(rid, prompt, max_new)
 
     def abort_when(self, loop: InferLoop, record: ShmReq, when: Callable[[ShmReq], bool]) -> None:
-        self.watch.append((record.request_id, lambda: when(record)))
+        """Abort ``record``'s request once ``when(record)`` holds, checked before every
+        iteration, as a client watching its stream would."""
+        rid = record.request_id
+        self.watching.once(lambda: when(record), lambda: loop.abort(rid))
 
-    def run(self, loop: InferLoop) -> None:
-        """Step until idle, aborting each watched request once its trigger holds."""
-        for _ in range(MAX_ITERATIONS):
-            for rid, due in list(self.watch):
-                if due():
-                    loop.abort(rid)
-                    self.watch.remove((rid, due))
-            if loop.idle():
-                self.watch.clear()
-                return
-            loop.step()
-        raise RuntimeError(f"LightLLM's loop did not get idle in {MAX_ITERATIONS} iterations")
+    def run(self, loop: InferLoop, schedule: Schedule | None = None) -> int:
+        """Step until idle, aborting each watched request once its trigger holds (and
+        running ``schedule``'s operations, if given)."""
+        watching, self.watching = self.watching, Schedule()
+        if schedule is not None:
+            watching.when += schedule.when
+            for k, operations in schedule.at.items():
+                watching.at.setdefault(k, []).extend(operations)
+        return super().run(loop, watching)
 
     @staticmethod
     def answer(loop: InferLoop, record: ShmReq) -> list[int]:

@@ -1,7 +1,7 @@
 """Which releases SGLang's own ``Scheduler`` is driven on here, and what it refuses (and why).
 
 Decided by the release's own files, never by its version number. The
-driver is always ``OwnScheduler`` (``loop.py``), the release's
+loop is always ``SchedulerLoop`` (``loop.py``), the release's
 ``Scheduler`` built by its own ``__init__`` and stepped one iteration of its
 own event loop at a time; how it is built depends on where the scheduler
 reads its settings:
@@ -18,8 +18,8 @@ streaming sessions before its session cache (0.5.10rc0), a mamba cache
 without ``MambaRadixCache``.
 
 Invariant: a release is loaded with the imports its scheduler needs
-(``load``), and ``make`` returns the release's own scheduler behind the
-drivers' surface.
+(``load``), and ``make`` returns the release's own scheduler as an
+``EngineLoop`` (``loop.SchedulerLoop``).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from kvwatch.targets.sglang import loop, release_import, runtime_host, scheduler_imports
-from kvwatch.targets.sglang.loop_parts import ShimConfig, ShimLoop
+from kvwatch.targets.sglang.loop_parts import LoopConfig
 from kvwatch.targets.sglang.release_import import Release
 from kvwatch.targets.sglang.wheel_fetch import fetch
 
@@ -50,7 +50,7 @@ def load(version: str, cache: Path | None = None) -> Release:
     return release_import.load(version, cache, plan_for(fetch(version, cache)))
 
 
-def check(release: Release, config: ShimConfig) -> None:
+def check(release: Release, config: LoopConfig) -> None:
     """``Unsupported`` unless the release's scheduler runs ``config`` here."""
     why = None
     if config.pools.swa_tokens is not None and not _swa(release):
@@ -75,12 +75,12 @@ def _mamba(release: Release) -> bool:
     return _registry(release) or release.has("mamba_radix")
 
 
-def environment(release: Release, config: ShimConfig) -> dict[str, str]:
+def environment(release: Release, config: LoopConfig) -> dict[str, str]:
     """What SGLang reads from the environment for this run."""
     runtime = runtime_host.ENVIRONMENT if release.plan is runtime_host.PLAN else {}
     return {**loop.environment(config), **runtime}
 
 
-def make(release: Release, config: ShimConfig, seed: int = 0) -> ShimLoop:
+def make(release: Release, config: LoopConfig, seed: int = 0) -> loop.SchedulerLoop:
     """The release's own scheduler over fresh pools and cache (call while it is active)."""
-    return loop.OwnScheduler(release, config, seed=seed)
+    return loop.SchedulerLoop(release, config, seed=seed)

@@ -1,6 +1,6 @@
 """kvwatch's probe over SGLang's own structures: a ``ProbeReport`` after any scheduler step.
 
-``CacheProbe(shim).report()`` returns a ``kvwatch.contracts.ProbeReport``:
+``CacheProbe(loop).report()`` returns a ``kvwatch.contracts.ProbeReport``:
 
 * one ``GroupReport`` per pool (``sglang.kv``, ``sglang.swa`` with a sliding
   window cache, ``sglang.mamba`` with a mamba cache; ``pool_holders.py``),
@@ -10,7 +10,7 @@
   container SGLang bounds that holds more than its bound;
 * ``registries``: the size of every container SGLang's cache, session and
   pool objects hold (``registry_walk.py``), for ``quiescence``;
-* the driver's own findings (``shim.checks()``): a scheduler that stopped
+* the driver's own findings (``loop.checks()``): a scheduler that stopped
   admitting (``admission_watch.py``, a ``starved`` finding).
 
 The pools' *universe* is what was free when the probe was built (the
@@ -25,12 +25,10 @@ audits after every step and keeps the first reports that show a finding
 state that is wrong only while requests run is judged too
 (``kvwatch.targets.driver.step_probe``).
 
-``flush()`` evicts everything evictable (``tree.evict``, never ``reset()``), as
-kvwatch's ``POST /debug/flush_cache`` does, and answers False while requests
-are live.
+The flush is the loop's (``loop.SchedulerLoop.flush``: the release's own
+eviction).
 
-Invariant: the probe only reads SGLang's state; ``flush`` is the one call
-that changes it, and only through the release's own eviction.
+Invariant: the probe only reads SGLang's state.
 """
 
 from __future__ import annotations
@@ -58,16 +56,16 @@ OWNERS = ("tree", "request", "session")
 
 
 class CacheProbe(StepProbe):
-    def __init__(self, shim: Any) -> None:
+    def __init__(self, loop: Any) -> None:
         super().__init__()
-        self.shim = shim
-        self.read = PoolReader(shim)
+        self.loop = loop
+        self.read = PoolReader(loop)
         self.universe: dict[str, set[int]] = {KV: set(self.read.kv_free())}
         if self.read.swa:
             self.universe[SWA] = set(self.read.swa_free())
         if (mamba := self.read.mamba_free()) is not None:
             self.universe[MAMBA] = set(mamba)
-        shim.observers.append(self.remember)
+        loop.observers.append(self.remember)
 
     # -- per-step watching (StepProbe) -------------------------------------------------------
     def holdings(self) -> Iterable[tuple[str, list[Holding]]]:
@@ -75,7 +73,7 @@ class CacheProbe(StepProbe):
 
     def last(self, group: str, unit: int) -> str:
         who, rid = self.last_seen(group, unit)
-        ends = [o for o in self.shim.outcomes if o.rid == rid]
+        ends = [o for o in self.loop.outcomes if o.rid == rid]
         return f"{who}, {ends[-1].status} at step {ends[-1].step}" if ends else who
 
     # -- the report --------------------------------------------------------------------------
@@ -107,17 +105,17 @@ class CacheProbe(StepProbe):
         return groups
 
     def _locks(self) -> list[cache_views.Lock]:
-        shim, cache = self.shim, self.shim.tree_cache
-        live = shim.live_requests()
+        loop, cache = self.loop, self.loop.tree_cache
+        live = loop.live_requests()
         recorded = cache_views.is_unified(cache) and all(map(cache_views.records_locks, live))
-        holders = live if recorded else shim.running_requests()
+        holders = live if recorded else loop.running_requests()
         locks = [cache_views.lock_of(r, f"request {r.rid}", cache) for r in holders]
         slots = cache_views.session_records(cache).items()
         locks += [cache_views.lock_of(slot, f"session {sid}", cache) for sid, slot in slots]
         return [lock for lock in locks if lock is not None]
 
     def _stats(self, nodes: list[NodeView], groups: dict[str, GroupReport]) -> EngineStats:
-        shim = self.shim
+        loop = self.loop
         snapshots = sum(1 for n in nodes[1:] if n.mamba is not None)
         tree = TreeReport(
             nodes=len(nodes) - 1,
@@ -127,15 +125,15 @@ class CacheProbe(StepProbe):
             tokens=sum(len(n.full) for n in nodes[1:] if n.full is not None),
         )
         queue = QueueReport(
-            waiting=len(shim.waiting_queue),
-            running=len(shim.running_requests()),
-            retracted=sum(1 for r in shim.waiting_queue if r.is_retracted),
+            waiting=len(loop.waiting_queue),
+            running=len(loop.running_requests()),
+            retracted=sum(1 for r in loop.waiting_queue if r.is_retracted),
             paused=0,
         )
         return EngineStats(
-            step=shim.step_no,
-            live_requests=len(shim.live_requests()),
-            live_sessions=len(shim.sessions.sessions) if shim.sessions is not None else 0,
+            step=loop.step_no,
+            live_requests=len(loop.live_requests()),
+            live_sessions=len(loop.sessions.sessions) if loop.sessions is not None else 0,
             groups=groups,
             root_refs=RootRefs(actual=nodes[0].full_lock, expected=1),
             tree=tree,
@@ -144,7 +142,7 @@ class CacheProbe(StepProbe):
         )
 
     def report(self) -> ProbeReport:
-        cache = self.shim.tree_cache
+        cache = self.loop.tree_cache
         nodes = self.read.nodes()
         findings: list[Finding] = []
         groups = self._groups(nodes, findings)
@@ -153,9 +151,9 @@ class CacheProbe(StepProbe):
         counters = cache_views.size_counters(cache)
         name = type(inner(cache)).__name__
         findings += pool_audit.audit_counters(nodes, counters, name, self.read.page)
-        walked = registry_walk.walk(registry_walk.roots(self.shim))
+        walked = registry_walk.walk(registry_walk.roots(self.loop))
         findings += [finding(FindingKind.REGISTRY, None, [], b) for b in walked.breaches]
-        findings += self.shim.checks()  # the driver's liveness (admission_watch)
+        findings += self.loop.checks()  # the driver's liveness (admission_watch)
         return ProbeReport(
             stats=self._stats(nodes, groups),
             findings=tuple(findings),
@@ -164,24 +162,3 @@ class CacheProbe(StepProbe):
         )
 
     # -- the flush ---------------------------------------------------------------------------
-    def flush(self) -> bool:
-        """Evict everything evictable; False while requests are live."""
-        if not self.shim.idle():
-            return False
-        tree = inner(self.shim.tree_cache)
-        base = self.shim.release.module("base")
-        page = self.read.page
-        tokens = len(self.universe[KV]) * page
-        if not hasattr(base, "EvictParams"):
-            tree.evict(tokens)
-            if MAMBA in self.universe and hasattr(tree, "evict_mamba"):
-                tree.evict_mamba(len(self.universe[MAMBA]))
-            return True
-        fields = base.EvictParams.__dataclass_fields__
-        wanted = {"num_tokens": tokens}
-        if MAMBA in self.universe and "mamba_num" in fields:
-            wanted["mamba_num"] = len(self.universe[MAMBA])
-        if SWA in self.universe and "swa_num_tokens" in fields:
-            wanted["swa_num_tokens"] = len(self.universe[SWA]) * page
-        tree.evict(base.EvictParams(**wanted))
-        return True

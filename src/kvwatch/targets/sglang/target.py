@@ -3,9 +3,10 @@
 SGLang release V's own scheduler, cache, pool, request, session and batch
 classes, from its wheel, run in the gate's process on CPU
 (``kvwatch.targets.sglang``): the release's own ``Scheduler``, built by its
-own ``__init__`` (0.5.4.post3 .. 0.5.23; ``shim_choice`` says how, and why
+own ``__init__`` (0.5.4.post3 .. 0.5.23; ``loop_choice`` says how, and why
 not for a release it cannot build); no server, no model,
-no Locust. Its profiles are the workloads of ``cache_workloads``;
+no Locust. Its profiles are the workloads of ``workloads`` and
+``scheduler_workloads``, run through the shared in-process driver (``recording``);
 ``--sglang-cache`` picks the model family whose cache is
 built (``radix``: full attention; ``mamba``: hybrid SSM; ``swa``: hybrid
 sliding window) and ``--page-size`` the page size (mamba: 1 only, as
@@ -17,7 +18,7 @@ SGLang's mamba cache without its extra buffer)::
                        ServerError (exit 3) if it cannot be, or nothing drives
                        the profile on it
     run(spec)          the profile's workload at spec.concurrency conversations
-                       for spec.turns turns, recorded (recorded_run.record_run)
+                       for spec.turns turns, recorded (recording.record_run)
 
 What its records carry (``signals``): probes (the audit of SGLang's pools,
 locks and tree counters after every step), registries (every container

@@ -1,7 +1,8 @@
-"""Seeded token-level workloads for a scheduler driver: the gate's profiles for
+"""Seeded token-level workloads on SGLang's own scheduler: the gate's profiles for
 ``--engine sglang-cache`` (more in ``scheduler_workloads``).
 
-The driver is SGLang's own scheduler (``own_scheduler``). Each workload sizes the
+The loop is SGLang's own scheduler (``loop.SchedulerLoop``), the workload the
+shared one (``kvwatch.targets.driver.workload``). Each workload sizes the
 pools (``config``); each ``turn`` submits one request (or a few) per
 conversation, all at once so they share the scheduler's batches, steps the
 scheduler until it is idle (its clients give up, aborting what is live,
@@ -35,26 +36,30 @@ clients and event loop would.
 
 from __future__ import annotations
 
-import random
-from collections.abc import Callable
-from typing import Any, ClassVar, NamedTuple
+from typing import Any, ClassVar
 
-from kvwatch.targets.sglang.loop_parts import PoolConfig, ShimConfig
+from kvwatch.targets.driver import workload as shared
+from kvwatch.targets.driver.workload import IdleRule, Schedule, TurnStats
+from kvwatch.targets.sglang.loop_parts import LoopConfig, PoolConfig
 
 MAX_STEPS = 20_000  # per turn: a scheduler that never gets idle breaks the run
 BIG_MARGIN = 24  # aborts: a waiting prompt leaves this much of the pool for its output
-Actions = dict[int, list[Callable[[], None]]]  # before step k: what the clients do
 
 
-class TurnStats(NamedTuple):
-    conversations: int
-    context_tokens: int
+class Workload(shared.Workload):
+    """A profile of ``--engine sglang-cache``: the shared workload with the pools it
+    sizes (``config``) for a cache kind and page size.
 
+    It runs the loop to idle (``run``) through a ``Schedule`` of what the clients do
+    at chosen steps, then one idle loop iteration (SGLang's loop keeps polling:
+    deferred closes are reaped). When the scheduler stops admitting
+    (``loop.stalled()``: its admission watch says so), the clients give up: they
+    abort every request still live, once."""
 
-class Workload:
-    name: ClassVar[str] = "base"
-    summary: ClassVar[str] = ""
-    sessions: ClassVar[bool] = False  # it needs the release's streaming sessions
+    vocab: ClassVar[int] = 30_000
+    idle_rule: ClassVar[IdleRule] = IdleRule(
+        MAX_STEPS, "the scheduler did not get idle in {n} steps", give_up=True, idle_step=True
+    )
 
     def __init__(
         self,
@@ -64,14 +69,9 @@ class Workload:
         page_size: int = 1,
         cache: str = "radix",
     ) -> None:
-        self.c, self.seed, self.page_size, self.cache = c, seed, page_size, cache
+        super().__init__(c=c, seed=seed)
+        self.page_size, self.cache = page_size, cache
         self.sliding_window = 16
-        self.rng = random.Random(seed)
-        self.histories: dict[str, list[int]] = {}
-        self.opened: list[str] = []  # every session it opened
-
-    def tokens(self, n: int) -> list[int]:
-        return [self.rng.randrange(3, 30000) for _ in range(n)]
 
     def pool_config(self, kv_tokens: int) -> PoolConfig:
         kv = -(-kv_tokens // self.page_size) * self.page_size
@@ -85,40 +85,8 @@ class Workload:
             sliding_window=self.sliding_window if swa else None,
         )
 
-    def config(self) -> ShimConfig:
+    def config(self) -> LoopConfig:
         raise NotImplementedError
-
-    def start(self, shim: Any) -> None:
-        pass
-
-    def turn(self, shim: Any, t: int) -> TurnStats:
-        raise NotImplementedError
-
-    def close(self, shim: Any) -> None:
-        pass
-
-    def stats(self) -> TurnStats:
-        held = sum(len(h) for h in self.histories.values())
-        return TurnStats(conversations=len(self.histories), context_tokens=held)
-
-    def run(self, shim: Any, actions: Actions | None = None) -> None:
-        """Step until idle, running ``actions[k]`` before the k-th step, then one idle
-        loop iteration (SGLang's loop keeps polling: deferred closes are reaped). When
-        the scheduler stops admitting (``shim.stalled()``: its probe reports it), the
-        clients give up: they abort every request still live, once."""
-        actions, k, gave_up = dict(actions or {}), 0, False
-        while not shim.idle() or any(i >= k for i in actions):
-            if shim.stalled() and not gave_up:
-                gave_up = True
-                for req in shim.live_requests():
-                    shim.abort(req.rid)
-            for act in actions.pop(k, []):
-                act()
-            shim.step()
-            k += 1
-            if k > MAX_STEPS:
-                raise RuntimeError(f"the scheduler did not get idle in {MAX_STEPS} steps")
-        shim.step()
 
     @staticmethod
     def reply(req: Any) -> list[int]:
@@ -126,32 +94,28 @@ class Workload:
         n = req.finished_len if req.finished_len is not None else len(req.output_ids)
         return list(req.output_ids[: min(n, req.sampling_params.max_new_tokens)])
 
-    def open(self, shim: Any, session_id: str) -> None:
-        shim.open_session(session_id)
-        self.opened.append(session_id)
-
 
 class Agentic(Workload):
     name = "agentic"
     summary = "agents on a shared system prompt with parallel tool calls and forked sub-agents"
 
-    def config(self) -> ShimConfig:
-        return ShimConfig(pools=self.pool_config(1024 * self.c), chunked_prefill_size=256)
+    def config(self) -> LoopConfig:
+        return LoopConfig(pools=self.pool_config(1024 * self.c), chunked_prefill_size=256)
 
-    def start(self, shim: Any) -> None:
+    def start(self, loop: Any) -> None:
         self.system, self.schema = self.tokens(48), self.tokens(24)
         self.histories = {f"agent{i}": [] for i in range(self.c)}
 
-    def turn(self, shim: Any, t: int) -> TurnStats:
+    def turn(self, loop: Any, t: int) -> TurnStats:
         mains = {}
         for name, hist in self.histories.items():
             base = self.system + hist + self.tokens(12)
-            mains[name] = (shim.submit(f"{name}-t{t}", base, 8), base)
+            mains[name] = (loop.submit(f"{name}-t{t}", base, 8), base)
             for k in range(2):  # parallel tool calls sharing the schema prefix
-                shim.submit(f"{name}-t{t}-tool{k}", base + self.schema + self.tokens(6), 4)
+                loop.submit(f"{name}-t{t}-tool{k}", base + self.schema + self.tokens(6), 4)
             if t % 2 == 1:  # a sub-agent forked from the agent's history
-                shim.submit(f"{name}-t{t}-sub", base + self.tokens(16), 6)
-        self.run(shim)
+                loop.submit(f"{name}-t{t}-sub", base + self.tokens(16), 6)
+        self.run(loop)
         for name, (req, base) in mains.items():
             self.histories[name] = base[len(self.system) :] + self.reply(req)
         return self.stats()
@@ -165,87 +129,87 @@ class Sessions(Workload):
     sessions = True
     summary = "streaming sessions with a forced retraction every 3 decode steps"
 
-    def config(self) -> ShimConfig:
-        return ShimConfig(
+    def config(self) -> LoopConfig:
+        return LoopConfig(
             pools=self.pool_config(512 * self.c),
             streaming=True,
             retract_every=3,
         )
 
-    def start(self, shim: Any) -> None:
+    def start(self, loop: Any) -> None:
         for i in range(self.c):
-            self.open(shim, f"sess{i}")
+            self.open(loop, f"sess{i}")
             self.histories[f"sess{i}"] = []
 
-    def turn(self, shim: Any, t: int) -> TurnStats:
+    def turn(self, loop: Any, t: int) -> TurnStats:
         reqs = {}
         for i, sid in enumerate(self.histories):
             # 7, 8 or 9 new tokens: a session's lengths, and so the prefixes a retried
             # turn is matched at, take every residue mod a page, its first token too
             new = self.tokens(NEW_TOKENS[(i + t) % len(NEW_TOKENS)])
-            reqs[sid] = (shim.submit(f"{sid}-t{t}", new, 6, session_id=sid), new)
-        self.run(shim)
+            reqs[sid] = (loop.submit(f"{sid}-t{t}", new, 6, session_id=sid), new)
+        self.run(loop)
         for sid, (req, new) in reqs.items():
             self.histories[sid] += new + self.reply(req)
         return self.stats()
 
-    def close(self, shim: Any) -> None:
+    def close(self, loop: Any) -> None:
         for sid in self.histories:
-            shim.close_session(sid)
+            loop.close_session(sid)
         self.histories = {}
-        self.run(shim)  # the scheduler takes the closes at its next iterations
+        self.run(loop)  # the scheduler takes the closes at its next iterations
 
 
 class Aborts(Workload):
     name = "aborts"
     summary = "requests aborted while queued, between prefill chunks and while decoding; timeouts"
 
-    def config(self) -> ShimConfig:
-        return ShimConfig(
+    def config(self) -> LoopConfig:
+        return LoopConfig(
             pools=self.pool_config(160 * self.c + 64),
             chunked_prefill_size=32,
             waiting_timeout_steps=4,
             max_running_requests=max(self.c, 4),
         )
 
-    def start(self, shim: Any) -> None:
+    def start(self, loop: Any) -> None:
         self.histories = {f"conv{i}": self.tokens(40) for i in range(self.c)}
 
-    def _plan(self, shim: Any, t: int, i: int, name: str, actions: Actions, later: list) -> Any:
+    def _plan(self, loop: Any, t: int, i: int, name: str, schedule: Schedule, later: list) -> Any:
         """One conversation's request this turn; the running one, if it is that."""
         hist, stage = self.histories[name], (i + t) % 4
         # fits the pool alone, not while anything else holds memory: the prefill adder
         # rejects it (NO_TOKEN) at every such step, after matching its prefix
-        big = hist + self.tokens(shim.config.pools.kv_tokens - BIG_MARGIN - len(hist))
+        big = hist + self.tokens(loop.config.pools.kv_tokens - BIG_MARGIN - len(hist))
         if stage == 0:  # waits for memory, then its client gives up
             rid = f"{name}-t{t}-queued"
             later.append((rid, big))
-            actions.setdefault(3, []).append(lambda: shim.abort(rid))
+            schedule.before_step(3, lambda: loop.abort(rid))
         elif stage == 1:  # waits until the waiting timeout (or, without one, runs late)
             later.append((f"{name}-t{t}-late", big))
         elif stage == 2:  # a long prompt, aborted between its prefill chunks
             rid = f"{name}-t{t}-chunked"
             later.insert(0, (rid, hist + self.tokens(96)))
-            actions.setdefault(2, []).append(lambda: shim.abort(rid))
+            schedule.before_step(2, lambda: loop.abort(rid))
         else:
             rid = f"{name}-t{t}-run"
-            req = shim.submit(rid, hist + self.tokens(10), 12)
+            req = loop.submit(rid, hist + self.tokens(10), 12)
             if t % 2 == 0:  # aborted while decoding
-                actions.setdefault(6, []).append(lambda: shim.abort(rid))
+                schedule.before_step(6, lambda: loop.abort(rid))
             return req
         return None
 
-    def turn(self, shim: Any, t: int) -> TurnStats:
-        reqs, actions, later = {}, {}, []
+    def turn(self, loop: Any, t: int) -> TurnStats:
+        reqs, schedule, later = {}, Schedule(), []
         for i, name in enumerate(self.histories):
-            req = self._plan(shim, t, i, name, actions, later)
+            req = self._plan(loop, t, i, name, schedule, later)
             if req is not None:
                 reqs[name] = req
         for rid, prompt in later:
-            shim.submit(rid, prompt, 8)
-        self.run(shim, actions)
+            loop.submit(rid, prompt, 8)
+        self.run(loop, schedule)
         for name, req in reqs.items():
-            if not isinstance(req.finished_reason, shim.sb.FINISH_ABORT):
+            if not isinstance(req.finished_reason, loop.sb.FINISH_ABORT):
                 self.histories[name] = list(req.origin_input_ids) + self.reply(req)
         return self.stats()
 
@@ -254,18 +218,18 @@ class Pressure(Workload):
     name = "pressure"
     summary = "multi-turn conversations on a pool too small for them: eviction and retraction"
 
-    def config(self) -> ShimConfig:
+    def config(self) -> LoopConfig:
         pools = self.pool_config(56 * self.c + 64)
-        return ShimConfig(pools=pools, max_running_requests=self.c)
+        return LoopConfig(pools=pools, max_running_requests=self.c)
 
-    def start(self, shim: Any) -> None:
+    def start(self, loop: Any) -> None:
         self.histories = {f"conv{i}": self.tokens(24) for i in range(self.c)}
 
-    def turn(self, shim: Any, t: int) -> TurnStats:
+    def turn(self, loop: Any, t: int) -> TurnStats:
         reqs = {
-            n: shim.submit(f"{n}-t{t}", h + self.tokens(6), 24) for n, h in self.histories.items()
+            n: loop.submit(f"{n}-t{t}", h + self.tokens(6), 24) for n, h in self.histories.items()
         }
-        self.run(shim)
+        self.run(loop)
         for name, req in reqs.items():  # keep contexts bounded: the pool is small on purpose
             self.histories[name] = (list(req.origin_input_ids) + self.reply(req))[-48:]
         return self.stats()

@@ -1,4 +1,16 @@
-"""``Core``: vLLM's scheduler stepped as its engine core steps it, with no model.
+"""``Core``: vLLM's scheduler stepped as its engine core steps it, with no model, as an
+``EngineLoop`` (``kvwatch.targets.driver.engine_loop``).
+
+The contract's operations are the engine core's: ``submit`` (a ``Request``
+built as the engine core builds one, with vLLM's own block hasher, handed to
+``add_request``), ``abort`` (``finish_requests(..., FINISHED_ABORTED)``),
+``step`` and ``flush`` (``reset_prefix_cache``: False while blocks are held).
+``idle`` is nothing with work left and no output in flight (a session waiting
+for its next chunk has none). The recording is vLLM's own, in its driver
+process (``run_driver.py``: the barrier probes as ``GET /audit`` answers
+them), and so is ``run``: the engine core applies the outputs still in flight
+once the work is done, and the clients give up on every stall (``unstick``),
+not once.
 
 Each step is ``schedule()``, the checks, then the output a model runner would
 give (``model_runner.py``) handed to ``update_from_output``; with two steps in
@@ -15,7 +27,9 @@ without getting idle breaks the run. vLLM is imported inside the methods only.
 from __future__ import annotations
 
 from collections import deque
+from typing import Any
 
+from kvwatch.targets.driver.engine_loop import EngineLoop
 from kvwatch.targets.vllm.core_probe import answer
 from kvwatch.targets.vllm.event_tap import EventTap
 from kvwatch.targets.vllm.hash_checks import check_hashes
@@ -33,17 +47,21 @@ MAX_STEPS = 20_000  # a turn that needs more never ends: the run broke
 STALL = 64  # steps in a row that schedule nothing, nothing in flight: nothing will move
 
 
-class Core:
+class Core(EngineLoop):
     """vLLM's scheduler stepped as its engine core steps it, with the checks after
     each ``schedule()`` and the probes the gate reads."""
 
+    engine = "vLLM"
+
     def __init__(self, scheduler, in_flight: int = 1, token_salt: int = 0) -> None:
+        super().__init__()
         self.scheduler, self.depth, self.queue = scheduler, in_flight, deque()
         self.token_salt, self.sampled = token_salt, 0  # the model runner's tokens
         self.hasher = request_hasher(hash_block_size(scheduler) or scheduler.block_size)
         self.liveness, self.ledger = LivenessTracker(), HashLedger()
         self.events, self.coverage = EventTap.install(scheduler), Coverage()
-        self.steps, self.sent, self.aborted, self.idle = 0, 0, 0, 0
+        self.steps, self.sent, self.aborted = 0, 0, 0
+        self.quiet = 0  # steps in a row that scheduled nothing with nothing in flight
         self.latched: list[dict] = []
         self.seen: set[str] = set()
         self.applied: list = []  # the event findings of the outputs applied since the last look
@@ -70,6 +88,13 @@ class Core:
     def add(self, request) -> None:
         self.sent += 1
         self.scheduler.add_request(request)
+
+    def submit(self, rid: Any, prompt: list[int], max_new: int, **extra: Any) -> Any:
+        """A client's request (``extra``: ``priority``, ``resumable``, ``cache_salt``),
+        built and added as the engine core does; the ``Request``."""
+        request = self.request(rid, prompt, max_tokens=max_new, **extra)
+        self.add(request)
+        return request
 
     def abort(self, request_id: str) -> None:
         """The client went away: the engine core's ``abort_requests``."""
@@ -99,6 +124,7 @@ class Core:
         self.queue.append((out, output))
         if len(self.queue) >= self.depth:
             self._apply()
+        self.notify()
 
     def _apply(self) -> None:
         """The oldest step's output; the events it published checked against the pool."""
@@ -109,6 +135,23 @@ class Core:
     def busy(self) -> bool:
         """Whether a request has work left (a session waiting for input has none)."""
         return any(_has_work(r) for r in self.scheduler.requests.values())
+
+    def idle(self) -> bool:
+        """No request with work left and no step's output in flight."""
+        return not self.busy() and not self.queue
+
+    def live_rids(self) -> list[Any]:
+        """The requests with work left, which their clients abort when they give up."""
+        return sorted(r for r, req in self.scheduler.requests.items() if _has_work(req))
+
+    def stalled(self) -> bool:
+        """``STALL`` steps in a row scheduled nothing with nothing in flight."""
+        return self.quiet >= STALL
+
+    def flush(self) -> bool:
+        """``reset_prefix_cache()``: every cached block no request holds dropped; False
+        (nothing dropped) while blocks are held."""
+        return bool(self.scheduler.reset_prefix_cache())
 
     def reset(self) -> bool:
         """A weight update's cache reset under load (``reset_prefix_cache`` with
@@ -130,8 +173,8 @@ class Core:
         still release (a hold-and-wait). Waiting behind a paused session's blocks is how
         vLLM keeps sessions; it is counted (``stalls behind paused sessions``), not found."""
         scheduled = getattr(out, "total_num_scheduled_tokens", 0) or len(out.num_scheduled_tokens)
-        self.idle = 0 if scheduled or self.queue else self.idle + 1
-        if self.idle != STALL:
+        self.quiet = 0 if scheduled or self.queue else self.quiet + 1
+        if self.quiet != STALL:
             return []
         requests = self.scheduler.requests
         if any(
@@ -146,14 +189,14 @@ class Core:
     def unstick(self) -> None:
         """After a stall: the clients of the requests that have work left give up
         (aborts; paused sessions stay), so the run goes on."""
-        for rid in sorted(r for r, req in self.scheduler.requests.items() if _has_work(req)):
+        for rid in self.live_rids():
             self.abort(rid)
-        self.idle = 0
+        self.quiet = 0
 
     def run(self) -> None:
         """Step until nothing has work left and nothing is in flight (or it stalled)."""
         for _ in range(MAX_STEPS):
-            if self.idle >= STALL:
+            if self.stalled():
                 self.unstick()
             if not self.busy():
                 break

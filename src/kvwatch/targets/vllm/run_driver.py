@@ -16,13 +16,13 @@ over the pool (``checks.py``); a step whose findings show a rule not
 seen before in the turn is kept as a probe (at most ``LATCH`` a turn). Once
 a turn's requests are done, nothing is in flight and the barrier probe is
 taken: the audit (``manager_audit.py``), the checks, the registry sizes, in the
-shape of the engine-core probe's ``GET /audit`` (``vllm_probe.answer``).
+shape of the engine-core probe's ``GET /audit`` (``core_probe.answer``).
 After the last turn the sessions close, the prefix cache is reset and the
 drained probe is taken.
 
 The KV cache layout is the workload's (``kv_layout.Layout``: groups, block
 size, prefix-match unit, events), or the plan's ``layout`` where it names
-one (the hunt, ``hunt.py``: the pool refitted to it, ``kv_layout.fit``), as
+one (the hunt, ``hunts/vllm.py``: the pool refitted to it, ``kv_layout.fit``), as
 are ``sched`` (``policy``, ``in_flight``, ``budget``: tokens a step), ``seed``
 and ``steps``. The tokens the model runner samples come from ``next_token``;
 a plan's ``token_salt`` (absent: 0) makes them another function of the same
@@ -40,7 +40,7 @@ Locust barrier action does. vLLM is imported here only, never by the gate.
 
 This module is the entry point: it reads the plans, runs each one's turns and
 writes its record. The scheduler is built by ``scheduler_build.py``, stepped
-and probed by ``stepped_core.py`` (``Core``), and fed a model runner's output
+and probed by ``loop.py`` (``Core``), and fed a model runner's output
 by ``model_runner.py``.
 """
 
@@ -102,7 +102,7 @@ class Run:
 
     def finish(self, core: Core) -> None:
         self.workload.close(core, self.plan["concurrency"])
-        flushed = bool(core.scheduler.reset_prefix_cache())
+        flushed = core.flush()
         self.record["drained"] = core.probe()["probes"][-1]
         left = len(core.scheduler.requests)
         closed = "sessions closed, " if self.workload.sessions else ""
