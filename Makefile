@@ -98,7 +98,7 @@ vllm-hunt: $(STAMP) $(VLLM_STAMP) $(patsubst %,$(VLLM_RELEASES)/%/.unpacked,$(fi
 SGLANG_HUNT_ARGS ?=
 .PHONY: sglang-hunt
 sglang-hunt: $(STAMP)
-	$(PY) -m hunts.sglang $(SGLANG_HUNT_ARGS) --out docs/sglang-hunt
+	$(PY) -m hunts.sglang $(SGLANG_HUNT_ARGS) --out docs/sglang-hunt --corpus docs/real-bugs.json
 
 # LightLLM's caches at the checkout LIGHTLLM_SRC (or KVWATCH_LIGHTLLM_SRC) x caches x seeds,
 # every profile at c = 2, 4 and 8, written to docs/lightllm-hunt.{json,md}
@@ -109,7 +109,7 @@ lightllm-hunt: $(STAMP)
 	@if [ -z "$(LIGHTLLM_SRC)" ]; then \
 		echo "lightllm-hunt: give a LightLLM checkout: make lightllm-hunt LIGHTLLM_SRC=DIR (or KVWATCH_LIGHTLLM_SRC=DIR)" >&2; \
 		exit 2; fi
-	$(PY) -m hunts.lightllm --lightllm-src $(LIGHTLLM_SRC) --out docs/lightllm-hunt
+	$(PY) -m hunts.lightllm --lightllm-src $(LIGHTLLM_SRC) --out docs/lightllm-hunt --corpus docs/real-bugs.json
 
 # Every hunt in turn: vLLM, SGLang and LightLLM (about 35 minutes here; needs LIGHTLLM_SRC)
 .PHONY: hunt
@@ -128,7 +128,7 @@ test-vllm: $(STAMP) $(VLLM_STAMP) $(VLLM_ROW_RELEASES:%=$(VLLM_RELEASES)/%/.unpa
 	KVWATCH_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python KVWATCH_VLLM_RELEASES=$(CURDIR) \
 		$(PY) -m pytest -q -m vllm
 
-# The unit and property tier: no `slow`, `e2e` or `bench` test (about a minute on 2 cores).
+# The unit and property tier: no `slow`, `e2e` or `bench` test (about 2 minutes on 2 cores).
 test-fast: $(STAMP)
 	$(call PYTEST,-m "not slow and not e2e and not bench")
 

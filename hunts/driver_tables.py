@@ -1,4 +1,4 @@
-"""The hunt's results as ``OUT.json`` and ``OUT.md`` (``hunt.py`` makes the rows).
+"""The tables of a hunt made of driver runs (``make vllm-hunt``; ``driver_runs.py`` makes the rows).
 
 ``OUT.json``: ``{"settings": ..., "runs": [row, ...]}``, a row per run with its
 release, profile, layout, option, seed, resolved sizes, coverage counts
@@ -18,7 +18,6 @@ candidates' upstream search and verdicts) is kept as it is.
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from pathlib import Path
 
 from hunts import report
 
@@ -84,44 +83,40 @@ def finding_rows(rows: list[dict]) -> list[str]:
     return out
 
 
-def markdown(rows: list[dict], settings: dict) -> str:
-    runs = [r for r in rows if not r["unsupported"]]
-    lines = [
-        "# vLLM scheduler hunt",
-        "",
-        "Written by `make vllm-hunt` (`python -m hunts.vllm`): vLLM's own",
-        "`Scheduler` in process with a model runner's output faked, every check after every",
-        "step (`--engine vllm-scheduler` in `src/kvwatch/targets/README.md`).",
-        "",
-        f"Settings: releases {', '.join(settings['releases'])}; {settings['seeds']} seeds of "
-        f"`mixed` ({settings['steps']} steps of arrivals a turn); {settings['turns']} turns at "
-        f"c = {settings['c']}; {settings['jobs']} workers on {settings['cores']} cores; "
-        f"{len(rows)} runs ({len(rows) - len(runs)} not possible on their release) in "
-        f"{settings['wall_s']} s.",
-        "",
-        "## Coverage",
-        "",
-        *coverage_rows(rows),
-        "",
-        "## Findings",
-        "",
-        *finding_rows(rows),
-        "",
-        "## Not run, broken",
-        "",
-    ]
+TITLE = "vLLM scheduler hunt"
+INTRO = (
+    "Written by `make vllm-hunt` (`python -m hunts.vllm`): vLLM's own",
+    "`Scheduler` in process with a model runner's output faked, every check after every",
+    "step (`--engine vllm-scheduler` in `src/kvwatch/targets/vllm/README.md`).",
+)
+
+
+def not_run_lines(rows: list[dict]) -> list[str]:
+    """The runs not made (the release cannot build the layout) and the broken ones."""
+    out = []
     for row in rows:
         why = row["unsupported"] or row["error"]
         if why:
             kind = "not run" if row["unsupported"] else "BROKEN"
-            lines.append(
+            out.append(
                 f"- {kind}: {row['release']} {row['profile']} `{row['layout']}`: {why[:300]}"
             )
-    if not any(r["unsupported"] or r["error"] for r in rows):
-        lines.append("Every run ran to its end.")
-    return "\n".join(lines) + "\n"
+    return out or ["Every run ran to its end."]
 
 
-def write(out: Path, rows: list[dict], settings: dict) -> None:
-    """``out``.json and ``out``.md, keeping the hand-written part of the old ``out``.md."""
-    report.write(out, settings, rows, markdown(rows, settings))
+def markdown(rows: list[dict], settings: dict) -> str:
+    """The hunt's markdown above the hand-written marker."""
+    runs = [r for r in rows if not r["unsupported"]]
+    line = (
+        f"Settings: releases {', '.join(settings['releases'])}; {settings['seeds']} seeds of "
+        f"`mixed` ({settings['steps']} steps of arrivals a turn); {settings['turns']} turns at "
+        f"c = {settings['c']}; {settings['jobs']} workers on {settings['cores']} cores; "
+        f"{len(rows)} runs ({len(rows) - len(runs)} not possible on their release) in "
+        f"{settings['wall_s']} s."
+    )
+    sections = [
+        ("Coverage", coverage_rows(rows)),
+        ("Findings", finding_rows(rows)),
+        ("Not run, broken", not_run_lines(rows)),
+    ]
+    return report.document(TITLE, INTRO, line, sections)

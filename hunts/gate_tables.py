@@ -1,4 +1,4 @@
-"""A gate hunt's ``OUT.md`` (``gates.py`` makes the rows; ``hunt_files`` writes both files).
+"""The tables of a hunt made of gates (``gates.py`` makes the rows; ``report.py`` writes both files).
 
 Sections: the settings; coverage, one line per (release, layout) with its
 runs, passes, failures, errors, runs not possible there and what decided
@@ -15,16 +15,11 @@ marker).
 
 from __future__ import annotations
 
-import json
-import os
-import time
 from collections import Counter, defaultdict
 from collections.abc import Sequence
-from pathlib import Path
 
-
-def cell(text: str) -> str:
-    return str(text).replace("|", "/").replace("\n", " ")
+from hunts import report
+from hunts.report import cell
 
 
 def coverage_lines(rows: Sequence[dict], order: Sequence[str]) -> list[str]:
@@ -90,56 +85,15 @@ def markdown(rows: Sequence[dict], settings: dict, *, title: str, intro: Sequenc
     runs = [r for r in rows if r["verdict"] != "unsupported"]
     found = [f for r in rows for f in r["findings"]]
     candidates = sum(not f["known"] for f in found)
-    lines = [
-        f"# {title}",
-        "",
-        *intro,
-        "",
+    line = (
         f"Settings: {settings['matrix']}; {settings['jobs']} gates at a time on "
         f"{settings['cores']} cores; {len(runs)} runs ({len(rows) - len(runs)} more not "
         f"possible on their build) in {settings['wall_s']} s. "
-        f"{len(found)} findings: {len(found) - candidates} known, {candidates} candidates.",
-        "",
-        "## Coverage",
-        "",
-        *coverage_lines(rows, order),
-        "",
-        "## Findings",
-        "",
-        *finding_lines(rows, order),
-        "",
-        "## Not possible, broken",
-        "",
-        *not_run_lines(rows),
+        f"{len(found)} findings: {len(found) - candidates} known, {candidates} candidates."
+    )
+    sections = [
+        ("Coverage", coverage_lines(rows, order)),
+        ("Findings", finding_lines(rows, order)),
+        ("Not possible, broken", not_run_lines(rows)),
     ]
-    return "\n".join(lines) + "\n"
-
-
-def hunted(engine, work: list, args, matrix: str, *, title: str, intro: Sequence[str]) -> int:
-    """Run ``work`` (``gates.hunt``, ``args.jobs`` gates at a time) and write
-    ``args.out``.json and .md, the settings being ``args`` with the wall time,
-    the cores and ``matrix`` (what the hunt crossed, in words)."""
-    from hunts import gates, report
-
-    print(f"{len(work)} gates, {args.jobs} at a time", flush=True)
-    started = time.monotonic()
-    rows = gates.hunt(engine, work, args.c, jobs=args.jobs, timeout=args.timeout)
-    wall = round(time.monotonic() - started)
-    settings = vars(args) | {"wall_s": wall, "cores": os.cpu_count(), "matrix": matrix}
-    md = markdown(rows, settings, title=title, intro=intro)
-    report.write(Path(args.out), settings, rows, md)
-    fails = sum(r["verdict"] == "fail" for r in rows)
-    print(f"{len(rows)} rows in {wall} s: {fails} failed; {args.out}.md")
-    return 0
-
-
-def relabelled(out: Path, engine, *, title: str, intro: Sequence[str]) -> int:
-    """``out``.json's rows labelled again against the corpus, both files rewritten."""
-    from hunts import gates, report
-
-    stored = json.loads(out.with_suffix(".json").read_text())
-    rows = gates.relabel(engine, stored["runs"])
-    md = markdown(rows, stored["settings"], title=title, intro=intro)
-    report.write(out, stored["settings"], rows, md)
-    print(f"{len(rows)} rows labelled again; {out}.md")
-    return 0
+    return report.document(title, intro, line, sections)

@@ -1,17 +1,18 @@
 """``make lightllm-hunt``: LightLLM checkouts × caches × profiles × seeds × concurrencies.
 
-    python -m hunts.lightllm --lightllm-src DIR [--lightllm-src DIR2]
-                                            [--seeds 8] [-c 2 4 8] [--jobs 2]
-                                            [--out docs/lightllm-hunt]
+    python -m hunts.lightllm --out docs/lightllm-hunt --corpus docs/real-bugs.json
+                             --lightllm-src DIR [--lightllm-src DIR2] [--seeds 8]
+                             [-c 2 4 8] [--jobs 2] [--relabel]
 
-Each (checkout, cache, seed) is one ``kvwatch gate --engine lightllm-cache
---lightllm-src DIR --lightllm-cache K -c 2,4,8 --seed S`` process, as a user
-runs it (``../gates.py``): every profile (``prefix-share``, ``chunked``,
+The matrix: each (checkout, cache, seed) is one ``kvwatch gate --engine
+lightllm-cache --lightllm-src DIR --lightllm-cache K -c 2,4,8 --seed S``
+process, as a user runs it (``gates.py``; ``runner.py`` runs them and writes
+both files): every profile (``prefix-share``, ``chunked``,
 ``aborts``, ``pressure``) at every concurrency, judged by every detector the
 gate composes for this target, LightLLM's own infer loop deciding each run.
 A checkout without the ``linear`` cache (before LightLLM's PR #1265) gives
 ``unsupported`` rows with the reason, not findings. A finding a corpus row
-(``docs/real-bugs.json``) explains is labelled with its id: same profile,
+explains is labelled with its id (``corpus.py``): same profile,
 detector and pool, on a checkout that does not contain that row's fix
 (``git merge-base --is-ancestor``; without git, the row's own commit).
 ``--lightllm-src`` defaults to ``KVWATCH_LIGHTLLM_SRC``; without either it is
@@ -30,7 +31,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from hunts import gate_tables, gates
+from hunts import gates, runner
+from hunts.corpus import HuntedEngine, load_corpus
 from kvwatch.targets.lightllm.checkout_check import commit_of, find_checkout
 
 CACHES = ("radix", "linear")
@@ -57,7 +59,7 @@ def contains(folder: Path, commit: str) -> bool | None:
     return {0: True, 1: False}.get(done.returncode)
 
 
-def engine(corpus: list[dict], folders: dict[str, Path]) -> gates.HuntedEngine:
+def engine(corpus: list[dict], folders: dict[str, Path]) -> HuntedEngine:
     """The hunt's engine; ``folders`` maps each release label to its checkout."""
 
     def before_fix(release: str, bug: dict) -> bool:
@@ -66,7 +68,7 @@ def engine(corpus: list[dict], folders: dict[str, Path]) -> gates.HuntedEngine:
             return (bug.get("buggy") or "").startswith(release)
         return not has_fix
 
-    return gates.HuntedEngine(
+    return HuntedEngine(
         name="lightllm",
         decided_by=decided_by,
         before_fix=before_fix,
@@ -107,7 +109,7 @@ INTRO = (
     "Written by `make lightllm-hunt` (`python -m hunts.lightllm`): one",
     "`kvwatch gate --engine lightllm-cache --lightllm-src DIR --lightllm-cache K --seed S -c ...`",
     "per checkout (named by its commit), cache and seed, every profile, every detector the gate",
-    "composes (`src/kvwatch/targets/README.md`, LightLLM's caches). LightLLM's own infer loop",
+    "composes (`src/kvwatch/targets/lightllm/README.md`). LightLLM's own infer loop",
     "decides every run; the model, sampler and router are stand-ins. Layouts are `radix/p1`",
     "(`RadixCache`) and `linear/p1` (`LinearAttPagedRadixCache`). A finding labelled known is",
     "explained by that row of `docs/real-bugs.json`; a candidate's upstream search is written",
@@ -127,7 +129,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         action="store_true",
         help="run nothing: label OUT.json's findings against the corpus again, rewrite OUT.md",
     )
-    ap.add_argument("--out", default="docs/lightllm-hunt")
+    ap.add_argument("--out", required=True, help="OUT.json and OUT.md (make: docs/lightllm-hunt)")
+    ap.add_argument(
+        "--corpus", required=True, help="the real-bug corpus (make: docs/real-bugs.json)"
+    )
     args = ap.parse_args(argv)
     if not args.lightllm_src and os.environ.get("KVWATCH_LIGHTLLM_SRC"):
         args.lightllm_src = [os.environ["KVWATCH_LIGHTLLM_SRC"]]
@@ -144,18 +149,17 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
     folders = {label(Path(d).resolve()): Path(d).resolve() for d in args.lightllm_src}
+    hunted = engine(load_corpus(Path(args.corpus)), folders)
     if args.relabel:
-        return gate_tables.relabelled(
-            Path(args.out), engine(gates.load_corpus(), folders), title=TITLE, intro=INTRO
-        )
-    work = groups(folders, args.seeds)
+        return gates.relabelled(Path(args.out), hunted, title=TITLE, intro=INTRO)
     matrix = (
         f"checkouts {', '.join(folders)}; caches {', '.join(CACHES)}; "
         f"{args.seeds} seeds; c = {', '.join(map(str, args.c))}"
     )
-    return gate_tables.hunted(
-        engine(gates.load_corpus(), folders), work, args, matrix, title=TITLE, intro=INTRO
+    plan = gates.plan(
+        hunted, groups(folders, args.seeds), args, matrix=matrix, title=TITLE, intro=INTRO
     )
+    return runner.hunt(plan, args)
 
 
 if __name__ == "__main__":

@@ -1,17 +1,44 @@
-"""A hunt's two files, ``OUT.json`` and ``OUT.md``, written so a rerun keeps the hand-written part.
+"""The one report writer of every hunt: ``OUT.json`` and ``OUT.md``, the hand-written part kept.
 
-Shared by every hunt (``vllm/hunt_report.py``, ``gate_tables.py``).
-Everything below ``HAND_WRITTEN`` in an existing ``OUT.md`` (the candidates'
-upstream search, verdicts, answers to questions about the table) is kept
-as it is: the table above the marker is rewritten, the reading of it is not.
+``document(title, intro, settings, sections)`` is a hunt's markdown above the
+marker: its title, what wrote it, one settings paragraph, then each section
+(a heading and its lines: the tables of ``gate_tables.py`` or
+``driver_tables.py``). ``write(out, settings, rows, markdown)`` writes
+``out``.json (the settings and every row) and ``out``.md: the markdown, the
+marker, then everything that stood below ``HAND_WRITTEN`` in the ``out``.md
+already there (the candidates' upstream search, verdicts, answers to
+questions about the table), as it was.
+
+Invariant: a rerun rewrites what is above the marker and never what is
+below it; ``out`` is the caller's path (the Makefile names ``docs/...``),
+never one taken from the working directory.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 
 HAND_WRITTEN = "<!-- written by hand below this line; the hunt keeps it -->"
+
+
+def cell(text: object) -> str:
+    """``text`` as one markdown table cell."""
+    return str(text).replace("|", "/").replace("\n", " ")
+
+
+def document(
+    title: str,
+    intro: Sequence[str],
+    settings: str,
+    sections: Sequence[tuple[str, Sequence[str]]],
+) -> str:
+    """The markdown above the marker: title, intro, settings, then each (heading, lines)."""
+    lines = [f"# {title}", "", *intro, "", settings]
+    for heading, body in sections:
+        lines += ["", f"## {heading}", "", *body]
+    return "\n".join(lines) + "\n"
 
 
 def write(out: Path, settings: dict, rows: list[dict], markdown: str) -> None:

@@ -1,18 +1,20 @@
 """``make sglang-hunt``: SGLang releases × caches × page sizes × profiles × seeds × concurrencies.
 
-    python -m hunts.sglang [--releases 0.5.10.post1 0.5.23 | all] [--seeds 3]
-                                          [-c 2 4] [--jobs 2] [--out docs/sglang-hunt]
+    python -m hunts.sglang --out docs/sglang-hunt --corpus docs/real-bugs.json
+                           [--releases 0.5.10.post1 0.5.23 | all] [--seeds 3] [-c 2 4]
+                           [--jobs 2] [--relabel]
 
-Each (release, layout, seed) is one ``kvwatch gate --engine sglang-cache
---sglang-version V --sglang-cache K --page-size P -c 2,4 --seed S`` process,
-as a user runs it (``../gates.py``): every profile the release runs, at
-every concurrency, judged by every detector the gate composes for this
-target. A profile the release cannot run (``shim_choice.check``: the session
-profiles before 0.5.10rc0, ``swa`` before 0.5.13.post1) and a release not
-built here are ``unsupported`` rows with the target's reason, not findings. Each row says what decided it (SGLang's own
-``Scheduler``, from the target's console line).
-A finding a corpus row (``docs/real-bugs.json``) explains is labelled with
-its id: same profile, detector and pool, on a release before that row's fix.
+The matrix: each (release, layout, seed) is one ``kvwatch gate --engine
+sglang-cache --sglang-version V --sglang-cache K --page-size P -c 2,4 --seed S``
+process, as a user runs it (``gates.py``; ``runner.py`` runs them and writes
+both files): every profile the release runs, at every concurrency, judged by
+every detector the gate composes for this target. A profile the release
+cannot run (``kvwatch.targets.sglang.loop_choice.check``: the session profiles
+before 0.5.10rc0, ``swa`` before 0.5.13.post1) and a release not built here
+are ``unsupported`` rows with the target's reason, not findings. Each row says
+what decided it (SGLang's own ``Scheduler``, from the target's console line).
+A finding a corpus row explains is labelled with its id (``corpus.py``): same
+profile, detector and pool, on a release before that row's fix.
 
 The default releases are the newest few and those on either side of the
 corpus's bug rows (about 10 minutes on 2 cores); ``--releases all`` runs
@@ -30,7 +32,8 @@ from pathlib import Path
 
 from packaging.version import InvalidVersion, Version
 
-from hunts import gate_tables, gates
+from hunts import gates, runner
+from hunts.corpus import HuntedEngine, load_corpus
 
 ALL = (
     "0.5.4.post3",
@@ -86,8 +89,8 @@ def before_fix(release: str, bug: dict) -> bool:
         return False
 
 
-def engine(corpus: list[dict]) -> gates.HuntedEngine:
-    return gates.HuntedEngine(
+def engine(corpus: list[dict]) -> HuntedEngine:
+    return HuntedEngine(
         name="sglang",
         decided_by=decided_by,
         before_fix=before_fix,
@@ -114,7 +117,7 @@ INTRO = (
     "Written by `make sglang-hunt` (`python -m hunts.sglang`): one",
     "`kvwatch gate --engine sglang-cache --sglang-version V --sglang-cache K --page-size P",
     "--seed S -c ...` per release, layout and seed, every profile the release runs, every",
-    "detector the gate composes (`src/kvwatch/targets/README.md`, SGLang's caches).",
+    "detector the gate composes (`src/kvwatch/targets/sglang/README.md`).",
     "'decided by' is what stepped the release: SGLang's own `Scheduler` on every release",
     "driven (0.5.4.post3 .. 0.5.23). A finding labelled known is explained by that row of",
     "`docs/real-bugs.json`; a candidate's upstream search is written below the marker.",
@@ -133,7 +136,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         action="store_true",
         help="run nothing: label OUT.json's findings against the corpus again, rewrite OUT.md",
     )
-    ap.add_argument("--out", default="docs/sglang-hunt")
+    ap.add_argument("--out", required=True, help="OUT.json and OUT.md (make: docs/sglang-hunt)")
+    ap.add_argument(
+        "--corpus", required=True, help="the real-bug corpus (make: docs/real-bugs.json)"
+    )
     args = ap.parse_args(argv)
     if args.releases == ["all"]:
         args.releases = list(ALL)
@@ -142,19 +148,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    hunted = engine(load_corpus(Path(args.corpus)))
     if args.relabel:
-        return gate_tables.relabelled(
-            Path(args.out), engine(gates.load_corpus()), title=TITLE, intro=INTRO
-        )
-    work = groups(args.releases, args.seeds)
+        return gates.relabelled(Path(args.out), hunted, title=TITLE, intro=INTRO)
     matrix = (
         f"releases {', '.join(args.releases)}; layouts "
         f"{', '.join(f'{k}/p{p}' for k, p in LAYOUTS)}; {args.seeds} seeds; "
         f"c = {', '.join(map(str, args.c))}"
     )
-    return gate_tables.hunted(
-        engine(gates.load_corpus()), work, args, matrix, title=TITLE, intro=INTRO
-    )
+    work = groups(args.releases, args.seeds)
+    plan = gates.plan(hunted, work, args, matrix=matrix, title=TITLE, intro=INTRO)
+    return runner.hunt(plan, args)
 
 
 if __name__ == "__main__":

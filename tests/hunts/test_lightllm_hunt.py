@@ -13,9 +13,11 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from paths import REPO
 
 from hunts import gate_tables, gates
 from hunts import lightllm as hunt
+from hunts.corpus import load_corpus
 from kvwatch.targets.lightllm.checkout_check import LINEAR, NEEDED
 
 LOADED = "LightLLM /src at 0123456789ab: its linear cache and infer loop on CPU\n"
@@ -116,7 +118,7 @@ def test_a_checkout_without_the_linear_cache_gives_unsupported_rows(tmp_path):
 
 def test_without_a_checkout_it_is_exit_2(monkeypatch, capsys):
     monkeypatch.delenv("KVWATCH_LIGHTLLM_SRC", raising=False)
-    assert hunt.main([]) == 2
+    assert hunt.main(["--out", "unused", "--corpus", "unused.json"]) == 2
     assert "LIGHTLLM_SRC" in capsys.readouterr().err
 
 
@@ -130,8 +132,7 @@ def test_one_live_gate_on_the_checkout_passes_decided_by_lightllm():
     folder = Path(src).resolve()
     release = hunt.label(folder)
     (radix, *_) = hunt.groups({release: folder}, 1)
-    out = gates.hunt(
-        hunt.engine(gates.load_corpus(), {release: folder}), [radix], [2], jobs=1, timeout=300
-    )
+    engine = hunt.engine(load_corpus(REPO / "docs" / "real-bugs.json"), {release: folder})
+    out = gates.run_group(engine, radix, [2], timeout=300)
     assert [r["profile"] for r in out] == list(hunt.PROFILES)
     assert {(r["verdict"], r["decided_by"]) for r in out} == {("pass", "LightLLM's own infer loop")}

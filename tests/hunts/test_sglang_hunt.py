@@ -12,9 +12,11 @@ from __future__ import annotations
 import json
 
 import pytest
+from paths import REPO
 
 from hunts import gate_tables, gates, report
 from hunts import sglang as hunt
+from hunts.corpus import load_corpus, relabel
 from kvwatch.targets.sglang import wheel_fetch
 
 OWN = "sglang 0.5.10.post1: driven by its own Scheduler\n"
@@ -61,7 +63,8 @@ def test_the_matrix_is_release_by_layout_by_seed_and_mamba_runs_at_page_1_only()
     assert [g.layout for g in groups[:3]] == ["radix/p1"] * 2 + ["radix/p4"]
     assert {g.page for g in groups if g.cache == "mamba"} == {1}
     assert groups[0].args[-5:] == ("0.5.9", "--sglang-cache", "radix", "--page-size", "1")
-    assert hunt.parse_args(["--releases", "all"]).releases == list(hunt.ALL)
+    paths = ["--out", "o", "--corpus", "c.json"]
+    assert hunt.parse_args(["--releases", "all", *paths]).releases == list(hunt.ALL)
     assert set(hunt.DEFAULT) <= set(hunt.ALL)
 
 
@@ -92,7 +95,7 @@ def test_in_another_profile_a_finding_is_known_only_by_the_same_cause():
     stages = [run("abort-stages", 2, {"allocator": e}) for e in (same, other)]
     out = gates.rows_of(engine, group(), {"runs": stages}, OWN, [2])
     assert [r["findings"][0]["known"] for r in out] == ["sglang-queued", None]
-    assert [r["findings"][0]["known"] for r in gates.relabel(hunt.engine([]), out)] == [
+    assert [r["findings"][0]["known"] for r in relabel(hunt.engine([]), out)] == [
         None,
         None,
     ]
@@ -117,11 +120,11 @@ def test_what_a_drain_leaves_after_a_known_stall_carries_the_stalls_id():
 
 
 def test_a_profile_or_release_the_target_cannot_run_is_unsupported_not_a_finding():
-    console = OWN + "leaving out the priority profile: not under the shim\n"
+    console = OWN + "leaving out the priority profile: not on this release\n"
     out = rows([run("agentic", 2)], console=console)
     assert [(r["profile"], r["verdict"], r["unsupported"]) for r in out] == [
         ("agentic", "pass", None),
-        ("priority", "unsupported", "not under the shim"),
+        ("priority", "unsupported", "not on this release"),
     ]
     nothing = rows([run("agentic", 2, error="sglang at 0.5.16: no driver")], console="")
     assert nothing[0]["verdict"] == "unsupported" and nothing[0]["error"] is None
@@ -132,7 +135,7 @@ def test_a_profile_or_release_the_target_cannot_run_is_unsupported_not_a_finding
 def test_the_markdown_counts_runs_apart_from_the_unsupported_and_keeps_the_hand_written_part(
     tmp_path,
 ):
-    console = OWN + "leaving out the priority profile: not under the shim\n"
+    console = OWN + "leaving out the priority profile: not on this release\n"
     table = rows(
         [
             run("agentic", 2),
@@ -147,7 +150,7 @@ def test_the_markdown_counts_runs_apart_from_the_unsupported_and_keeps_the_hand_
     assert "| `allocator` | known: `sglang-pr-1` | `radix/p1` | sessions | 0.5.10.post1 |" in md
     assert "| `allocator` | **candidate** | `radix/p1` | aborts | 0.5.10.post1 |" in md
     assert "2 findings: 1 known, 1 candidates" in md
-    assert "- not possible (1 runs): not under the shim" in md
+    assert "- not possible (1 runs): not on this release" in md
     out = tmp_path / "hunt"
     report.write(out, settings, table, md)
     md_path = tmp_path / "hunt.md"
@@ -165,8 +168,8 @@ def test_one_live_gate_finds_the_known_session_leak_and_passes_the_rest():
         wheel_fetch.fetch("0.5.10.post1")
     except wheel_fetch.Unavailable as exc:
         pytest.skip(f"cannot download sglang 0.5.10.post1's wheel (is PyPI reachable?): {exc}")
-    engine = hunt.engine(gates.load_corpus())
-    out = gates.hunt(engine, [group()], [2], jobs=1, timeout=300)
+    engine = hunt.engine(load_corpus(REPO / "docs" / "real-bugs.json"))
+    out = gates.run_group(engine, group(), [2], timeout=300)
     failed = {r["profile"]: {f["known"] for f in r["findings"]} for r in out if r["findings"]}
     assert failed == {
         "sessions": {"sglang-pr-22862"},

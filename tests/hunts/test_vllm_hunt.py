@@ -1,11 +1,12 @@
-"""``make vllm-hunt`` without vLLM (``hunts/vllm.py``): the matrix of runs, each run's plan,
-and the report's tables, which keep the hand-written part of ``OUT.md``."""
+"""``make vllm-hunt`` without vLLM (``hunts/vllm.py``, ``driver_runs.py``): the matrix of runs,
+each run's plan, and the report's tables, which keep the hand-written part of ``OUT.md``."""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
-from hunts import driver_tables as hunt_report
+from hunts import driver_runs, driver_tables, report
 from hunts import vllm as hunt
 
 
@@ -19,7 +20,7 @@ def test_the_hunt_runs_mixed_in_every_layout_option_and_seed_and_the_rest_once()
     own = {c.profile for c in cases if c.layout is None}
     assert own == {"mid-block-prefix", "hybrid-swa", "hybrid-mamba", "kv-events"}
     async_case = next(c for c in mixed if c.sched == "priority-async")
-    plan = hunt.plan_for(async_case, hunt.Path("/x"), steps=7, turns=2, c=3)
+    plan = driver_runs.plan_for(async_case, Path("/x"), steps=7, turns=2, c=3)
     assert plan["layout"] == async_case.layout.to_json() and plan["sched"]["in_flight"] == 2
     assert (plan["steps"], plan["turns"], plan["concurrency"]) == (7, 2, 3)
 
@@ -48,7 +49,7 @@ def test_the_hunt_report_tables_coverage_and_findings_and_keeps_the_hand_written
     settings = {"releases": ["9.1.0"], "seeds": 1, "steps": 5, "turns": 2, "c": 2}
     settings |= {"jobs": 2, "cores": 2, "wall_s": 9}
     out = tmp_path / "hunt"
-    hunt_report.write(out, rows, settings)
+    report.write(out, settings, rows, driver_tables.markdown(rows, settings))
     text = (tmp_path / "hunt.md").read_text()
     assert "| 9.1.0 | `full/b16/events` | 2 | 20 | 8 |" in text
     assert "| 10/4/2 | 1 |" in text  # events stored/removed/cleared, runs with findings
@@ -56,6 +57,6 @@ def test_the_hunt_report_tables_coverage_and_findings_and_keeps_the_hand_written
     assert "not run: 9.1.0 mixed `full/b16/events`: no unit here" in text
     md = tmp_path / "hunt.md"
     md.write_text(md.read_text() + "\n## Upstream\n\nsearched by hand\n")
-    hunt_report.write(out, rows[:1], settings)
+    report.write(out, settings, rows[:1], driver_tables.markdown(rows[:1], settings))
     assert md.read_text().endswith("\n## Upstream\n\nsearched by hand\n")
     assert len(json.loads((tmp_path / "hunt.json").read_text())["runs"]) == 1

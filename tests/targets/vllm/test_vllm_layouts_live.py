@@ -6,7 +6,7 @@ with each layout profile clean and with each fault planted in vLLM's own
 ``BlockPool`` (events dropped, doubled, invented; partial-block entries moved
 or foreign); the gate runs the layout profiles on the venv's vLLM and on the
 newest release (0.33.0, its GPU wheel's Python unpacked over the venv:
-``make vllm-release V=0.33.0``), and one hunt case runs through ``hunt.py``.
+``make vllm-release V=0.33.0``); one hunt case: ``tests/hunts/test_vllm_hunt_live.py``.
 """
 
 from __future__ import annotations
@@ -15,13 +15,10 @@ import json
 import os
 import subprocess
 import sys
-from argparse import Namespace
 from pathlib import Path
 
 import pytest
 
-from hunts import vllm as hunt
-from kvwatch.targets.vllm.kv_layout import parse
 from kvwatch.targets.vllm.release import find
 
 PYTHON = os.environ.get("KVWATCH_VLLM_PYTHON")
@@ -129,25 +126,3 @@ def test_the_newest_release_runs_fine_hashes_and_events_from_its_gpu_wheel(tmp_p
     assert code == 0, log[-3000:]
     assert summary["verdict"] == "pass"
     assert f"vLLM {NEWEST}'s scheduler in process" in log
-
-
-def test_one_hunt_case_reports_its_coverage_and_sizes(tmp_path):
-    case = hunt.Case(
-        release="here",
-        profile="mixed",
-        layout=parse("full+mamba/b64/u16/events"),
-        sched="fcfs",
-        seed=1,
-    )
-    release = find(find_version(), PYTHON)
-    args = Namespace(steps=12, turns=2, c=2, timeout=300)
-    (row,) = hunt.run_batch([case], release, args)
-    assert row["error"] is None and row["rules"] == {}, row
-    assert row["sizes"]["hash"] == 16 and row["sizes"]["block"] == 64
-    assert row["coverage"]["requests"] > 0 and row["coverage"]["events"]["keys stored"] > 0
-
-
-def find_version() -> str:
-    from kvwatch.targets.vllm.release import ask
-
-    return ask(PYTHON)["vllm"]
