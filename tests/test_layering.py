@@ -7,7 +7,7 @@ the package's parts import downward only, the gate's verdicts on top:
                                          the pytest plugin; never a target implementation
     5  targets | loadtests               what is gated | what Locust loads: never each other
     4  harness                           what a load run needs: plan, recorder, sources,
-                                         Locust runs, the Target seam, profiles, replay
+                                         Locust runs, the Target seam, profiles
     3  server | dashboards
     2  instrumentation                   OTel listeners and probes
     1  engine
@@ -108,6 +108,15 @@ def test_telemetry_and_the_gate_only_listen_to_the_engine():
             assert engine <= allowed, f"{path} reaches into {sorted(engine - allowed)}"
         else:
             assert engine <= ENGINE_API, f"{path} reaches into {sorted(engine - ENGINE_API)}"
+
+
+def test_the_harness_never_imports_the_engine():
+    """What a load run needs reaches an engine only through a ``Target``; kvwatch's own
+    in-process reference (the cache-off replay) lives with its target
+    (``targets/kvwatch/replay.py``)."""
+    for path, names in imports_of("harness").items():
+        engine = sorted(n for n in names if n.startswith("kvwatch.engine"))
+        assert not engine, f"{path} imports {engine}"
 
 
 # every source folder but the engine's, and the root modules (cli.py, serve.py, ...)

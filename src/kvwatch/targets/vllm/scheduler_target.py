@@ -5,7 +5,7 @@ streaming-input session (``AsyncLLM``'s input generator, no HTTP route), the
 schedule of two steps in flight that GPUs run by default, per-step state of
 the KV managers. This target runs the loads that reach them
 (``workloads.py``) through vLLM's own ``Scheduler`` with no model, in
-vLLM's Python: each run is one ``scheduler_driver.py`` process of the
+vLLM's Python: each run is one ``run_driver.py`` process of the
 release ``--vllm-version`` names (``release.py``: a venv of its own, or
 its wheel unpacked over ``--vllm-python``'s packages, which is how 0.25.1 and
 0.26.0 run beside torch 2.13)::
@@ -16,7 +16,7 @@ its wheel unpacked over ``--vllm-python``'s packages, which is how 0.25.1 and
                    at each barrier and at the steps that showed a new rule
                -> scheduler-record.json (GET /audit answers) -> RunRecord
 
-Its records carry probes (``vllm_source.probe_report`` reads each answer as
+Its records carry probes (``probe.probe_report`` reads each answer as
 the white-box vLLM target reads its engine core's), registries (the KV
 managers' container sizes) and request counts, so ``allocator``,
 ``refcount``, ``tree``, ``quiescence`` and ``requests`` judge it; there are

@@ -4,13 +4,13 @@ One vLLM server (``api_server.py``, from ``--vllm-python``) serves every
 profile of the gate, with kvwatch's probe in its engine core
 (``plugin.py`` -> ``core_probe.py``). Its records carry probes (the
 audit of its block pool and the checks of ``checks.py``,
-``probe_source.py``), registries (the KV managers' container sizes), gauges
+``probe.py``), registries (the KV managers' container sizes), gauges
 and request counts, so ``allocator``, ``refcount``, ``tree``, ``quiescence``,
 ``requests`` and ``gauge-trend`` judge it; it has no heap sampler and no
 cache-off replay. ``--vllm-version`` runs another release
 (``release.py``). The
 profiles that need only the OpenAI API run. ``--inject`` plants one of
-kvwatch's vLLM bugs (``vllm_plugin.FAULTS``).
+kvwatch's vLLM bugs (``plugin.FAULTS``).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
-"""``vllm_checks`` on vLLM's own scheduler, clean and with each broken state planted.
+"""``checks`` (``kvwatch.targets.vllm.checks``) on vLLM's own scheduler, clean and with each broken state planted.
 
 The scheduler is the one ``--engine vllm-scheduler`` drives
-(``vllm_sched_driver.build`` and ``Core``: no model, fake outputs), on the
+(``scheduler_build.build`` and ``loop.Core``: no model, fake outputs), on the
 release this Python has. Run it with vLLM's Python; it prints one JSON object,
 a key per scenario, each with the rules the checks found (per step and at the
 barrier, in order) and their first findings::

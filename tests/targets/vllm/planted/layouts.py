@@ -1,7 +1,7 @@
 """The layout profiles and the event check on vLLM's own scheduler, clean and with faults planted.
 
 The scheduler is the one ``--engine vllm-scheduler`` drives (``build`` and
-``Core`` of ``stepped_core.py``), on the release this Python has, in the
+``Core`` of ``loop.py``), on the release this Python has, in the
 layouts of ``layout_workloads.py``. Run it with vLLM's Python; it prints one
 JSON object, a key per scenario, with the rules found (every step and every
 barrier, in order) and the first finding of each::

@@ -1,4 +1,4 @@
-"""``vllm_audit.audit`` on a real vLLM ``KVCacheManager``, clean and with planted bugs.
+"""``manager_audit.audit`` (``kvwatch.targets.vllm.manager_audit``) on a real vLLM ``KVCacheManager``, clean and with planted bugs.
 
 No model and no engine: one full-attention group of 64 blocks of 16 tokens,
 driven through the calls vLLM's scheduler makes for each request
