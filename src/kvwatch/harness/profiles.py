@@ -45,9 +45,7 @@ class Profile(NamedTuple):
     summary: str
     engine: Mapping[str, Any] = {}  # overrides on top of BASE_ENGINE
     kvwatch_api: bool = False  # needs kvwatch's session API (not for any OpenAI server)
-    heap: bool = (
-        False  # heap samples at every concurrency (else up to HEAP_UP_TO, targets/kvwatch/target.py)
-    )
+    heap: bool = False  # heap samples at every concurrency (else up to HEAP_UP_TO, targets/kvwatch/target.py)
     flush_every_turn: bool = False
     serve_flags: tuple[str, ...] = ()  # kvwatch serve options the profile needs
     # turns per run unless --turns says otherwise: a warm-up of 2 leaves 4 judged

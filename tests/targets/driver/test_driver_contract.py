@@ -45,7 +45,7 @@ class FakeLoop(EngineLoop):
     def abort(self, rid: Any) -> None:
         self.log.append(f"abort {rid}")
         if self.left.pop(rid, None) is not None:
-            self.outcomes.append(Outcome(rid, ABORTED, self.steps))
+            self.outcomes.append(Outcome(rid=rid, status=ABORTED, step=self.steps))
 
     def step(self) -> None:
         self.steps += 1
@@ -56,7 +56,9 @@ class FakeLoop(EngineLoop):
             self.left[rid] -= 1
             if self.left[rid] <= 0:
                 status = KILLED if self.left.pop(rid) < 0 else FINISHED
-                self.outcomes.append(Outcome(rid, status, self.steps, why="out of room"))
+                self.outcomes.append(
+                    Outcome(rid=rid, status=status, step=self.steps, why="out of room")
+                )
         self.notify()
 
     def flush(self) -> bool:
@@ -87,7 +89,7 @@ class FakeLoop(EngineLoop):
         self.closed = True
 
 
-RULE = IdleRule(50, "the fake loop did not get idle in {n} ticks")
+RULE = IdleRule(max_steps=50, stuck="the fake loop did not get idle in {n} ticks")
 
 
 def test_operations_run_just_before_their_step_and_triggers_fire_once_when_due():
@@ -120,7 +122,7 @@ def test_a_stalled_loops_clients_give_up_once_and_one_idle_step_follows():
     loop = FakeLoop(stall_from=2)
     for rid in ("a", "b"):
         loop.submit(rid, [1], 10)
-    rule = IdleRule(50, "stuck", give_up=True, idle_step=True)
+    rule = IdleRule(max_steps=50, stuck="stuck", give_up=True, idle_step=True)
     assert run_until_idle(loop, None, rule) == 3  # the step that takes the aborts
     assert loop.log[2:] == ["step 1", "step 2", "abort a", "abort b", "step 3", "step 4"]
     without = FakeLoop(stall_from=2)
@@ -140,10 +142,10 @@ def test_a_loop_that_never_gets_idle_breaks_the_run_with_the_rules_message():
 def test_requests_are_counted_as_clients_count_them_with_the_engines_failures_named():
     loop = FakeLoop()
     loop.outcomes = [
-        Outcome("a", FINISHED, 1),
-        Outcome("b", ABORTED, 2),
-        Outcome("c", "dropped", 3),
-        Outcome("d", KILLED, 4),
+        Outcome(rid="a", status=FINISHED, step=1),
+        Outcome(rid="b", status=ABORTED, step=2),
+        Outcome(rid="c", status="dropped", step=3),
+        Outcome(rid="d", status=KILLED, step=4),
     ]
     got = counts(loop)
     assert got["status"] == {"2xx": 1, "4xx": 2} and got["failed"] == 1

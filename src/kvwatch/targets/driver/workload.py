@@ -116,7 +116,9 @@ class Workload:
     summary: ClassVar[str] = ""
     sessions: ClassVar[bool] = False  # it needs the engine's sessions
     vocab: ClassVar[int] = 30_000  # token ids are drawn from [3, vocab)
-    idle_rule: ClassVar[IdleRule] = IdleRule(20_000, "the loop did not get idle in {n} steps")
+    idle_rule: ClassVar[IdleRule] = IdleRule(
+        max_steps=20_000, stuck="the loop did not get idle in {n} steps"
+    )
 
     def __init__(self, *, c: int = 4, seed: int = 0) -> None:
         self.c, self.seed = c, seed

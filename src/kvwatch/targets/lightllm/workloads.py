@@ -52,7 +52,7 @@ class Workload(shared.Workload):
 
     vocab: ClassVar[int] = 4_000
     idle_rule: ClassVar[IdleRule] = IdleRule(
-        MAX_ITERATIONS, "LightLLM's loop did not get idle in {n} iterations"
+        max_steps=MAX_ITERATIONS, stuck="LightLLM's loop did not get idle in {n} iterations"
     )
 
     def __init__(self, *, c: int = 4, seed: int = 0, cache: str = "radix") -> None:

@@ -58,7 +58,10 @@ class Workload(shared.Workload):
 
     vocab: ClassVar[int] = 30_000
     idle_rule: ClassVar[IdleRule] = IdleRule(
-        MAX_STEPS, "the scheduler did not get idle in {n} steps", give_up=True, idle_step=True
+        max_steps=MAX_STEPS,
+        stuck="the scheduler did not get idle in {n} steps",
+        give_up=True,
+        idle_step=True,
     )
 
     def __init__(
