@@ -84,32 +84,32 @@ $(VLLM_RELEASES)/%/.unpacked: | $(VLLM_STAMP)
 	touch $@
 
 # vLLM's scheduler under every KV cache layout and option, every check on, written to
-# docs/vllm-hunt.{json,md} (targets/vllm/hunt.py; 228 runs, about 6 minutes on 2 cores)
+# docs/vllm-hunt.{json,md} (hunts/vllm.py; 228 runs, about 6 minutes on 2 cores)
 HUNT_RELEASES ?= 0.32.0 0.33.0 0.31.0
 .PHONY: vllm-hunt
 vllm-hunt: $(STAMP) $(VLLM_STAMP) $(patsubst %,$(VLLM_RELEASES)/%/.unpacked,$(filter-out 0.32.0,$(HUNT_RELEASES)))
 	KVWATCH_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python KVWATCH_VLLM_RELEASES=$(CURDIR) \
-		$(PY) -m kvwatch.targets.vllm.hunt --releases $(HUNT_RELEASES) --out docs/vllm-hunt
+		$(PY) -m hunts.vllm --releases $(HUNT_RELEASES) --out docs/vllm-hunt
 
 # SGLang's caches under its releases x caches x page sizes x seeds, every profile at c = 2
-# and 4, one gate each, written to docs/sglang-hunt.{json,md} (targets/sglang/sglang_hunt.py;
+# and 4, one gate each, written to docs/sglang-hunt.{json,md} (hunts/sglang.py;
 # SGLANG_HUNT_ARGS="--releases all" for every release; 2,280 runs and 1,080 not possible,
 # 11 minutes here on 2 cores)
 SGLANG_HUNT_ARGS ?=
 .PHONY: sglang-hunt
 sglang-hunt: $(STAMP)
-	$(PY) -m kvwatch.targets.sglang.sglang_hunt $(SGLANG_HUNT_ARGS) --out docs/sglang-hunt
+	$(PY) -m hunts.sglang $(SGLANG_HUNT_ARGS) --out docs/sglang-hunt --corpus docs/real-bugs.json
 
 # LightLLM's caches at the checkout LIGHTLLM_SRC (or KVWATCH_LIGHTLLM_SRC) x caches x seeds,
 # every profile at c = 2, 4 and 8, written to docs/lightllm-hunt.{json,md}
-# (targets/lightllm/lightllm_hunt.py; 192 runs on one checkout, 236 s here on 2 cores)
+# (hunts/lightllm.py; 192 runs on one checkout, 236 s here on 2 cores)
 LIGHTLLM_SRC ?= $(KVWATCH_LIGHTLLM_SRC)
 .PHONY: lightllm-hunt
 lightllm-hunt: $(STAMP)
 	@if [ -z "$(LIGHTLLM_SRC)" ]; then \
 		echo "lightllm-hunt: give a LightLLM checkout: make lightllm-hunt LIGHTLLM_SRC=DIR (or KVWATCH_LIGHTLLM_SRC=DIR)" >&2; \
 		exit 2; fi
-	$(PY) -m kvwatch.targets.lightllm.lightllm_hunt --lightllm-src $(LIGHTLLM_SRC) --out docs/lightllm-hunt
+	$(PY) -m hunts.lightllm --lightllm-src $(LIGHTLLM_SRC) --out docs/lightllm-hunt --corpus docs/real-bugs.json
 
 # Every hunt in turn: vLLM, SGLang and LightLLM (about 35 minutes here; needs LIGHTLLM_SRC)
 .PHONY: hunt
@@ -128,7 +128,7 @@ test-vllm: $(STAMP) $(VLLM_STAMP) $(VLLM_ROW_RELEASES:%=$(VLLM_RELEASES)/%/.unpa
 	KVWATCH_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python KVWATCH_VLLM_RELEASES=$(CURDIR) \
 		$(PY) -m pytest -q -m vllm
 
-# The unit and property tier: no `slow`, `e2e` or `bench` test (about a minute on 2 cores).
+# The unit and property tier: no `slow`, `e2e` or `bench` test (about 2 minutes on 2 cores).
 test-fast: $(STAMP)
 	$(call PYTEST,-m "not slow and not e2e and not bench")
 

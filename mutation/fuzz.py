@@ -40,10 +40,10 @@ from kvwatch.engine import (
 from kvwatch.engine.config import FailpointConfig, PrefixCacheMode
 from kvwatch.engine.model.tokenizer import USER
 from kvwatch.engine.request import Status
-from kvwatch.harness.replay import Reference
 from kvwatch.harness.run_record import Candidate
 from kvwatch.instrumentation.registries import registry_sizes
 from kvwatch.instrumentation.spans import RequestSpans
+from kvwatch.targets.kvwatch.replay import Reference
 
 ALPHABET = [*range(32, 41), USER]  # few tokens, so prompts share pages; turn markers for slots
 DRAIN_STEPS = 5000

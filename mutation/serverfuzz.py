@@ -22,11 +22,11 @@ from collections.abc import Iterator
 from fastapi.testclient import TestClient
 
 from kvwatch.engine import Engine
-from kvwatch.harness.replay import Reference
 from kvwatch.harness.run_record import Candidate
 from kvwatch.instrumentation.registries import module_roots, registry_sizes
 from kvwatch.server import ServerSettings, create_app
 from kvwatch.server.worker import EngineWorker
+from kvwatch.targets.kvwatch.replay import Reference
 from mutation.fuzz import SETUPS, Observation, Program
 
 MODEL = ServerSettings().model_name

@@ -105,12 +105,12 @@ def test_every_module_lies_where_its_name_says_in_the_checkout():
     assert Path(out["root"]).parent == PACKAGE
 
 
-def test_the_wheel_holds_no_mutation_programs_and_every_module_where_its_name_says(venv):
+def test_the_wheel_holds_neither_mutation_nor_hunts_and_each_module_lies_where_named(venv):
     python = str(venv / "bin" / "python")
     out = json.loads(run([python, "-c", WHERE]).stdout)
     assert out["wrong"] == [] and out["count"] > 150
     assert Path(out["root"]).is_relative_to(venv), out["root"]  # the wheel's, not the checkout's
-    top = json.loads(run([python, "-c", TOP_LEVEL]).stdout)
+    top = json.loads(run([python, "-c", TOP_LEVEL]).stdout)  # no mutation/, no hunts/
     assert [name for name in top if not name.endswith(".dist-info")] == ["kvwatch"], top
 
 

@@ -7,7 +7,7 @@ streaming session is evicted from the waiting queue by a higher-priority arrival
 
 SGLang's own ``Scheduler`` from the release's wheel, built by its own ``__init__`` with
 ``--enable-priority-scheduling --max-queued-requests 1`` over a hybrid SSM (mamba) cache
-and stepped one iteration of its event loop at a time (``shim_choice.make``). The script
+and stepped one iteration of its event loop at a time (``loop_choice.make``). The script
 sends only what a tokenizer manager sends and reads the scheduler's state between
 iterations:
 
@@ -34,13 +34,13 @@ from __future__ import annotations
 import os
 import sys
 
-from kvwatch.targets.sglang import shim_choice
-from kvwatch.targets.sglang.cache_probe import CacheProbe
-from kvwatch.targets.sglang.shim_parts import PoolConfig, ShimConfig
+from kvwatch.targets.sglang import loop_choice
+from kvwatch.targets.sglang.loop_parts import LoopConfig, PoolConfig
+from kvwatch.targets.sglang.probe import CacheProbe
 
 PROMPT = list(range(100, 140))
 LOW, HIGH = 0, 10
-CONFIG = ShimConfig(
+CONFIG = LoopConfig(
     pools=PoolConfig(kv_tokens=256, req_slots=8, mamba_slots=16),
     streaming=True,
     priority_scheduling=True,
@@ -50,7 +50,7 @@ CONFIG = ShimConfig(
 
 def scenario(release, removal: str) -> list[str]:
     """The probe's findings once the turn was removed by ``removal`` and all is idle."""
-    driver = shim_choice.make(release, CONFIG)
+    driver = loop_choice.make(release, CONFIG)
     probe = CacheProbe(driver)
     driver.submit("warm", PROMPT, 2, priority=LOW)
     driver.run_until_idle()
@@ -74,7 +74,7 @@ def scenario(release, removal: str) -> list[str]:
     driver.close_session("sess")
     driver.step()
     driver.step()
-    probe.flush()
+    driver.flush()
     findings = [f.detail for f in probe.report().findings]
     own = [line for r in driver.own_reports()[:1] for line in r.splitlines() if "mamba" in line]
     print(f"  SGLang's own idle memory check: {own or 'nothing reported'}")
@@ -84,8 +84,8 @@ def scenario(release, removal: str) -> list[str]:
 
 def main() -> int:
     version = sys.argv[1] if len(sys.argv) > 1 else "0.5.23"
-    release = shim_choice.load(version)
-    os.environ.update(shim_choice.environment(release, CONFIG))
+    release = loop_choice.load(version)
+    os.environ.update(loop_choice.environment(release, CONFIG))
     found = {}
     with release.active():
         for removal in ("abort", "priority eviction"):

@@ -6,7 +6,7 @@ turn aborted while it waits in the queue is committed to its session as if it ha
 
 SGLang's own ``Scheduler`` from the release's wheel, built by its own ``__init__`` with
 its default settings and stepped one iteration of its event loop at a time
-(``shim_choice.make``). The script sends only what a tokenizer manager sends and reads
+(``loop_choice.make``). The script sends only what a tokenizer manager sends and reads
 the scheduler's state between iterations:
 
 1. turn t1 of streaming session ``sess`` finishes: the session slot keeps its KV record
@@ -34,16 +34,16 @@ from __future__ import annotations
 import os
 import sys
 
-from kvwatch.targets.sglang import shim_choice
-from kvwatch.targets.sglang.cache_probe import CacheProbe
-from kvwatch.targets.sglang.shim_parts import PoolConfig, ShimConfig
+from kvwatch.targets.sglang import loop_choice
+from kvwatch.targets.sglang.loop_parts import LoopConfig, PoolConfig
+from kvwatch.targets.sglang.probe import CacheProbe
 
 T1, T2, T3, X = (list(range(a, b)) for a, b in ((100, 110), (200, 208), (300, 304), (500, 600)))
 
 
-def config(cache: str) -> ShimConfig:
+def config(cache: str) -> LoopConfig:
     pools = PoolConfig(kv_tokens=200, req_slots=8, mamba_slots=16 if cache == "mamba" else None)
-    return ShimConfig(pools=pools, streaming=True)
+    return LoopConfig(pools=pools, streaming=True)
 
 
 def contains(seq: list[int], part: list[int]) -> bool:
@@ -53,7 +53,7 @@ def contains(seq: list[int], part: list[int]) -> bool:
 
 def scenario(release, cache: str) -> bool:
     """Whether the next turn's prompt carries the turn aborted while queued."""
-    driver = shim_choice.make(release, config(cache))
+    driver = loop_choice.make(release, config(cache))
     probe = CacheProbe(driver)
     driver.open_session("sess")
     driver.submit("t1", T1, 4, session_id="sess")
@@ -91,11 +91,11 @@ def scenario(release, cache: str) -> bool:
 
 def main() -> int:
     version = sys.argv[1] if len(sys.argv) > 1 else "0.5.23"
-    release = shim_choice.load(version)
+    release = loop_choice.load(version)
     carried = {}
     with release.active():
         for cache in ("radix", "mamba"):
-            os.environ.update(shim_choice.environment(release, config(cache)))
+            os.environ.update(loop_choice.environment(release, config(cache)))
             print(f"sglang {version} cache={cache}:")
             carried[cache] = scenario(release, cache)
     return 1 if carried["mamba"] else 0

@@ -6,7 +6,7 @@ its session while it is still queued.
 
 SGLang's own ``Scheduler`` from the release's wheel (downloaded once, as ``kvwatch gate
 --engine sglang-cache`` does), built by its own ``__init__`` and stepped one iteration of
-its event loop at a time (``shim_choice.make``). The script sends only what a tokenizer
+its event loop at a time (``loop_choice.make``). The script sends only what a tokenizer
 manager sends (requests, aborts, a session's open and close) and reads the scheduler's
 state between iterations:
 
@@ -44,16 +44,16 @@ import logging
 import os
 import sys
 
-from kvwatch.targets.sglang import shim_choice
-from kvwatch.targets.sglang.cache_probe import CacheProbe
-from kvwatch.targets.sglang.shim_parts import PoolConfig, ShimConfig
+from kvwatch.targets.sglang import loop_choice
+from kvwatch.targets.sglang.loop_parts import LoopConfig, PoolConfig
+from kvwatch.targets.sglang.probe import CacheProbe
 
 HISTORY, T2, T3 = list(range(100, 160)), list(range(200, 208)), list(range(300, 304))
 X = list(range(400, 410))
 # a KV pool too small for t2 and x to finish: SGLang retracts because memory ran out
-PRESSURE = ShimConfig(pools=PoolConfig(kv_tokens=264, req_slots=8), streaming=True)
+PRESSURE = LoopConfig(pools=PoolConfig(kv_tokens=264, req_slots=8), streaming=True)
 # room to spare, and SGLANG_TEST_RETRACT: SGLang's own test switch retracts every 3rd decode
-TEST_RETRACT = ShimConfig(
+TEST_RETRACT = LoopConfig(
     pools=PoolConfig(kv_tokens=1024, req_slots=8), streaming=True, retract_every=3
 )
 MAX_STEPS = 400
@@ -65,10 +65,10 @@ def contains(seq: list[int], part: list[int]) -> bool:
     return any(seq[i : i + len(part)] == part for i in range(len(seq) - len(part) + 1))
 
 
-def retracted_t2(release, config: ShimConfig):
+def retracted_t2(release, config: LoopConfig):
     """A scheduler whose session ``sess`` has t2 retracted and queued, its probe, and
     whether SGLang retracted t2 at all."""
-    driver = shim_choice.make(release, config)
+    driver = loop_choice.make(release, config)
     probe = CacheProbe(driver)
     driver.open_session("sess")
     driver.submit("t1", HISTORY, 4, session_id="sess")
@@ -92,7 +92,7 @@ def retracted_t2(release, config: ShimConfig):
     return driver, probe, True
 
 
-def aborted(release, config: ShimConfig) -> bool:
+def aborted(release, config: LoopConfig) -> bool:
     """The client aborts the retracted t2 while it waits, then sends t3."""
     driver, _, retracted = retracted_t2(release, config)
     if not retracted:
@@ -113,7 +113,7 @@ def aborted(release, config: ShimConfig) -> bool:
     return carried
 
 
-def concurrent(release, config: ShimConfig) -> bool:
+def concurrent(release, config: LoopConfig) -> bool:
     """t3 arrives while the retracted t2 waits: SGLang should refuse it."""
     driver, probe, retracted = retracted_t2(release, config)
     if not retracted:
@@ -146,7 +146,7 @@ def concurrent(release, config: ShimConfig) -> bool:
     print(f"  t3 refused as the session's second active request: {refused or False}")
     driver.close_session("sess")
     driver.step()
-    probe.flush()
+    driver.flush()
     findings = probe.report().findings
     for f in findings[:3]:
         print(f"  session closed, cache flushed: {f.detail[:200]}")
@@ -178,11 +178,11 @@ def quiet_test_retractions() -> None:
 def main() -> int:
     quiet_test_retractions()
     version = sys.argv[1] if len(sys.argv) > 1 else "0.5.23"
-    release = shim_choice.load(version)
+    release = loop_choice.load(version)
     shown = []
     with release.active():
         for case, config, run in CASES:
-            os.environ.update(shim_choice.environment(release, config))
+            os.environ.update(loop_choice.environment(release, config))
             print(f"sglang {version}, {case}:")
             shown.append(run(release, config))
     return 1 if any(shown) else 0

@@ -18,12 +18,12 @@ from kvwatch.engine.cache.failpoints import Site
 from kvwatch.engine.events import EventBus, FailpointFired
 from kvwatch.engine.overrides import apply_overrides, assignment
 from kvwatch.harness.profiles import PROFILES
-from kvwatch.harness.replay import reference_engine
 from kvwatch.instrumentation import combos
 from kvwatch.instrumentation.combo_counter import CombinationCounter
 from kvwatch.loadtests.statuses import failpoint_refusal
 from kvwatch.server import EngineWorker, ServerSettings, create_app
-from kvwatch.targets.kvwatch_target import KvwatchTarget
+from kvwatch.targets.kvwatch.replay import reference_engine
+from kvwatch.targets.kvwatch.target import KvwatchTarget
 
 MODEL = ServerSettings().model_name
 

@@ -266,7 +266,7 @@ def test_request_counts_come_from_request_events_and_merge_by_process():
 
 
 def test_max_replays_spreads_over_the_run_and_keeps_both_ends():
-    from kvwatch.harness.replay import spread
+    from kvwatch.targets.kvwatch.replay import spread
 
     items = list(range(10))
     assert spread(items, None) == items and spread(items, 20) == items

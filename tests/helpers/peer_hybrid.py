@@ -47,8 +47,8 @@ import torch
 from peer_timing import Clock
 
 from kvwatch.targets.sglang import kv_pools
+from kvwatch.targets.sglang.loop_parts import PoolConfig
 from kvwatch.targets.sglang.release_import import Release
-from kvwatch.targets.sglang.shim_parts import PoolConfig
 
 HYBRID_VERSION = "0.5.11"
 MAMBA_PAGE = 1

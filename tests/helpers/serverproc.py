@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 
 from kvwatch.processes import ServerError, stop
-from kvwatch.targets.kvwatch_serve import start_serve
+from kvwatch.targets.kvwatch.serve import start_serve
 
 TOKEN = "test-probe-token"
 

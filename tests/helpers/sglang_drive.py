@@ -14,13 +14,13 @@ from typing import Any
 
 import pytest
 
-from kvwatch.targets.sglang import shim_choice, wheel_fetch
-from kvwatch.targets.sglang.recorded_run import STRICT_INVARIANTS, environment
+from kvwatch.targets.sglang import loop_choice, wheel_fetch
+from kvwatch.targets.sglang.recording import STRICT_INVARIANTS, environment
 
 
 def load(version: str) -> Any:
     try:
-        return shim_choice.load(version)
+        return loop_choice.load(version)
     except wheel_fetch.Unavailable as exc:
         pytest.skip(f"cannot download sglang {version}'s wheel (is PyPI reachable?): {exc}")
 
@@ -29,9 +29,9 @@ def drive(
     release: Any, workload: Any, turns: int = 1, then: Callable[[Any], Any] | None = None
 ) -> Any:
     config = workload.config()
-    values = {**STRICT_INVARIANTS, **shim_choice.environment(release, config)}
+    values = {**STRICT_INVARIANTS, **loop_choice.environment(release, config)}
     with release.active(), environment(values):
-        driver = shim_choice.make(release, config, seed=workload.seed)
+        driver = loop_choice.make(release, config, seed=workload.seed)
         try:
             workload.start(driver)
             for t in range(turns):

@@ -18,7 +18,7 @@ from typing import Any, NamedTuple
 # and failpoints (engine/cache/failpoints.py): every allocation site fails one of
 # its first 8 hits and about one hit in 32-64 after, so a run takes the cache's
 # failure paths whatever the load; the gate seeds them with its --seed and arms
-# them in runs at c >= 2 (targets/kvwatch_target.py; c = 1 runs the load as written). (Failing
+# them in runs at c >= 2 (targets/kvwatch/target.py; c = 1 runs the load as written). (Failing
 # the first or second hit, the first turns of a small profile were all refusals:
 # no answer before the warm-up's end, so its series and heap had no level.)
 BASE_ENGINE: Mapping[str, Any] = {
@@ -45,9 +45,7 @@ class Profile(NamedTuple):
     summary: str
     engine: Mapping[str, Any] = {}  # overrides on top of BASE_ENGINE
     kvwatch_api: bool = False  # needs kvwatch's session API (not for any OpenAI server)
-    heap: bool = (
-        False  # heap samples at every concurrency (else up to HEAP_UP_TO, kvwatch_target.py)
-    )
+    heap: bool = False  # heap samples at every concurrency (else up to HEAP_UP_TO, targets/kvwatch/target.py)
     flush_every_turn: bool = False
     serve_flags: tuple[str, ...] = ()  # kvwatch serve options the profile needs
     # turns per run unless --turns says otherwise: a warm-up of 2 leaves 4 judged

@@ -13,7 +13,7 @@ first and are counted as ``dropped``), so a server nobody reads stays bounded.
 
 Each entry also says what its request exercised (``marks``), heard from the
 engine's events while it ran, so a replay budget can go to the requests most
-likely to show wrong reuse first (``harness/replay.choose``):
+likely to show wrong reuse first (``targets/kvwatch/replay.choose``):
 
     shallow         resumed from a snapshot shallower than the sliding window
     page-edge       resumed at a page's first or last token

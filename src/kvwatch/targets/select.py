@@ -51,7 +51,7 @@ class TargetFlags:
 
 
 def _http(flags: TargetFlags, out: Path) -> Target:
-    from kvwatch.targets.http_target import HttpTarget
+    from kvwatch.targets.http.target import HttpTarget
 
     if flags.engine is not None and flags.engine != "kvwatch":
         raise ValueError(
@@ -69,7 +69,7 @@ def _http(flags: TargetFlags, out: Path) -> Target:
 
 
 def _kvwatch(flags: TargetFlags, out: Path) -> Target:
-    from kvwatch.targets.kvwatch_target import KvwatchTarget
+    from kvwatch.targets.kvwatch.target import KvwatchTarget
 
     gauges = preset(flags.gauges or "kvwatch", flags.extra_gauges)
     return KvwatchTarget(
@@ -84,7 +84,7 @@ def _kvwatch(flags: TargetFlags, out: Path) -> Target:
 
 
 def _vllm(flags: TargetFlags, out: Path) -> Target:
-    from kvwatch.targets.vllm.server_target import VllmTarget
+    from kvwatch.targets.vllm.target import VllmTarget
 
     gauges = preset(flags.gauges or "vllm", flags.extra_gauges)
     python, env = flags.vllm_python, {}
@@ -122,7 +122,7 @@ def _vllm_scheduler(flags: TargetFlags, out: Path) -> Target:
 
 
 def _sglang_cache(flags: TargetFlags, out: Path) -> Target:
-    from kvwatch.targets.sglang.cache_target import SglangCacheTarget
+    from kvwatch.targets.sglang.target import SglangCacheTarget
 
     if flags.sglang_version is None:
         raise ValueError("--engine sglang-cache needs --sglang-version V, e.g. 0.5.23")
@@ -145,7 +145,7 @@ def _sglang_flags_alone(flags: TargetFlags, engine: str) -> None:
 
 def _lightllm_cache(flags: TargetFlags, out: Path) -> Target:
     from kvwatch.targets.lightllm.checkout_check import find_checkout
-    from kvwatch.targets.lightllm.lightllm_target import LightllmCacheTarget
+    from kvwatch.targets.lightllm.target import LightllmCacheTarget
 
     if flags.lightllm_src is None:
         raise ValueError("--engine lightllm-cache needs --lightllm-src DIR, a LightLLM checkout")

@@ -20,9 +20,9 @@ from kvwatch.contracts import FindingKind, RootRefs
 from kvwatch.gate.verdicts.detectors import for_signals
 from kvwatch.targets import unit_audit
 from kvwatch.targets.lightllm import slot_audit, state_read
-from kvwatch.targets.lightllm.infer_probe import InferProbe
-from kvwatch.targets.lightllm.lightllm_target import PROFILES, LightllmCacheTarget
+from kvwatch.targets.lightllm.probe import InferProbe
 from kvwatch.targets.lightllm.state_read import KV, REQ, SMALL, STATE, Holding, PoolView
+from kvwatch.targets.lightllm.target import PROFILES, LightllmCacheTarget
 
 KV_SIZE = 16
 

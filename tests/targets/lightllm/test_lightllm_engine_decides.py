@@ -28,7 +28,7 @@ from types import SimpleNamespace
 import pytest
 
 from kvwatch import cli
-from kvwatch.targets.lightllm import forward_stand_in, lightllm_target
+from kvwatch.targets.lightllm import forward_stand_in, target
 from mutation import real_bugs
 
 ROWS = [r for r in real_bugs.load() if r.engine == "lightllm" and r.gate is not None]
@@ -51,12 +51,12 @@ def signature(evidence: str) -> set[str]:
 
 def salted(monkeypatch) -> None:
     """Every driver plan asks for the salted token function."""
-    plan = lightllm_target.LightllmServed.plan
+    plan = target.LightllmServed.plan
 
     def with_salt(self, spec):
         return {**plan(self, spec), "token_salt": SALT}
 
-    monkeypatch.setattr(lightllm_target.LightllmServed, "plan", with_salt)
+    monkeypatch.setattr(target.LightllmServed, "plan", with_salt)
 
 
 def test_the_salted_token_function_is_another_function():
@@ -94,7 +94,7 @@ def test_swapping_kvwatchs_side_does_not_move_the_verdict(row, tmp_path, monkeyp
         want = row.result[name]
         assert (side.exit, side.detector) == (want.exit, want.detector), side
         assert signature(side.evidence) == signature(want.evidence), side.evidence
-        records = [json.loads(p.read_text()) for p in out.rglob(lightllm_target.FILES.record)]
+        records = [json.loads(p.read_text()) for p in out.rglob(target.FILES.record)]
         assert records, f"no driver record under {out}"
         for record in records:
             assert record["tokens"]["salt"] == SALT, record["tokens"]

@@ -12,7 +12,7 @@ import pytest
 
 from kvwatch.cli import main
 from kvwatch.targets.lightllm.checkout_check import LINEAR, NEEDED, find_checkout
-from kvwatch.targets.lightllm.lightllm_target import LightllmCacheTarget
+from kvwatch.targets.lightllm.target import LightllmCacheTarget
 from kvwatch.targets.select import TargetFlags, choose
 
 

@@ -20,7 +20,7 @@ import json
 import pytest
 
 from kvwatch import cli
-from kvwatch.targets.sglang import shim_choice, stand_in_worker, wheel_fetch
+from kvwatch.targets.sglang import loop_choice, stand_in_worker, wheel_fetch
 from mutation import real_bugs
 
 pytestmark = pytest.mark.e2e
@@ -63,8 +63,8 @@ def own_sides(row: real_bugs.BugRow) -> list[tuple[str, str]]:
         except wheel_fetch.Unavailable as exc:
             pytest.skip(f"cannot download sglang {version}'s wheel (is PyPI reachable?): {exc}")
         try:
-            shim_choice.plan_for(root)
-        except shim_choice.Unsupported:
+            loop_choice.plan_for(root)
+        except loop_choice.Unsupported:
             continue
         sides.append((name, version))
     return sides

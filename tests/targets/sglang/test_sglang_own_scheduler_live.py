@@ -22,14 +22,14 @@ from sglang_drive import drive, load
 
 from kvwatch.contracts import FindingKind
 from kvwatch.targets.sglang import scheduler_workloads
-from kvwatch.targets.sglang.recorded_run import record_run
-from kvwatch.targets.sglang.shim_parts import (
+from kvwatch.targets.sglang.loop_parts import (
     ABORTED,
     ABORTED_IN_QUEUE,
     FINISHED,
     REJECTED,
     TIMED_OUT,
 )
+from kvwatch.targets.sglang.recording import record_run
 
 pytestmark = pytest.mark.e2e
 VERSIONS = ("0.5.11", "0.5.17", "0.5.20", "0.5.23")

@@ -22,16 +22,15 @@ import torch
 from kvwatch.contracts import FindingKind
 from kvwatch.targets.sglang import (
     admission_watch,
+    loop_choice,
     pool_holders,
     registry_walk,
     runtime_host,
     scheduler_host,
     scheduler_imports,
-    shim_choice,
 )
-from kvwatch.targets.sglang.own_scheduler import OwnScheduler, RequestHandle, _ends
-from kvwatch.targets.sglang.paced_loop import PacedLoop
-from kvwatch.targets.sglang.shim_parts import (
+from kvwatch.targets.sglang.loop import SchedulerLoop
+from kvwatch.targets.sglang.loop_parts import (
     ABORTED,
     ABORTED_BY_SGLANG,
     ABORTED_IN_QUEUE,
@@ -39,6 +38,8 @@ from kvwatch.targets.sglang.shim_parts import (
     REJECTED,
     TIMED_OUT,
 )
+from kvwatch.targets.sglang.messages import RequestHandle, ends
+from kvwatch.targets.sglang.paced_loop import PacedLoop
 from kvwatch.targets.stand_ins import StubModule
 
 
@@ -53,13 +54,13 @@ def _release_files(root, scheduler: str, common: str = "") -> None:
 
 def test_the_release_files_choose_how_the_scheduler_is_built(tmp_path):
     _release_files(tmp_path / "a", "from sglang.srt.server_args import ServerArgs\n")
-    assert shim_choice.plan_for(tmp_path / "a") is scheduler_imports.PLAN
+    assert loop_choice.plan_for(tmp_path / "a") is scheduler_imports.PLAN
     context = "from sglang.srt.runtime_context import get_server_args\n"
     _release_files(tmp_path / "b", context)  # 0.5.16+, however it publishes the context
-    assert shim_choice.plan_for(tmp_path / "b") is runtime_host.PLAN
+    assert loop_choice.plan_for(tmp_path / "b") is runtime_host.PLAN
     (tmp_path / "c/sglang/srt").mkdir(parents=True)  # no scheduler at all
-    with pytest.raises(shim_choice.Unsupported, match=r"no managers/scheduler\.py"):
-        shim_choice.plan_for(tmp_path / "c")
+    with pytest.raises(loop_choice.Unsupported, match=r"no managers/scheduler\.py"):
+        loop_choice.plan_for(tmp_path / "c")
 
 
 # -- the host's side --------------------------------------------------------------------------
@@ -160,8 +161,8 @@ def test_an_error_in_the_loop_is_raised_by_the_step_that_ran_it():
 def test_outputs_name_the_requests_they_end():
     batch = SimpleNamespace(rids=["a", "b", "c"], finished_reasons=[None, {"type": "length"}, None])
     abort = type("AbortReq", (), {"rid": "q", "finished_reason": {"type": "abort"}})()
-    assert _ends(batch) == [("b", {"type": "length"})]
-    assert _ends(abort) == [("q", {"type": "abort"})]
+    assert ends(batch) == [("b", {"type": "length"})]
+    assert ends(abort) == [("q", {"type": "abort"})]
 
 
 @pytest.mark.parametrize(
@@ -181,7 +182,7 @@ def test_an_end_reads_as_its_client_would_hear_it(rid, message, where, status):
         asked_to_abort=lambda r: r == "asked", where_asked={"asked": where} if where else {}
     )
     reason = {"type": "length"} if message is None else {"type": "abort", "message": message}
-    assert OwnScheduler._status(driver, rid, reason) == status
+    assert SchedulerLoop._status(driver, rid, reason) == status
 
 
 def test_a_handle_reads_the_request_once_the_scheduler_made_it():

@@ -32,9 +32,9 @@ import pytest
 import torch
 
 from kvwatch.gate.verdicts.detectors import detector_set
-from kvwatch.targets.sglang import cache_workloads, shim_choice, wheel_fetch
-from kvwatch.targets.sglang.cache_target import PROFILES, SglangCacheTarget
-from kvwatch.targets.sglang.recorded_run import record_run
+from kvwatch.targets.sglang import loop_choice, wheel_fetch, workloads
+from kvwatch.targets.sglang.recording import record_run
+from kvwatch.targets.sglang.target import PROFILES, SglangCacheTarget
 
 pytestmark = pytest.mark.e2e
 OWN, NEWEST, OLD_ALLOCATOR = "0.5.13.post1", "0.5.23", "0.5.9"
@@ -115,12 +115,12 @@ def test_the_session_rewrite_leak_shows_at_every_page_size(version, leaks, tmp_p
 @pytest.fixture(scope="module")
 def release():
     fetched(OWN)
-    return shim_choice.load(OWN)
+    return loop_choice.load(OWN)
 
 
 def judged(release) -> tuple[Any, dict]:
     """The pressure workload at page size 4 on ``release``: its record and verdicts."""
-    workload = cache_workloads.WORKLOADS["pressure"](c=4, seed=0, page_size=PAGE, cache="radix")
+    workload = workloads.WORKLOADS["pressure"](c=4, seed=0, page_size=PAGE, cache="radix")
     record = record_run(release, workload, turns=4, warmup=1)
     return record, detector_set(SglangCacheTarget.signals).judge(record)
 

@@ -24,7 +24,7 @@ import pytest
 
 from kvwatch.gate.verdicts.detectors import for_signals
 from kvwatch.targets.vllm.api_server import SERVED_NAME, VllmServer, build_tiny_model
-from kvwatch.targets.vllm.server_target import VllmTarget
+from kvwatch.targets.vllm.target import VllmTarget
 
 VLLM_DETECTORS = for_signals(VllmTarget.signals)
 

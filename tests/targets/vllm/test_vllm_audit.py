@@ -1,6 +1,6 @@
 """The white-box audit (``targets/vllm/manager_audit.py``) on a real vLLM KV cache manager.
 
-vLLM lives in its own venv, so ``targets/vllm/manager_audit_check.py`` runs there
+vLLM lives in its own venv, so ``planted/manager_audit.py`` (beside this file) runs there
 (``KVWATCH_VLLM_PYTHON``; without it these skip): it drives a 64-block
 ``KVCacheManager`` through the scheduler's calls, plants each bug and prints
 the audits as JSON. Each planted bug must give exactly its own finding, naming
@@ -12,10 +12,12 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+from pathlib import Path
 
 import pytest
 
 PYTHON = os.environ.get("KVWATCH_VLLM_PYTHON")
+PLANTED = Path(__file__).parent / "planted"  # run by vLLM's Python, never collected
 pytestmark = [
     pytest.mark.vllm,
     pytest.mark.skipif(not PYTHON, reason="needs vLLM's venv: run `make test-vllm`"),
@@ -25,7 +27,7 @@ pytestmark = [
 @pytest.fixture(scope="module")
 def runs() -> dict:
     # -P: no working directory on sys.path, so no stray module shadows vLLM's imports
-    cmd = [PYTHON, "-P", "-m", "kvwatch.targets.vllm.manager_audit_check"]
+    cmd = [PYTHON, "-P", str(PLANTED / "manager_audit.py")]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout)

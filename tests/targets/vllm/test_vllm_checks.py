@@ -17,7 +17,7 @@ from kvwatch.targets.vllm import checks as checks
 from kvwatch.targets.vllm import liveness as liveness
 from kvwatch.targets.vllm import scratch as scratch
 from kvwatch.targets.vllm.manager_audit import KINDS
-from kvwatch.targets.vllm.probe_source import probe_report
+from kvwatch.targets.vllm.probe import probe_report
 
 BS = 4  # tokens per block
 

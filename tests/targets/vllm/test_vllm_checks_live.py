@@ -1,6 +1,6 @@
 """The white-box checks (``targets/vllm/checks.py``) on vLLM's own scheduler.
 
-vLLM lives in its own venv, so ``targets/vllm/checks_planted.py`` runs there
+vLLM lives in its own venv, so ``planted/checks.py`` (beside this file) runs there
 (``KVWATCH_VLLM_PYTHON``; without it these skip): it drives vLLM's scheduler
 as ``--engine vllm-scheduler`` does, plants each broken state and prints what
 the checks found as JSON. Each plant must give its own rules, naming the
@@ -12,10 +12,12 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+from pathlib import Path
 
 import pytest
 
 PYTHON = os.environ.get("KVWATCH_VLLM_PYTHON")
+PLANTED = Path(__file__).parent / "planted"  # run by vLLM's Python, never collected
 pytestmark = [
     pytest.mark.vllm,
     pytest.mark.skipif(not PYTHON, reason="needs vLLM's venv: run `make test-vllm`"),
@@ -24,7 +26,7 @@ pytestmark = [
 
 @pytest.fixture(scope="module")
 def runs() -> dict:
-    cmd = [PYTHON, "-P", "-m", "kvwatch.targets.vllm.checks_planted"]
+    cmd = [PYTHON, "-P", str(PLANTED / "checks.py")]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout)

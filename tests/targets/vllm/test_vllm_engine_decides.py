@@ -3,7 +3,7 @@
 What kvwatch brings to a run of ``--engine vllm-scheduler`` besides the
 load is the model runner: vLLM's own ``Scheduler`` runs with no model, and
 the token each request samples comes from kvwatch's ``next_token``
-(``scheduler_driver.py``). Here every run's plan gets a ``token_salt``, so
+(``run_driver.py``). Here every run's plan gets a ``token_salt``, so
 the model runner samples other tokens (another function of the same inputs),
 then the row's two gates run in this process on the releases themselves:
 each must end as the corpus says (exit, failing detector, and the vLLM

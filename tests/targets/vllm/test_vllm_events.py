@@ -10,7 +10,7 @@ from types import SimpleNamespace
 from kvwatch.contracts import FindingKind
 from kvwatch.targets.vllm.event_ledger import EventLedger, pool_keys
 from kvwatch.targets.vllm.manager_audit import KINDS
-from kvwatch.targets.vllm.probe_source import probe_report
+from kvwatch.targets.vllm.probe import probe_report
 
 
 class BlockStored(SimpleNamespace):

@@ -1,12 +1,12 @@
 """The KV cache layouts users turn on, on vLLM's own scheduler: clean, planted, gated.
 
 vLLM lives in its own venv (``KVWATCH_VLLM_PYTHON``; without it these skip):
-``targets/vllm/layouts_planted.py`` runs there and prints what the checks saw
+``planted/layouts.py`` (beside this file) runs there and prints what the checks saw
 with each layout profile clean and with each fault planted in vLLM's own
 ``BlockPool`` (events dropped, doubled, invented; partial-block entries moved
 or foreign); the gate runs the layout profiles on the venv's vLLM and on the
 newest release (0.33.0, its GPU wheel's Python unpacked over the venv:
-``make vllm-release V=0.33.0``), and one hunt case runs through ``hunt.py``.
+``make vllm-release V=0.33.0``); one hunt case: ``tests/hunts/test_vllm_hunt_live.py``.
 """
 
 from __future__ import annotations
@@ -15,15 +15,14 @@ import json
 import os
 import subprocess
 import sys
-from argparse import Namespace
+from pathlib import Path
 
 import pytest
 
-from kvwatch.targets.vllm import hunt
-from kvwatch.targets.vllm.kv_layout import parse
 from kvwatch.targets.vllm.release import find
 
 PYTHON = os.environ.get("KVWATCH_VLLM_PYTHON")
+PLANTED = Path(__file__).parent / "planted"  # run by vLLM's Python, never collected
 NEWEST = "0.33.0"
 pytestmark = [
     pytest.mark.vllm,
@@ -33,7 +32,7 @@ pytestmark = [
 
 @pytest.fixture(scope="module")
 def runs() -> dict:
-    cmd = [PYTHON, "-P", "-m", "kvwatch.targets.vllm.layouts_planted"]
+    cmd = [PYTHON, "-P", str(PLANTED / "layouts.py")]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout)
@@ -127,25 +126,3 @@ def test_the_newest_release_runs_fine_hashes_and_events_from_its_gpu_wheel(tmp_p
     assert code == 0, log[-3000:]
     assert summary["verdict"] == "pass"
     assert f"vLLM {NEWEST}'s scheduler in process" in log
-
-
-def test_one_hunt_case_reports_its_coverage_and_sizes(tmp_path):
-    case = hunt.Case(
-        release="here",
-        profile="mixed",
-        layout=parse("full+mamba/b64/u16/events"),
-        sched="fcfs",
-        seed=1,
-    )
-    release = find(find_version(), PYTHON)
-    args = Namespace(steps=12, turns=2, c=2, timeout=300)
-    (row,) = hunt.run_batch([case], release, args)
-    assert row["error"] is None and row["rules"] == {}, row
-    assert row["sizes"]["hash"] == 16 and row["sizes"]["block"] == 64
-    assert row["coverage"]["requests"] > 0 and row["coverage"]["events"]["keys stored"] > 0
-
-
-def find_version() -> str:
-    from kvwatch.targets.vllm.release import ask
-
-    return ask(PYTHON)["vllm"]

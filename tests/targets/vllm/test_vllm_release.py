@@ -1,6 +1,6 @@
 """``--vllm-version``: which vLLM a gate runs, found beside vLLM's venv, and the flags
 that go with it. No vLLM here: a release is its dist-info, which is all
-``vllm_release.find`` reads (through ``importlib.metadata`` in the Python it asks).
+``release.find`` reads (through ``importlib.metadata`` in the Python it asks).
 """
 
 from __future__ import annotations

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from kvwatch.contracts import FindingKind
 from kvwatch.gate.verdicts.detectors import DETECTORS, RunRecord, Turn, for_signals
-from kvwatch.targets.vllm.probe_source import GROUP, probe_report
-from kvwatch.targets.vllm.server_target import VllmTarget
+from kvwatch.targets.vllm.probe import GROUP, probe_report
+from kvwatch.targets.vllm.target import VllmTarget
 
 VLLM_DETECTORS = for_signals(VllmTarget.signals)
 

@@ -1,13 +1,13 @@
 """One gate run of ``--engine lightllm-cache``, in a process of its own.
 
-``lightllm_target.py`` starts this with the gate's own Python for each run::
+``target.py`` starts this with the gate's own Python for each run::
 
     python -m kvwatch.targets.lightllm.run_driver PLAN.json
 
 The plan names the checkout, the cache (``radix`` or ``linear``), the
 profile, the concurrency, the turns, the warm-up and the seed, and where to
 write. The driver imports the checkout (``source_hooks``), records the run
-(``loop_recording.record_run``), writes one line per barrier to the plan's
+(``recording.record_run``, through the shared driver), writes one line per barrier to the plan's
 ``progress`` file and the run's ``RunRecord`` as JSON to its ``record``, with
 ``tokens``: the stand-in model's token salt (the plan's ``token_salt``, 0
 when absent) and how many tokens it sampled.
@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from kvwatch.targets.lightllm.loop_recording import record_run
+from kvwatch.targets.lightllm.recording import record_run
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -31,7 +31,7 @@ from typing import Any
 
 from kvwatch.contracts import Finding, FindingKind, finding
 
-KV = "sglang.kv"  # pool_holders.KV (not imported: shim_parts imports this module)
+KV = "sglang.kv"  # pool_holders.KV
 STALL_STEPS = 64
 SHOWN = 4  # waiting requests named
 CLIP_MAX_NEW_TOKENS = 4096  # SGLang's schedule_policy default for the output reserve
@@ -45,7 +45,7 @@ class AdmissionWatch:
         self.detail = ""
 
     def observe(self, driver: Any, ran_batch: bool) -> None:
-        """After a step of ``driver`` (the own scheduler or a shim) that ran a batch
+        """After a step of ``driver`` (the release's own scheduler, ``loop.SchedulerLoop``) that ran a batch
         or not."""
         waiting = list(driver.waiting_queue)
         running = driver.running_batch

@@ -17,7 +17,7 @@
   tensors); everything else there is a stub;
 * ``sglang.srt.server_args``: ``ServerArgs``, the global server arguments
   caches and scheduler read before 0.5.16 (``get_global_server_args``);
-  the shim sets ``ServerArgsHolder.current`` for its run.
+  ``set_global_server_args_for_scheduler`` sets ``ServerArgsHolder.current``.
 
 Invariant: each helper computes what the release's own helper computes for
 the arguments a CPU run passes; nothing here decides a cache operation.

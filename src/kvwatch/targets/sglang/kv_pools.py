@@ -33,8 +33,8 @@ from typing import Any, NamedTuple
 import torch
 
 from kvwatch.targets.sglang.host_modules import register_kernel
+from kvwatch.targets.sglang.loop_parts import PoolConfig
 from kvwatch.targets.sglang.release_import import Release
-from kvwatch.targets.sglang.shim_parts import PoolConfig
 
 
 class Pools(NamedTuple):

@@ -67,15 +67,15 @@ def free_units(allocator: Any, page: int, group_attr: str = "free_group") -> lis
 
 
 class PoolReader:
-    """Reads one shim's pools: free units and who holds the rest."""
+    """Reads one loop's pools: free units and who holds the rest."""
 
-    def __init__(self, shim: Any) -> None:
-        self.shim = shim
-        self.page = shim.config.pools.page_size
-        self.swa = shim.pools.swa
+    def __init__(self, loop: Any) -> None:
+        self.loop = loop
+        self.page = loop.config.pools.page_size
+        self.swa = loop.pools.swa
 
     def kv_free(self) -> list[int]:
-        allocator = self.shim.pools.allocator
+        allocator = self.loop.pools.allocator
         units = free_units(getattr(allocator, "full_attn_allocator", None) or allocator, self.page)
         if self.swa:  # the composite allocator's own free group holds full indices
             groups = open_group(allocator)
@@ -83,13 +83,13 @@ class PoolReader:
         return units
 
     def swa_free(self) -> list[int]:
-        allocator = self.shim.pools.allocator
+        allocator = self.loop.pools.allocator
         groups = open_group(allocator, "swa_free_group")
         extra = sorted({int(x) // self.page for g in groups for x in g.tolist()})
         return free_units(allocator.swa_attn_allocator, self.page) + extra
 
     def mamba_free(self) -> list[int] | None:
-        slots = self.shim.pools.mamba_slots
+        slots = self.loop.pools.mamba_slots
         return None if slots is None else [int(x) for x in slots.free_slots.tolist()]
 
     def units(self, tokens: Any) -> tuple[int, ...]:
@@ -98,22 +98,22 @@ class PoolReader:
         return tuple(sorted({int(t) // self.page for t in tokens.tolist()}))
 
     def row(self, pool_idx: int, start: int, end: int) -> Any:
-        table = self.shim.pools.req_to_token_pool.req_to_token
+        table = self.loop.pools.req_to_token_pool.req_to_token
         return table[pool_idx, start:end] if end > start else None
 
     def swa_units(self, pool_idx: int, start: int, end: int) -> tuple[int, ...]:
         row = self.row(pool_idx, start, end)
         if row is None:
             return ()
-        mapped = self.shim.pools.allocator.full_to_swa_index_mapping[row.long()]
+        mapped = self.loop.pools.allocator.full_to_swa_index_mapping[row.long()]
         return tuple(sorted({int(t) // self.page for t in mapped.tolist() if int(t) > 0}))
 
     def nodes(self) -> list[NodeView]:
         mapping = None
         if self.swa:
-            table = self.shim.pools.allocator.full_to_swa_index_mapping
+            table = self.loop.pools.allocator.full_to_swa_index_mapping
             mapping = lambda full: table[full.long()]  # noqa: E731
-        return cache_views.nodes(self.shim.tree_cache, mapping)
+        return cache_views.nodes(self.loop.tree_cache, mapping)
 
     def holdings(self, nodes: list[NodeView]) -> dict[str, list[Holding]]:
         """Every holder's units, per group."""
@@ -140,10 +140,10 @@ class PoolReader:
     def _requests(self, held: dict[str, list[Holding]]) -> set[int]:
         """The live requests' rows and mamba slots; the rows they hold."""
         rows = set()
-        for req in self.shim.live_requests():
+        for req in self.loop.live_requests():
             session = getattr(getattr(req, "session", None), "session_id", None)
             tag = f"request {req.rid}" + (f" (session {session})" if session else "")
-            kv = cache_views.kv(req, chunked=req is self.shim.chunked_req)
+            kv = cache_views.kv(req, chunked=req is self.loop.chunked_req)
             if self._stale_row(req, kv.pool_idx):
                 kv = kv._replace(pool_idx=None)
             if kv.pool_idx is not None:
@@ -162,12 +162,12 @@ class PoolReader:
         request's row and leave ``req_pool_idx`` pointing at it until re-admission."""
         if pool_idx is None or not getattr(req, "is_retracted", False):
             return False
-        free = self.shim.pools.req_to_token_pool.free_slots
+        free = self.loop.pools.req_to_token_pool.free_slots
         free = free.tolist() if hasattr(free, "tolist") else free
-        return req in self.shim.waiting_queue and int(pool_idx) in free
+        return req in self.loop.waiting_queue and int(pool_idx) in free
 
     def _sessions(self, held: dict[str, list[Holding]], live_rows: set[int]) -> None:
-        for sid, slot in cache_views.session_records(self.shim.tree_cache).items():
+        for sid, slot in cache_views.session_records(self.loop.tree_cache).items():
             kv = cache_views.kv(slot)
             if kv.pool_idx is None or kv.pool_idx in live_rows:
                 continue  # a slot a live turn borrows counts once, as the request's

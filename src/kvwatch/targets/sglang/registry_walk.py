@@ -5,7 +5,7 @@ drained (sessions closed, cache flushed), the length of every container the
 engine holds. This is ``kvwatch.targets.object_walk`` over SGLang's objects,
 by SGLang's ``RULES``:
 
-* start from the shim's SGLang objects (``roots``): the tree cache (and the
+* start from the loop's SGLang objects (``roots``): the tree cache (and the
   cache under a session wrapper, and the ``StreamingSession`` it owns), the
   session controller, the request-to-token pool, the KV allocator (with its
   sub-allocators), the mamba pool and slot allocator;
@@ -55,13 +55,13 @@ def walk(roots: dict[str, object]) -> Walk:
     return object_walk.walk(roots, RULES)
 
 
-def roots(shim: Any) -> dict[str, object]:
-    """Where a walk over one shim's SGLang objects starts."""
-    cache = shim.tree_cache
+def roots(loop: Any) -> dict[str, object]:
+    """Where a walk over one loop's SGLang objects starts."""
+    cache = loop.tree_cache
     return {
         "tree_cache": cache,
         "tree_cache.inner": getattr(cache, "__dict__", {}).get("inner"),
-        "sessions": shim.sessions,
-        "req_to_token_pool": shim.pools.req_to_token_pool,
-        "allocator": shim.pools.allocator,
+        "sessions": loop.sessions,
+        "req_to_token_pool": loop.pools.req_to_token_pool,
+        "allocator": loop.pools.allocator,
     }

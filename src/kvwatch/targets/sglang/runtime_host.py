@@ -10,8 +10,7 @@ own ``runtime_context`` does that work here, unchanged:
 
 * ``PLAN``: ``scheduler_imports.PLAN`` with ``runtime_context``, the
   argument groups, ``environ`` and the two registries the bags read imported
-  from the wheel (the caches-only stand-in of ``runtime_settings`` is left
-  out), and ``REAL_ANSWERS``: modules a stub would answer wrong or only by
+  from the wheel, and ``REAL_ANSWERS``: modules a stub would answer wrong or only by
   luck (docs/sglang-stubs-audit.md), pure Python, imported as they ship;
 * ``server_args``: the release's ``ServerArgs`` over the run's settings (a
   ``msgspec`` struct from 0.5.20, built by its own constructor; a dataclass
@@ -46,8 +45,8 @@ from types import SimpleNamespace
 from typing import Any, NamedTuple
 
 from kvwatch.targets.sglang import scheduler_host, scheduler_imports
+from kvwatch.targets.sglang.loop_parts import LoopConfig
 from kvwatch.targets.sglang.release_import import Release
-from kvwatch.targets.sglang.shim_parts import ShimConfig
 from kvwatch.targets.sglang.stand_in_worker import GROUP
 
 RUNTIME_CONTEXT = "from sglang.srt.runtime_context import"  # 0.5.16+: in scheduler.py
@@ -162,7 +161,7 @@ def _fla_chunk_size(root: Path) -> int:
     return scheduler_host.release_literal(root, kernel, "CHUNK_SIZE") or 64
 
 
-def fit_worker(worker: Any, release: Release, config: ShimConfig, args: Any) -> None:
+def fit_worker(worker: Any, release: Release, config: LoopConfig, args: Any) -> None:
     """What the release reads of its worker and model runner beyond older releases."""
     runner, tokens = worker.model_runner, config.pools.kv_tokens
     capacities = (
@@ -203,7 +202,7 @@ def fit_worker(worker: Any, release: Release, config: ShimConfig, args: Any) -> 
     worker.get_worker_info = lambda: body(worker)
 
 
-def host_names(release: Release, config: ShimConfig) -> dict[str, Any]:
+def host_names(release: Release, config: LoopConfig) -> dict[str, Any]:
     """Names the scheduler's modules import from stand-ins, answered as one rank."""
     world = scheduler_host.release_function(
         release.root,
@@ -236,7 +235,7 @@ def capturers(release: Release) -> dict[str, Any]:
     }
 
 
-def model_family(config: ShimConfig) -> None:
+def model_family(config: LoopConfig) -> None:
     """The model family the cache builder reads (``configs.hybrid_arch`` and
     ``configs.model_config`` are stand-ins): a hybrid SSM model for a mamba run,
     a plain decoder otherwise, never a DeepSeek DSA one; and the builder's

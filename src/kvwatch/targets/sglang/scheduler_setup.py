@@ -42,8 +42,8 @@ from types import SimpleNamespace
 from typing import Any
 
 from kvwatch.targets.sglang import runtime_host, scheduler_host, scheduler_imports
+from kvwatch.targets.sglang.loop_parts import LoopConfig
 from kvwatch.targets.sglang.release_import import Release
-from kvwatch.targets.sglang.shim_parts import ShimConfig
 from kvwatch.targets.sglang.stand_in_worker import StandInWorker, TokenModel
 
 SCHEDULER = "sglang.srt.managers.scheduler"
@@ -58,7 +58,7 @@ HOOKS = (
 DISPATCHED = re.compile(r"\(\s*\w+,\s*self\.(\w+),?\s*\)")  # TypeBasedDispatcher entries
 
 
-def settings(config: ShimConfig) -> dict[str, Any]:
+def settings(config: LoopConfig) -> dict[str, Any]:
     """The server arguments of one run (those the release declares are set)."""
     return dict(
         model_path="stand-in",
@@ -89,7 +89,7 @@ def settings(config: ShimConfig) -> dict[str, Any]:
     )
 
 
-def _server_args(release: Release, config: ShimConfig) -> Any:
+def _server_args(release: Release, config: LoopConfig) -> Any:
     module = importlib.import_module("sglang.srt.server_args")
     args = scheduler_host.server_args(module.ServerArgs, **settings(config))
     model = scheduler_host.model_config(config.pools.max_context_len)
@@ -108,7 +108,7 @@ def _sockets(ctx: Any, kind: int, *_: Any, **__: Any) -> Any:
     return scheduler_host.OutSink()
 
 
-def _host_names(release: Release, config: ShimConfig, worker: Any) -> dict[str, Any]:
+def _host_names(release: Release, config: LoopConfig, worker: Any) -> dict[str, Any]:
     """What the scheduler's modules imported from stubbed ones, answered."""
     model = scheduler_host.model_config(config.pools.max_context_len)
     world = scheduler_host.release_function(
@@ -150,7 +150,7 @@ def _retract_every(module: Any, every: int | None) -> None:
         module.TEST_RETRACT_NO_PREFILL_BS = 1 << 30
 
 
-def build(release: Release, config: ShimConfig, clock: Any, model: TokenModel) -> tuple:
+def build(release: Release, config: LoopConfig, clock: Any, model: TokenModel) -> tuple:
     """The release's ``Scheduler`` for ``config`` and its worker (release active)."""
     workers: list[StandInWorker] = []
     runtime = runtime_host.applies(release.root)  # 0.5.16+: runtime_context

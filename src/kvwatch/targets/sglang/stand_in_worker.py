@@ -33,8 +33,8 @@ from types import SimpleNamespace
 from typing import Any, NamedTuple
 
 from kvwatch.targets.sglang import kv_pools, scheduler_host
+from kvwatch.targets.sglang.loop_parts import PoolConfig, call_offered
 from kvwatch.targets.sglang.release_import import Release
-from kvwatch.targets.sglang.shim_parts import PoolConfig, call_offered
 from kvwatch.targets.stand_ins import StubModule
 
 GROUP = SimpleNamespace(

@@ -73,8 +73,8 @@ liveness (``LivenessTracker``, ``liveness.py``: ``before`` and ``after`` each
 
 Everything here only reads and imports nothing from vLLM (duck-typed, as
 ``manager_audit.py``), so it runs in vLLM's engine core between two steps, or in
-the in-process driver (``stepped_core.py``) after each ``schedule()``.
-Each finding is a ``vllm_audit.Violation``; ``vllm_audit.KINDS`` maps each
+the in-process driver (``loop.py``) after each ``schedule()``.
+Each finding is a ``manager_audit.Violation``; ``manager_audit.KINDS`` maps each
 rule to the finding kind whose detector owns it.
 
 This module names the rules; each family lives in its own module:

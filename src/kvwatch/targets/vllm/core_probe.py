@@ -45,8 +45,8 @@ KEEP = 64  # liveness findings kept between two audits
 class _State:
     scheduler = None  # the engine core's scheduler, once built
     steps = 0
-    liveness = None  # vllm_liveness.LivenessTracker, around every schedule()
-    ledger = None  # vllm_checks.HashLedger, over the audits
+    liveness = None  # liveness.LivenessTracker, around every schedule()
+    ledger = None  # hash_ledger.HashLedger, over the audits
     starved: tuple = ()  # liveness findings since the last audit
 
 
@@ -83,7 +83,7 @@ def _guarded(method, counts_steps: bool):
 
 
 def _watched(schedule):
-    """``schedule`` with the liveness check around it (``vllm_liveness.LivenessTracker``)."""
+    """``schedule`` with the liveness check around it (``liveness.LivenessTracker``)."""
     from kvwatch.targets.vllm.hash_ledger import HashLedger
     from kvwatch.targets.vllm.liveness import LivenessTracker
 

@@ -58,11 +58,11 @@ class MidBlockPrefix(Workload):
     def turn(self, core, turn: int, concurrency: int) -> None:
         for i in range(concurrency):
             ask = [4000 + 97 * i + 13 * turn + k for k in range(5 + (i + turn) % 9)]
-            core.add(core.request(f"ask-{turn}-{i}", self.SYSTEM + ask, max_tokens=6))
-        core.add(core.request(f"reader-{turn}", self.SYSTEM[:33], max_tokens=2))
+            core.submit(f"ask-{turn}-{i}", self.SYSTEM + ask, 6)
+        core.submit(f"reader-{turn}", self.SYSTEM[:33], 2)
         for i, said in sorted(self.said.items()):
             more = [6000 + 31 * i + turn + k for k in range(11)]
-            core.add(core.request(f"follow-{turn}-{i}", said + more, max_tokens=4))
+            core.submit(f"follow-{turn}-{i}", said + more, 4)
         core.run()
         for i in range(concurrency):
             self.said[i] = self.SYSTEM + [4000 + 97 * i + 13 * turn + k for k in range(20)]
@@ -83,7 +83,7 @@ class HybridSwa(Workload):
             for i in range(concurrency):
                 own = [9000 + 50 * i + 7 * wave + k for k in range(20 + 3 * i)]
                 rid = f"swa-{turn}-{wave}-{i}"
-                core.add(core.request(rid, shared + own, max_tokens=40 - 10 * wave))
+                core.submit(rid, shared + own, 40 - 10 * wave)
             for _ in range(3):
                 core.step()
             core.abort(f"swa-{turn}-{wave}-0")
@@ -103,7 +103,7 @@ class HybridMamba(Workload):
         shared = list(range(11000, 11064))
         for i in range(concurrency):
             own = [12000 + 100 * i + 10 * turn + k for k in range(6 + 5 * i)]
-            core.add(core.request(f"mamba-{turn}-{i}", shared + own, max_tokens=60))
+            core.submit(f"mamba-{turn}-{i}", shared + own, 60)
         core.run()
 
 
@@ -121,9 +121,9 @@ class KvEvents(Workload):
             tokens = list(
                 range(20000 + 1000 * turn + 100 * twin, 20000 + 1000 * turn + 100 * twin + 36)
             )
-            core.add(core.request(f"ev-{turn}-{i}", tokens, max_tokens=8))
+            core.submit(f"ev-{turn}-{i}", tokens, 8)
         long = list(range(30000 + 1000 * turn, 30000 + 1000 * turn + 200))
-        core.add(core.request(f"cut-{turn}", long, max_tokens=4))
+        core.submit(f"cut-{turn}", long, 4)
         core.step()
         core.abort(f"cut-{turn}")
         core.run()

@@ -61,10 +61,7 @@ class Mixed(Workload):
             extra["cache_salt"] = rng.choice(("salt-a", "salt-b"))
         self.made += 1
         tokens = head + self.tokens(rng.randint(1, 40))
-        request = core.request(
-            f"mix-{turn}-{self.made}", tokens, max_tokens=rng.randint(1, 24), **extra
-        )
-        core.add(request)
+        core.submit(f"mix-{turn}-{self.made}", tokens, rng.randint(1, 24), **extra)
 
     def storm(self, core) -> None:
         live = sorted(r for r in core.scheduler.requests if r.startswith("mix-"))
@@ -77,13 +74,13 @@ class Mixed(Workload):
         sid = f"session-{self.rng.randrange(concurrency)}"
         if sid in self.open and self.open[sid] == 0:
             del self.open[sid]
-            core.add(core.request(sid, [7], max_tokens=1, resumable=False))
+            core.submit(sid, [7], 1, resumable=False)
             return
         if sid not in self.open and sid in core.scheduler.requests:
             return  # its close is still queued behind a chunk
         first = sid not in self.open
         chunk = self.tokens(15 if first else 16)
-        core.add(core.request(sid, chunk, max_tokens=1, resumable=True))
+        core.submit(sid, chunk, 1, resumable=True)
         self.open[sid] = self.rng.randint(1, 7) if first else self.open[sid] - 1
 
     def turn(self, core, turn: int, concurrency: int) -> None:
@@ -104,7 +101,7 @@ class Mixed(Workload):
     def close(self, core, concurrency: int) -> None:
         for sid in sorted(self.open):
             if sid in core.scheduler.requests:
-                core.add(core.request(sid, [7], max_tokens=1, resumable=False))
+                core.submit(sid, [7], 1, resumable=False)
         core.run()
 
 

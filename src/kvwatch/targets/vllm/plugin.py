@@ -89,9 +89,9 @@ def register() -> None:
     """vLLM's hook, at most once in each process: plant the fault
     ``KVWATCH_VLLM_FAULT`` names, and in the engine core start the probe."""
     if os.environ.get(PROBE_ENV) and _in_engine_core():
-        from kvwatch.targets.vllm import core_probe as vllm_probe
+        from kvwatch.targets.vllm import core_probe
 
-        vllm_probe.install(int(os.environ[PROBE_ENV]))
+        core_probe.install(int(os.environ[PROBE_ENV]))
     name = os.environ.get(FAULT_ENV)
     if not name:
         return

@@ -5,18 +5,18 @@ streaming-input session (``AsyncLLM``'s input generator, no HTTP route), the
 schedule of two steps in flight that GPUs run by default, per-step state of
 the KV managers. This target runs the loads that reach them
 (``workloads.py``) through vLLM's own ``Scheduler`` with no model, in
-vLLM's Python: each run is one ``scheduler_driver.py`` process of the
+vLLM's Python: each run is one ``run_driver.py`` process of the
 release ``--vllm-version`` names (``release.py``: a venv of its own, or
 its wheel unpacked over ``--vllm-python``'s packages, which is how 0.25.1 and
 0.26.0 run beside torch 2.13)::
 
     run(spec): OUT/runs/P-cN/scheduler-plan.json
-               python -P -m kvwatch.targets.vllm.scheduler_driver PLAN   (PYTHONPATH: the release)
+               python -P -m kvwatch.targets.vllm.run_driver PLAN   (PYTHONPATH: the release)
                    turns of the workload; the audit, the checks and the registry sizes
                    at each barrier and at the steps that showed a new rule
                -> scheduler-record.json (GET /audit answers) -> RunRecord
 
-Its records carry probes (``vllm_source.probe_report`` reads each answer as
+Its records carry probes (``probe.probe_report`` reads each answer as
 the white-box vLLM target reads its engine core's), registries (the KV
 managers' container sizes) and request counts, so ``allocator``,
 ``refcount``, ``tree``, ``quiescence`` and ``requests`` judge it; there are
@@ -36,13 +36,13 @@ from kvwatch.harness import outputs
 from kvwatch.harness.progress import Progress, turn_line
 from kvwatch.harness.run_record import Counts, RunRecord, Signal, Turn
 from kvwatch.harness.target import RunSpec, Served, Target
-from kvwatch.targets import driver_process
-from kvwatch.targets.driver_process import Driver, DriverFiles
-from kvwatch.targets.vllm.probe_source import probe_report
+from kvwatch.targets.driver import process
+from kvwatch.targets.driver.process import Driver, DriverFiles
+from kvwatch.targets.vllm.probe import probe_report
 from kvwatch.targets.vllm.release import Release
 from kvwatch.targets.vllm.sched_profiles import WORKLOADS
 
-DRIVER = "kvwatch.targets.vllm.scheduler_driver"
+DRIVER = "kvwatch.targets.vllm.run_driver"
 FILES = DriverFiles(
     plan="scheduler-plan.json",
     record="scheduler-record.json",
@@ -113,7 +113,7 @@ class SchedulerServed(Served):
     def run(self, spec: RunSpec) -> RunRecord:
         """The driver's barriers printed as they come; its record read back."""
         plan, driver = self.plan(spec), self.driver(spec)
-        return driver_process.run(driver, spec, plan, lambda data: to_record(data, spec.warmup))
+        return process.run(driver, spec, plan, lambda data: to_record(data, spec.warmup))
 
 
 def to_record(data: dict, warmup: int) -> RunRecord:

@@ -21,7 +21,7 @@ from kvwatch.targets.vllm.manager_audit import (
 )
 from kvwatch.targets.vllm.scheduler_reads import group_managers
 
-AUDITED = frozenset({"req_to_blocks"})  # per-request tables vllm_audit already judges
+AUDITED = frozenset({"req_to_blocks"})  # per-request tables manager_audit already judges
 
 
 def owners(scheduler) -> list[tuple[str, object]]:

@@ -27,8 +27,10 @@ engine core, so no HTTP profile sends it:
     and no container may outgrow the pool (``scratch-not-drained``,
     ``scratch-over-pool``, and the quiescence detector's registry sizes).
 
-A workload only submits requests and steps ``core`` (``vllm_sched_driver.Core``,
-which owns the scheduler and the checks); it imports nothing from vLLM. The
+A workload only submits requests (``core.submit``, the ``EngineLoop``
+contract of ``kvwatch.targets.driver``) and runs ``core`` (``loop.Core``, which
+owns the scheduler and the checks) until it is idle; it imports nothing from
+vLLM. The
 profiles that turn on other KV cache layouts (hybrid groups, fine hashing,
 events) are in ``layout_workloads.py``, the hunt's seeded mix in
 ``mixed_load.py``; ``sched_profiles.WORKLOADS`` names them all.
@@ -50,7 +52,7 @@ class Workload:
         self.seed, self.steps = seed, steps  # ``steps``: a budget for loads that take one
 
     def settings(self, concurrency: int) -> dict:
-        """The scheduler's options (``vllm_sched_driver.build``)."""
+        """The scheduler's options (``scheduler_build.build``)."""
         return {"block_size": BLOCK, "num_blocks": 8 + 4 * concurrency}
 
     def turn(self, core, turn: int, concurrency: int) -> None:
@@ -78,12 +80,12 @@ class Priority(Workload):
     def turn(self, core, turn: int, concurrency: int) -> None:
         base = 10_000 * (turn + 1)
         low = range(base + 500, base + 514)
-        core.add(core.request(f"low-{turn}", list(low), max_tokens=3, priority=9))
+        core.submit(f"low-{turn}", list(low), 3, priority=9)
         core.step()  # the low-priority request heads the running list
         for i in range(concurrency - 1):
             start = base + 2000 + 100 * i
             tokens = list(range(start, start + BLOCK - 1 + i))
-            core.add(core.request(f"high-{turn}-{i}", tokens, max_tokens=40, priority=0))
+            core.submit(f"high-{turn}-{i}", tokens, 40, priority=0)
         core.run()
 
 
@@ -103,10 +105,10 @@ class StreamingInput(Workload):
                 chunk = [1000 * (i + 1) + k for k in range(BLOCK - 1)]
             else:  # one block more, so the session again ends one token short of one
                 chunk = [1000 * (i + 1) + 100 * turn + k for k in range(BLOCK)]
-            core.add(core.request(sid, chunk, max_tokens=1, resumable=True))
+            core.submit(sid, chunk, 1, resumable=True)
             if sid in self.told:  # a reader of what the session said before this chunk
                 tail = [9000 + 10 * i + turn, 9001 + 10 * i]
-                core.add(core.request(f"reader-{turn}-{i}", self.told[sid] + tail, max_tokens=1))
+                core.submit(f"reader-{turn}-{i}", self.told[sid] + tail, 1)
         core.run()
         for i in range(concurrency):
             session = core.scheduler.requests.get(f"session-{i}")
@@ -116,7 +118,7 @@ class StreamingInput(Workload):
     def close(self, core, concurrency: int) -> None:
         for i in range(concurrency):
             if f"session-{i}" in core.scheduler.requests:
-                core.add(core.request(f"session-{i}", [7], max_tokens=1, resumable=False))
+                core.submit(f"session-{i}", [7], 1, resumable=False)
         core.run()
 
 
@@ -130,7 +132,7 @@ class Waves(Workload):
             own = 7000 + 100 * i + 1000 * turn
             head = shared if i % 2 == 0 else list(range(own, own + 2 * BLOCK))
             tokens = head + list(range(100 * turn + 10 * i, 100 * turn + 10 * i + 8))
-            core.add(core.request(f"wave-{turn}-{i}", tokens, max_tokens=20))
+            core.submit(f"wave-{turn}-{i}", tokens, 20)
         core.run()
 
 

@@ -29,7 +29,7 @@ from kvwatch.instrumentation.coverage import since
 from kvwatch.instrumentation.prefill_ledger import PREFILL
 from kvwatch.serve import ServeOptions, build
 from kvwatch.server import ServerSettings
-from kvwatch.targets.kvwatch_target import risen
+from kvwatch.targets.kvwatch.target import risen
 
 MODEL = ServerSettings().model_name
 COUNTERS = PRESETS["kvwatch"].counters

@@ -25,7 +25,7 @@ from kvwatch.instrumentation import metrics
 from kvwatch.instrumentation import names as n
 from kvwatch.serve import ServeOptions, build
 from kvwatch.server import ServerSettings
-from kvwatch.targets.kvwatch_target import risen
+from kvwatch.targets.kvwatch.target import risen
 
 MODEL = ServerSettings().model_name
 COUNTERS = PRESETS["kvwatch"].counters
