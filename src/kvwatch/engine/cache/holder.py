@@ -16,22 +16,22 @@ commit. ``branch_at`` is the depth where the prompt left the tree when it
 matched, if no snapshot was there to resume from (captured as ``BRANCH``,
 like the points the cache's ``promises`` name for it). In
 ``slots`` mode a ``SLOT`` pending is a whole-state copy waiting for confirm.
+
+A ``Handle`` is what callers hold: it reads who and how far, never pages or
+locks. Both live here, so the record and its ticket know each other without
+an import cycle.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from kvwatch.engine.cache.node import Node
-from kvwatch.engine.cache.owner import Owner
+from kvwatch.engine.cache.owner import Owner, OwnerKind
 from kvwatch.engine.cache.slots import SlotTicket
-
-if TYPE_CHECKING:
-    from kvwatch.engine.cache.protocol import Handle
 
 
 class HolderStatus(StrEnum):
@@ -88,3 +88,54 @@ class Holder:
             if pend.kind is PendingKind.TRACK:
                 return pend
         return None
+
+
+@dataclass(frozen=True, eq=False)
+class Handle:
+    """A request's (or session's) ticket into the cache: who, and how far.
+
+    The fields behind it are the backend's; a handle only reads them, so a
+    caller can follow progress but never change or see pages and locks.
+    """
+
+    _holder: Holder = field(repr=False)
+
+    @property
+    def id(self) -> int:
+        return self._holder.id
+
+    @property
+    def kind(self) -> OwnerKind:
+        return self._holder.owner.kind
+
+    @property
+    def status(self) -> HolderStatus:
+        return self._holder.status
+
+    @property
+    def cached_len(self) -> int:
+        """Tokens borrowed from the cache (shared, read-only)."""
+        return self._holder.cached_len
+
+    @property
+    def computed_len(self) -> int:
+        """Tokens whose K/V and state are written."""
+        return self._holder.computed_len
+
+    @property
+    def allocated_len(self) -> int:
+        """Tokens with pages, computed or not yet."""
+        return self._holder.allocated_len
+
+    @property
+    def keeps_recovery(self) -> bool:
+        """Retracted, and still keeping its recovery point (a host ref that keeps
+        the node's path in the cache). A queued holder pins nothing else: one
+        opened but never matched, or retracted with nothing to recover from."""
+        holder = self._holder
+        return holder.status is HolderStatus.RETRACTED and holder.anchor is not None
+
+
+def holder_of(handle: Handle) -> Holder:
+    """The record behind a handle: for backends, the audit and white-box tests."""
+    return handle._holder

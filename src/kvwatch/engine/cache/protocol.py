@@ -37,12 +37,11 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
-from kvwatch.engine.cache.holder import Holder, HolderStatus, PendingKind
+from kvwatch.engine.cache.holder import Handle, PendingKind, holder_of
 from kvwatch.engine.cache.owner import OwnerKind
 
 if TYPE_CHECKING:
@@ -51,56 +50,18 @@ if TYPE_CHECKING:
     from kvwatch.engine.cache.pool import PagePool
     from kvwatch.engine.cache.usage import GroupUsage
 
-
-@dataclass(frozen=True, eq=False)
-class Handle:
-    """A request's (or session's) ticket into the cache: who, and how far.
-
-    The fields behind it are the backend's; a handle only reads them, so a
-    caller can follow progress but never change or see pages and locks.
-    """
-
-    _holder: Holder = field(repr=False)
-
-    @property
-    def id(self) -> int:
-        return self._holder.id
-
-    @property
-    def kind(self) -> OwnerKind:
-        return self._holder.owner.kind
-
-    @property
-    def status(self) -> HolderStatus:
-        return self._holder.status
-
-    @property
-    def cached_len(self) -> int:
-        """Tokens borrowed from the cache (shared, read-only)."""
-        return self._holder.cached_len
-
-    @property
-    def computed_len(self) -> int:
-        """Tokens whose K/V and state are written."""
-        return self._holder.computed_len
-
-    @property
-    def allocated_len(self) -> int:
-        """Tokens with pages, computed or not yet."""
-        return self._holder.allocated_len
-
-    @property
-    def keeps_recovery(self) -> bool:
-        """Retracted, and still keeping its recovery point (a host ref that keeps
-        the node's path in the cache). A queued holder pins nothing else: one
-        opened but never matched, or retracted with nothing to recover from."""
-        holder = self._holder
-        return holder.status is HolderStatus.RETRACTED and holder.anchor is not None
-
-
-def holder_of(handle: Handle) -> Holder:
-    """The record behind a handle: for backends, the audit and white-box tests."""
-    return handle._holder
+__all__ = [
+    "AuditableCache",
+    "BranchPromises",
+    "Capture",
+    "Handle",
+    "Match",
+    "PageTable",
+    "PrefixCache",
+    "ProbeReads",
+    "ServedCache",
+    "holder_of",
+]
 
 
 class Match(NamedTuple):
