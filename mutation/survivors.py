@@ -75,7 +75,7 @@ UNREACHED: dict[str, str] = {
         "equivalent there too, since the piece-by-piece loop below it reruns a lone piece "
         "and fails it the same way."
     ),
-    "engine/cache/commit.py:release_for_sharers": (
+    "engine/cache/commit.py:Commits.release_for_sharers": (
         "Runs when a holder leaves a path on which exactly one other running holder "
         "still locks a node that keeps a snapshot: that snapshot is now the other's alone "
         "and, if superseded, goes at once. The line-reach programs (mutation/fuzz.py) end "

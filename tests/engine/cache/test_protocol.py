@@ -18,7 +18,7 @@ from kvwatch.engine.cache.protocol import AuditableCache, BranchPromises, Prefix
 from kvwatch.engine.cache.radix_cache import RadixPrefixCache
 from kvwatch.engine.cache.slotcache import SlotPrefixCache
 from kvwatch.engine.config import PrefixCacheMode
-from kvwatch.engine.events import NodeEvicted, SnapshotReleased, SnapshotTaken
+from kvwatch.engine.events import EventBus, NodeEvicted, SnapshotReleased, SnapshotTaken
 
 CONFIG = cache_config(window=8, interval=8, page=4, full=24, swa=32, snapshots=12)
 
@@ -128,16 +128,17 @@ def test_listeners_see_the_cache_only_between_mutations():
     """A listener that audits the cache on every eviction and snapshot event
     finds it consistent: the events arrive after the change is complete (an
     evicted leaf is out of the tree, a taken snapshot is attached)."""
-    cache = build_cache(CONFIG, INT_LAYOUTS)
+    bus = EventBus()
+    cache = build_cache(CONFIG, INT_LAYOUTS, events=bus)
     sim, seen, dirty = SimRunner(cache), [], []
 
     def check(event) -> None:  # a raising listener is isolated: record, don't raise
         seen.append(type(event).__name__)
-        if findings := audit(cache).findings:
+        if findings := audit(cache.view).findings:
             dirty.append((type(event).__name__, findings[0].detail))
 
     for event_type in (NodeEvicted, SnapshotTaken, SnapshotReleased):
-        cache.events.subscribe(event_type, check)
+        bus.subscribe(event_type, check)
     for i in range(12):  # more conversations than full.kv holds: eviction runs
         h = cache.open([100 * i + t for t in range(20)])
         cache.match(h)
@@ -145,23 +146,24 @@ def test_listeners_see_the_cache_only_between_mutations():
         cache.release(h, commit=True)
     assert {"NodeEvicted", "SnapshotTaken"} <= set(seen)
     assert not dirty, dirty[:3]
-    assert not cache.events.failures
+    assert not bus.failures
 
 
 def test_a_raising_listener_leaves_the_cache_consistent():
-    cache = build_cache(CONFIG, INT_LAYOUTS)
+    bus = EventBus()
+    cache = build_cache(CONFIG, INT_LAYOUTS, events=bus)
     sim = SimRunner(cache)
 
     def broken(event) -> None:
         raise RuntimeError("a telemetry bug")
 
     for event_type in (NodeEvicted, SnapshotTaken, SnapshotReleased):
-        cache.events.subscribe(event_type, broken)
+        bus.subscribe(event_type, broken)
     for i in range(12):
         h = cache.open([100 * i + t for t in range(20)])
         cache.match(h)
         run_turn(sim, h, [], chunk=8, decode=[1, 2, 3])
         cache.release(h, commit=True)
-    assert audit(cache).clean
-    assert cache.tree.node_count > 0
-    assert sum(cache.events.failures.values()) > 0
+    assert audit(cache.view).clean
+    assert cache.view.tree.node_count > 0
+    assert sum(bus.failures.values()) > 0

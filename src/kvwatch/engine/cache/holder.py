@@ -1,4 +1,4 @@
-"""Holder: one request's (or session's) view of the cache.
+"""Holder: one request's (or session's) view of the cache, and the Handle that fronts it.
 
 A holder borrows the tree pages of its locked path and owns everything it has
 computed beyond it::
@@ -8,13 +8,17 @@ computed beyond it::
     swa.kv                     [ own pages for the last W positions ][ own ]
     lock       path root → lock_node (lock_node.depth == cached_len)
 
+Its page tables (``full_pages``, ``swa_pages``, ``working``) are a record
+only: the per-group classes (full_attention.py, sliding_window.py,
+linear_state.py) fill and empty them.
+
 ``pending`` holds continuation snapshots the holder captured but has not yet
 handed to the tree. A ``TRACK`` snapshot follows the frontier (it is re-keyed
 to each newer page boundary and becomes the terminal snapshot when a turn
 ends); ``INTERVAL``, ``BRANCH`` and ``TERMINAL`` snapshots wait for the next
 commit. ``branch_at`` is the depth where the prompt left the tree when it
 matched, if no snapshot was there to resume from (captured as ``BRANCH``,
-like the points the cache's ``promises`` name for it). In
+like the points the cache's promises name for it). In
 ``slots`` mode a ``SLOT`` pending is a whole-state copy waiting for confirm.
 
 A ``Handle`` is what callers hold: it reads who and how far, never pages or

@@ -6,9 +6,10 @@
   scheduler's end-of-step promise);
 * ``AuditableCache``: the pure reads a probe takes (the audit, usage, structure).
 
-Every backend implements all three (``ServedCache``); each caller is handed
-only the one it needs, so a scheduler change cannot quietly start reading the
-audit, nor the probe start mutating.
+A backend is a ``ServedCache``: a ``PrefixCache`` that hands out the other two
+as parts (``branches``, ``reads``), over a read-only ``view`` (view.py). Each
+caller is handed only the one it needs, so a scheduler change cannot quietly
+start reading the audit, nor the probe start mutating.
 
 A request's life through it, each call made at a step boundary::
 
@@ -47,8 +48,10 @@ from kvwatch.engine.cache.owner import OwnerKind
 if TYPE_CHECKING:
     from kvwatch.contracts import Bound, RootRefs, SlotReport, TreeReport
     from kvwatch.engine.cache.audit import AuditReport
+    from kvwatch.engine.cache.failpoints import Failpoints
     from kvwatch.engine.cache.pool import PagePool
     from kvwatch.engine.cache.usage import GroupUsage
+    from kvwatch.engine.cache.view import CacheView
 
 __all__ = [
     "AuditableCache",
@@ -161,6 +164,11 @@ class PrefixCache(ABC):
         """Mutates: a session's turn ends; its slot keeps everything."""
 
     @abstractmethod
+    def end_turn(self, h: Handle) -> None:
+        """Mutates: the session recorded a turn end; a parked slot's frontier
+        snapshot becomes a turn end (what a rollback returns to)."""
+
+    @abstractmethod
     def settle(self, h: Handle, limit: int) -> None:
         """Mutates: a parked slot's computed tokens come back to at most ``limit``."""
 
@@ -235,5 +243,28 @@ class AuditableCache(ABC):
         """Pure: tree and slot figures and the root's refs (as counted, not audited)."""
 
 
-class ServedCache(PrefixCache, BranchPromises, AuditableCache):
-    """A backend: all three contracts in one object (``build_cache`` returns one)."""
+class ServedCache(PrefixCache):
+    """A backend (``build_cache`` returns one): ``PrefixCache`` itself, and the
+    other two contracts as parts it hands out, with the read-only view they
+    stand on and the failpoint schedule (a testing aid)."""
+
+    @property
+    @abstractmethod
+    def branches(self) -> BranchPromises:
+        """The branch promises prefix waits call (nothing is promised without sharing)."""
+
+    @property
+    @abstractmethod
+    def reads(self) -> AuditableCache:
+        """The probe's reads."""
+
+    @property
+    @abstractmethod
+    def view(self) -> CacheView:
+        """Pure: the cache read-only (the tree, pools, holders, what the backend
+        stores), for the audit and usage figures."""
+
+    @property
+    @abstractmethod
+    def failpoints(self) -> Failpoints:
+        """The failpoint schedule: ``arm`` it between steps, ``fail_next`` a site."""
