@@ -14,7 +14,13 @@ from paths import PACKAGE as ROOT
 
 from kvwatch.engine.cache.audit import audit
 from kvwatch.engine.cache.backends import BACKENDS, NoPrefixCache, build_cache
-from kvwatch.engine.cache.protocol import AuditableCache, BranchPromises, PrefixCache
+from kvwatch.engine.cache.full_cache import FullAttentionPrefixCache
+from kvwatch.engine.cache.protocol import (
+    AuditableCache,
+    BranchPromises,
+    PrefixCache,
+    ServedCache,
+)
 from kvwatch.engine.cache.radix_cache import RadixPrefixCache
 from kvwatch.engine.cache.slotcache import SlotPrefixCache
 from kvwatch.engine.config import PrefixCacheMode
@@ -110,6 +116,20 @@ def test_each_mode_builds_its_backend_once(mode, backend):
     cache = build_cache(config, INT_LAYOUTS)
     assert type(cache) is backend and isinstance(cache, PrefixCache)
     assert set(BACKENDS) == set(PrefixCacheMode)
+
+
+def test_a_backend_offers_its_contract_and_nothing_else():
+    """The façade is ``ServedCache``: what the engine, its scheduler and runner
+    call, the two parts it hands out (``branches``, ``reads``), the read-only
+    ``view`` and the failpoint schedule. Its parts stay private."""
+    served = members(ServedCache) | {"page_size"}
+    assert {"branches", "reads", "view", "failpoints", "end_turn"} <= served
+    assert not served & {"store", "working", "holders", "tree", "events", "promises"}
+    backends = [build_cache(dataclasses.replace(CONFIG, mode=mode)) for mode in PrefixCacheMode]
+    for cache in [*backends, FullAttentionPrefixCache(CONFIG, INT_LAYOUTS)]:
+        public = {name for name in dir(cache) if not name.startswith("_")}
+        assert public == served, f"{type(cache).__name__}: {sorted(public ^ served)}"
+    assert len(served) <= 25
 
 
 def test_a_handle_only_reads_progress():
