@@ -44,7 +44,7 @@ FRESH: tuple[FreshBug, ...] = (
     ),
     FreshBug(
         id="window-restore-reads-padding",
-        file="engine/cache/working.py",
+        file="engine/cache/sliding_window.py",
         find="read_tokens(snapshot[SWA_WINDOW], self.window - n, n)",
         replace="read_tokens(snapshot[SWA_WINDOW], 0, n)",
         summary="a restore shallower than the window reads the window snapshot's padding",
@@ -183,7 +183,7 @@ FRESH: tuple[FreshBug, ...] = (
         id="evictable-without-idle-slots",
         file="engine/cache/usage.py",
         find=(
-            "    for group, n in cache.stored_evictable().items():  # slot mode: the filled slots\n"
+            "    for group, n in view.stored.evictable().items():  # slot mode: the filled slots\n"
             "        evictable[group] += n\n"
         ),
         replace="",
@@ -251,7 +251,7 @@ FRESH: tuple[FreshBug, ...] = (
         file="engine/cache/base.py",
         find=(
             "            anchor, holder.anchor = holder.anchor, None\n"
-            "            self.store.tree.drop_host_ref(anchor)\n"
+            "            self._store.tree.drop_host_ref(anchor)\n"
         ),
         replace="            anchor, holder.anchor = holder.anchor, None\n",
         summary="a request aborted while retracted keeps its host ref on its recovery node",
@@ -260,7 +260,7 @@ FRESH: tuple[FreshBug, ...] = (
     ),
     FreshBug(
         id="trim-frees-partly-kept-page",
-        file="engine/cache/base.py",
+        file="engine/cache/full_attention.py",
         find="        keep_pages = math.ceil(keep_len / self.page_size)\n",
         replace="        keep_pages = keep_len // self.page_size\n",
         summary="trimming rejected drafts frees the page that still holds the last accepted tokens",

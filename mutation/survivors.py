@@ -16,7 +16,7 @@ NOTES: dict[str, str] = {
         "usable above its snapshot. Since then the edges profile pushes out a cold prompt "
         "each turn whose load fails (the fail_load test control), and `kvwatch gate --quick "
         "--profile edges` fails this mutant (refcount at turn 0, quiescence after the drain; "
-        "checked by hand, the clean run passing); tests/engine/test_cold_recovery.py holds the "
+        "checked by hand, the clean run passing); tests/engine/cache/test_cold_recovery.py holds the "
         "path. The score above is the scored run's."
     ),
     "engine/scheduler.py:10": (
@@ -75,13 +75,14 @@ UNREACHED: dict[str, str] = {
         "equivalent there too, since the piece-by-piece loop below it reruns a lone piece "
         "and fails it the same way."
     ),
-    "engine/cache/commit.py:release_for_sharers": (
+    "engine/cache/commit.py:Commits.release_for_sharers": (
         "Runs when a holder leaves a path on which exactly one other running holder "
         "still locks a node that keeps a snapshot: that snapshot is now the other's alone "
         "and, if superseded, goes at once. The line-reach programs (mutation/fuzz.py) end "
         "sharers together or never branch below a snapshot while another conversation runs "
         "there; a program in which two conversations branch below a kept snapshot and the "
         "first ends while the second still decodes would reach it. (An aborted retracted "
-        "request now leaves its anchor this way too, tests/engine/test_retracted_release.py.)"
+        "request now leaves its anchor this way too, "
+        "tests/engine/cache/test_retracted_release.py.)"
     ),
 }

@@ -37,7 +37,7 @@ def test_an_engine_probe_round_trips_through_json_in_both_modes():
 def test_findings_keep_their_kind_through_json():
     cache = build_cache(CacheConfig(), faults=frozenset({Fault.ROOT_REF_LEAK_ON_MISS}))
     cache.match(cache.open([1, 2, 3, 4, 5]))  # a miss keeps the root's ref
-    report = take_probe(cache, 0, QueueReport(waiting=0, running=0, retracted=0, paused=0))
+    report = take_probe(cache.reads, 0, QueueReport(waiting=0, running=0, retracted=0, paused=0))
     assert [f.kind for f in report.findings] == [FindingKind.REF_MISMATCH]
     back = round_trip(report)
     assert back == report and back.findings[0].kind is FindingKind.REF_MISMATCH

@@ -147,7 +147,7 @@ def test_snapshots_restore_exactly():
     prompt = words(70)
     first = engine.generate([prompt], GREEDY)[0]
     history = prompt + first.token_ids
-    node = max(engine._cache.tree.snapshot_nodes, key=lambda n: n.depth)
+    node = max(engine._cache.view.tree.snapshot_nodes, key=lambda n: n.depth)
     dense = dense_forward(engine.model, history[: node.depth])
     snap = node.snapshot.pages
     state = engine._cache.pools[LINEAR_STATE].page_data(snap[LINEAR_STATE])[0, 0]

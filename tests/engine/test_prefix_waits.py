@@ -68,7 +68,7 @@ def run(engine: Engine, *ids: str) -> dict:
 def assert_nothing_kept(engine: Engine) -> None:
     report = engine.probe()
     assert report.clean, report.findings
-    assert not engine._cache.kept_for_waiters()
+    assert not engine._cache.view.stored.kept_for_waiters()
     assert not any(report.tree.interior_snapshots.values())
 
 
@@ -124,10 +124,10 @@ def test_a_waiter_aborted_in_the_queue_leaves_nothing_kept():
         # what is kept for the queued request is no live holder's own: within every bound
         bounds = engine.probe().bounds
         assert not [b for b in bounds.values() if b.exceeded], bounds
-    assert [n.depth for n in engine._cache.kept_for_waiters()] == [BRANCH]
-    (kept,) = engine._cache.kept_for_waiters()
+    assert [n.depth for n in engine._cache.view.stored.kept_for_waiters()] == [BRANCH]
+    (kept,) = engine._cache.view.stored.kept_for_waiters()
     engine.abort(r)  # the queue is empty now: no one will branch off at 96
-    assert not engine._cache.kept_for_waiters() and not kept.has_complete_snapshot
+    assert not engine._cache.view.stored.kept_for_waiters() and not kept.has_complete_snapshot
     run(engine, q, r)
     assert_nothing_kept(engine)
     assert r not in computed

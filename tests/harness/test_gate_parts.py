@@ -192,9 +192,10 @@ def test_sessions_pushed_out_mid_step_keep_within_the_audit_bounds():
             report = engine.probe()
             assert report.clean, report.findings
             assert not [b for b in report.bounds.values() if b.exceeded], report.bounds
+            slots = [engine._sessions.get(sid).holder for sid in sessions]  # parked: theirs
             parked_with_tail += sum(
-                h.status.name == "PARKED" and h.allocated_len > h.computed_len
-                for h in engine._cache.holders.values()
+                h is not None and h.status.name == "PARKED" and h.allocated_len > h.computed_len
+                for h in slots
             )
     assert parked_with_tail, "no session was ever pushed out mid-step"
 

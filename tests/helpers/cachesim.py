@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import torch
 
-from kvwatch.engine.cache.base import CacheBase
 from kvwatch.engine.cache.holder import Holder
 from kvwatch.engine.cache.node import Node, Tier
-from kvwatch.engine.cache.pool import PageLayout
-from kvwatch.engine.cache.protocol import Capture, Handle, holder_of
+from kvwatch.engine.cache.pool import PageLayout, PagePool
+from kvwatch.engine.cache.protocol import Capture, Handle, ServedCache, holder_of
 from kvwatch.engine.config import (
     FULL_KV,
     GROUP_NAMES,
@@ -77,10 +76,20 @@ def prefix_values(
     return out
 
 
-class SimRunner:
-    """Drives holders through allocate -> write -> advance like the engine does."""
+def swa_slots(swa: dict[int, int], page_size: int, start: int, n: int) -> tuple[list[int], int]:
+    """The swa.kv pages of a page table's window that hold positions [start, start + n),
+    and the offset of ``start`` in the first."""
+    first, end = start // page_size, -(-(start + n) // page_size)
+    return [swa[j] for j in range(first, end)], start % page_size
 
-    def __init__(self, cache: CacheBase) -> None:
+
+class SimRunner:
+    """Drives holders through allocate -> write -> advance like the engine does.
+
+    It reads the cache the way the model does (``page_table``, ``pools``) and
+    its snapshots through the read-only ``view``."""
+
+    def __init__(self, cache: ServedCache) -> None:
         self.cache = cache
 
     def values(self, h: Handle) -> list[int]:
@@ -104,30 +113,31 @@ class SimRunner:
         cache.set_working_state(h, hashes[end - 1])
 
     def write(self, h: Handle, start: int, vals: torch.Tensor) -> None:
-        cache, holder = self.cache, holder_of(h)
-        cache.pools[FULL_KV].write_tokens(holder.full_pages, start, vals)
-        pages, offset = cache.working.swa_table(holder, start, len(vals))
-        cache.pools[SWA_KV].write_tokens(pages, offset, vals)
+        cache, table = self.cache, self.cache.page_table(h)
+        cache.pools[FULL_KV].write_tokens(table.full, start, vals)
+        swa = cache.pools[SWA_KV]
+        pages, offset = swa_slots(table.swa, swa.page_size, start, len(vals))
+        swa.write_tokens(pages, offset, vals)
 
     # -- checks ---------------------------------------------------------------------
     def check_holder(self, h: Handle | Holder) -> None:
         """The holder's pages and working state describe exactly its own tokens."""
         cache = self.cache
         holder = h if isinstance(h, Holder) else holder_of(h)
+        table = cache.page_table(holder.handle)
         c = holder.computed_len
         if c == 0:
-            assert (
-                int(cache.pools[LINEAR_STATE].page_data(holder.working[LINEAR_STATE]).item()) == 0
-            )
+            assert int(cache.pools[LINEAR_STATE].page_data([table.linear]).item()) == 0
             return
         hashes = self.values(holder.handle)[:c]
-        got = cache.pools[FULL_KV].read_tokens(holder.full_pages, 0, c).tolist()
+        got = cache.pools[FULL_KV].read_tokens(table.full, 0, c).tolist()
         assert got == hashes, f"holder {holder.id}: full.kv differs from its tokens"
-        lo = max(0, c - cache.config.window)
-        pages, offset = cache.working.swa_table(holder, lo, c - lo)
-        got = cache.pools[SWA_KV].read_tokens(pages, offset, c - lo).tolist()
+        lo = max(0, c - cache.view.config.window)
+        swa = cache.pools[SWA_KV]
+        pages, offset = swa_slots(table.swa, swa.page_size, lo, c - lo)
+        got = swa.read_tokens(pages, offset, c - lo).tolist()
         assert got == hashes[lo:], f"holder {holder.id}: swa window differs from its tokens"
-        state = int(cache.pools[LINEAR_STATE].page_data(holder.working[LINEAR_STATE]).item())
+        state = int(cache.pools[LINEAR_STATE].page_data([table.linear]).item())
         assert state == hashes[-1], f"holder {holder.id}: working state is not the state at {c}"
         for b, pend in holder.pending.items():
             self._check_snapshot(
@@ -139,7 +149,7 @@ class SimRunner:
         cache, p = self.cache, self.cache.page_size
         out: dict[tuple, int] = {}
         stack: list[tuple[Node, tuple, list[int]]] = [
-            (child, (), []) for child in cache.tree.root.children.values()
+            (child, (), []) for child in cache.view.tree.root.children.values()
         ]
         while stack:
             node, prefix, vals = stack.pop()
@@ -160,13 +170,17 @@ class SimRunner:
             stack.extend((child, tokens, full_vals) for child in node.children.values())
         return out
 
+    def _pool(self, group: str, tier: Tier) -> PagePool:
+        view = self.cache.view
+        return (view.pools if tier is Tier.DEVICE else view.host_pools)[group]
+
     def _check_snapshot(self, pages, tier: Tier, hashes: list[int], what: str) -> None:
-        cache, w = self.cache, self.cache.config.window
-        linear = cache.store.pool(LINEAR_STATE, tier)
+        w = self.cache.view.config.window
+        linear = self._pool(LINEAR_STATE, tier)
         assert int(linear.page_data(pages[LINEAR_STATE]).item()) == hashes[-1], (
             f"{what}: linear state"
         )
-        window = cache.store.pool(SWA_WINDOW, tier).read_tokens(pages[SWA_WINDOW], 0, w).tolist()
+        window = self._pool(SWA_WINDOW, tier).read_tokens(pages[SWA_WINDOW], 0, w).tolist()
         want = [0] * max(0, w - len(hashes)) + hashes[-w:]
         assert window == want, f"{what}: swa window snapshot"
 

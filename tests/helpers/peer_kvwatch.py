@@ -80,11 +80,11 @@ class KvwatchSide:
         self.cache.release(h, commit=True)
 
     def finish(self) -> None:
-        assert audit(self.cache).clean
+        assert audit(self.cache.view).clean
         self.clock.time("evict", self.cache.flush)
         pools = self.cache.pools
         assert all(pools[g].used_count == 0 for g in (FULL_KV, *STATE_GROUPS)), "flush left pages"
-        assert self.cache.tree.node_count == 0 and audit(self.cache).clean
+        assert self.cache.view.tree.node_count == 0 and audit(self.cache.view).clean
 
     @property
     def spent(self) -> dict[str, float]:

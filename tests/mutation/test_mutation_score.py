@@ -78,13 +78,14 @@ def test_the_catalog_is_stable_and_samples_every_operator():
 def test_a_mutant_tree_runs_the_mutated_file(tmp_path):
     mutant = next(m for m in catalog() if m.operator == "unlock-to-dec")
     tree = materialize(mutant, tmp_path)
-    code = "import kvwatch.engine.cache.base as h; print(h.__file__)"
+    module = "kvwatch." + mutant.file.removesuffix(".py").replace("/", ".")
+    code = f"import {module} as h; print(h.__file__)"
     out = subprocess.run(
         [sys.executable, "-c", code], cwd=tree, env={"PYTHONPATH": str(tree)},
         capture_output=True, text=True, check=True,
     ).stdout  # fmt: skip
     assert out.strip().startswith(str(tree))
-    text = (tree / "kvwatch/engine/cache/base.py").read_text()
+    text = (tree / "kvwatch" / mutant.file).read_text()
     assert (
         text.count(".dec(")
         == (trees.SOURCE / trees.PACKAGE / mutant.file).read_text().count(".dec(") + 1

@@ -28,6 +28,7 @@ from types import MappingProxyType
 import torch
 
 from kvwatch.engine.cache.backends import build_cache
+from kvwatch.engine.cache.failpoints import parse_sites
 from kvwatch.engine.config import MAX_ROLLBACK, EngineConfig
 from kvwatch.engine.errors import (
     EngineError,
@@ -102,7 +103,7 @@ class Engine:
             self.events,
             config.faults,
             config.model.max_model_len,
-            branches=self._cache,
+            branches=self._cache.branches,
         )
         self._sessions = SessionRegistry(
             keep_every_blob=Fault.SESSION_BLOB_RETENTION in config.faults,
@@ -434,7 +435,7 @@ class Engine:
         """
         spec = self.config.scheduler.spec
         report = take_probe(
-            self._cache,
+            self._cache.reads,
             self.step_count,
             self._queue(),
             slack_tokens=spec.num_drafts + 1 if spec else 0,
@@ -449,7 +450,7 @@ class Engine:
     def stats(self) -> EngineStats:
         """Usage, tree and queue figures without the audit: cheap, for gauges."""
         return take_stats(
-            self._cache,
+            self._cache.reads,
             self.step_count,
             self._queue(),
             live_sessions=len(self._sessions.open),
@@ -462,14 +463,15 @@ class Engine:
         (True, as it starts) or neither (False); between steps."""
         if self._in_step:
             raise RuntimeError("failpoints are armed between steps")
-        self._cache.arm_failpoints(armed)
+        self._cache.failpoints.arm(armed)
 
     def fail_next(self, site: str) -> None:
         """Make the cache's next hit of failpoint ``site`` (``failpoints.Site``, e.g.
         ``tier.load``) fail as a full pool would fail it; between steps."""
         if self._in_step:
             raise RuntimeError("a failpoint is set between steps")
-        self._cache.fail_next(site)
+        (named,) = parse_sites([site])  # ValueError naming the sites there are
+        self._cache.failpoints.fail_next(named)
 
     def flush_cache(self) -> None:
         """Evict every unreferenced node, snapshot and slot."""

@@ -79,22 +79,24 @@ def test_a_small_budget_replays_the_shallow_resume_that_shows_a_bad_restore(monk
     """The window restore planted to read the padding (a resume shallower than the
     window): twenty-odd ordinary requests, two that resume shallow. Four replays chosen
     by what the requests exercised catch it; four spread evenly over the run do not."""
-    from kvwatch.engine.cache import working
+    from kvwatch.engine.cache import sliding_window
     from kvwatch.targets.kvwatch.replay import Reference, spread
 
-    honest = working.WorkingState.restore_state
+    honest = sliding_window.SlidingWindowPages.restore
 
     def padded(self, holder, snapshot, d):
-        read = self.pools[working.SWA_WINDOW].read_tokens
+        read = self.pools[sliding_window.SWA_WINDOW].read_tokens
         monkeypatch.setattr(
-            self.pools[working.SWA_WINDOW], "read_tokens", lambda pages, off, n: read(pages, 0, n)
+            self.pools[sliding_window.SWA_WINDOW],
+            "read_tokens",
+            lambda pages, off, n: read(pages, 0, n),
         )
         try:
             honest(self, holder, snapshot, d)
         finally:
-            monkeypatch.setattr(self.pools[working.SWA_WINDOW], "read_tokens", read)
+            monkeypatch.setattr(self.pools[sliding_window.SWA_WINDOW], "read_tokens", read)
 
-    monkeypatch.setattr(working.WorkingState, "restore_state", padded)
+    monkeypatch.setattr(sliding_window.SlidingWindowPages, "restore", padded)
     engine = Engine()
     body = {"model": MODEL, "max_tokens": 16, "temperature": 0}
     shared = "twenty chars shared"  # a first page (16 tokens) and a few more

@@ -1,7 +1,7 @@
 """The audit: a pure check of the cache against what its live holders imply.
 
-Nothing here mutates the cache. It recomputes, from the holders and the tree
-alone, who should hold each page and what every ref count should be, and
+Nothing here mutates the cache: it reads a ``CacheView`` (view.py). It
+recomputes, from the holders and the tree alone, who should hold each page and what every ref count should be, and
 reports each disagreement as a ``Finding``:
 
 * pools (vectorised over every page): orphans, double ownership (including an
@@ -24,26 +24,19 @@ import itertools
 import math
 from collections import Counter
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 
 from kvwatch.contracts import Finding, FindingKind, RootRefs, finding
-from kvwatch.engine.cache.claims import (
-    Claims,
-    claim_holders,
-    owner_key,
-    owner_name,
-)
+from kvwatch.engine.cache.claims import Claims, owner_key, owner_name
 from kvwatch.engine.cache.holder import Holder
 from kvwatch.engine.cache.node import Node, Tier
 from kvwatch.engine.cache.owner import Owner, OwnerKind
 from kvwatch.engine.cache.pool import PagePool
-from kvwatch.engine.cache.radix import TREE_OWNER, RadixTree
-from kvwatch.engine.config import FULL_KV, STATE_GROUPS
-
-if TYPE_CHECKING:
-    from kvwatch.engine.cache.base import CacheBase
+from kvwatch.engine.cache.radix import TREE_OWNER
+from kvwatch.engine.cache.view import CacheView, TreeReads
+from kvwatch.engine.config import FULL_KV, STATE_GROUPS, SWA_KV
 
 
 class AuditReport(NamedTuple):
@@ -55,24 +48,45 @@ class AuditReport(NamedTuple):
         return not self.findings
 
 
-def audit(cache: CacheBase) -> AuditReport:
+def audit(view: CacheView) -> AuditReport:
+    """Every disagreement between the cache and what its live holders imply.
+
+    Claimants register in a fixed order (the tree's nodes, the holders, the
+    backend's stored pages), which is the order a finding names them in.
+    """
     claims = Claims()
-    refs = _holder_refs(cache)
-    scan = _scan_tree(cache, claims, refs)
-    claim_holders(cache, claims)
-    cache.claim_stored(claims)
+    refs = _holder_refs(view)
+    scan = _scan_tree(view, claims, refs)
+    claim_holders(view, claims)
+    view.stored.claim(claims)
     owners = claims.owner_keys()
     findings: list[Finding] = []
-    for group, pool in cache.store.pools.items():
-        findings += _audit_pool(pool, group, Tier.DEVICE, claims, owners, cache.holders)
-    for group, pool in cache.store.host_pools.items():
-        findings += _audit_pool(pool, group, Tier.HOST, claims, owners, cache.holders)
+    for group, pool in view.pools.items():
+        findings += _audit_pool(pool, group, Tier.DEVICE, claims, owners, view.holders)
+    for group, pool in view.host_pools.items():
+        findings += _audit_pool(pool, group, Tier.HOST, claims, owners, view.holders)
     findings += scan.ref_findings
     findings += [
-        finding(FindingKind.TREE, None, [], p) for p in scan.problems + _holder_problems(cache)
+        finding(FindingKind.TREE, None, [], p) for p in scan.problems + _holder_problems(view)
     ]
-    findings += cache.stored_findings()
-    return AuditReport(tuple(findings), RootRefs(cache.store.tree.root.refs, refs.device[0]))
+    findings += view.stored.findings()
+    return AuditReport(tuple(findings), RootRefs(view.tree.root.refs, refs.device[0]))
+
+
+def claim_holders(view: CacheView, claims: Claims) -> None:
+    """Register every live holder with the pages it owns: its own ``full.kv``
+    pages past the borrowed prefix, its window, its working state, its pending
+    snapshots (read off the holder record, not through the code that fills it)."""
+    p = view.page_size
+    for h in view.holders.values():
+        me = claims.register(h.owner, h)
+        claims.add(FULL_KV, Tier.DEVICE, h.own_full_pages(p), me)
+        claims.add(SWA_KV, Tier.DEVICE, list(h.swa_pages.values()), me)
+        for group, ids in h.working.items():
+            claims.add(group, Tier.DEVICE, ids, me)
+        for pend in h.pending.values():
+            for group, ids in pend.pages.items():
+                claims.add(group, Tier.DEVICE, ids, me)
 
 
 class _HolderRefs(NamedTuple):
@@ -88,11 +102,11 @@ class _TreeScan(NamedTuple):
     ref_findings: list[Finding]
 
 
-def _holder_refs(cache: CacheBase) -> _HolderRefs:
+def _holder_refs(view: CacheView) -> _HolderRefs:
     device: Counter[int] = Counter()
     host: Counter[int] = Counter()
     nodes: dict[int, Node] = {}
-    for holder in cache.holders.values():
+    for holder in view.holders.values():
         if holder.lock_node is not None:
             for n in holder.lock_node.path():
                 device[n.id] += 1
@@ -103,7 +117,7 @@ def _holder_refs(cache: CacheBase) -> _HolderRefs:
     return _HolderRefs(device, host, nodes)
 
 
-def _scan_tree(cache: CacheBase, claims: Claims, refs: _HolderRefs) -> _TreeScan:
+def _scan_tree(view: CacheView, claims: Claims, refs: _HolderRefs) -> _TreeScan:
     """One walk over the tree: claim each node's pages; check each link, each
     node's shape and snapshot, and the tree's counters; then the refs.
 
@@ -118,9 +132,9 @@ def _scan_tree(cache: CacheBase, claims: Claims, refs: _HolderRefs) -> _TreeScan
     Refs are compared where they can differ from zero: at nodes that hold refs,
     and at the few nodes on live holders' paths.
     """
-    tree = cache.store.tree
-    per_snapshot = {g: cache.config.pages_per_snapshot(g) for g in STATE_GROUPS}
-    walked = _walk(tree.root, cache.page_size, per_snapshot, first=len(claims.who))
+    tree = view.tree
+    per_snapshot = {g: view.config.pages_per_snapshot(g) for g in STATE_GROUPS}
+    walked = _walk(tree.root, view.page_size, per_snapshot, first=len(claims.who))
     state = _claim_walked(claims, walked)
     out = walked.problems
     for n in walked.with_refs:
@@ -215,7 +229,7 @@ def _claim_walked(claims: Claims, w: _Walked) -> Counter[tuple[str, Tier]]:
     return state
 
 
-def _counter_problems(tree: RadixTree, w: _Walked, state: Counter) -> list[str]:
+def _counter_problems(tree: TreeReads, w: _Walked, state: Counter) -> list[str]:
     """The tree's own counters and sets against what the walk counted."""
     out = []
     for n in tree.evictable - w.want_evict:
@@ -367,10 +381,11 @@ class _PoolAudit:
         return [self._finding(FindingKind.DOUBLE_OWNED, bad, what)]
 
 
-def _holder_problems(cache: CacheBase) -> list[str]:
-    p = cache.page_size
+def _holder_problems(view: CacheView) -> list[str]:
+    p = view.page_size
+    root = view.tree.root
     out = []
-    for h in cache.holders.values():
+    for h in view.holders.values():
         problems = []
         if not h.cached_len <= h.computed_len <= h.allocated_len:
             problems.append(
@@ -382,14 +397,14 @@ def _holder_problems(cache: CacheBase) -> list[str]:
             if h.lock_node.depth != h.cached_len:
                 problems.append(f"lock at depth {h.lock_node.depth}, cached_len {h.cached_len}")
             path = list(h.lock_node.path())
-            if path[-1] is not cache.store.tree.root:
+            if path[-1] is not root:
                 problems.append("locked node is no longer in the tree")
             borrowed = np.concatenate([n.pages for n in reversed(path)])
             if not np.array_equal(borrowed, h.full_pages[: h.cached_len // p]):
                 problems.append("borrowed pages differ from the locked path's pages")
         elif h.cached_len:
             problems.append(f"cached_len {h.cached_len} without a lock")
-        if h.anchor is not None and list(h.anchor.path())[-1] is not cache.store.tree.root:
+        if h.anchor is not None and list(h.anchor.path())[-1] is not root:
             problems.append("host-ref'd node is no longer in the tree")
         out += [f"{h.owner}: {what}" for what in problems]
     return out

@@ -13,7 +13,8 @@ from collections.abc import Mapping
 
 import torch
 
-from kvwatch.engine.cache.base import CacheBase, mutation
+from kvwatch.engine.cache.base import CacheBase
+from kvwatch.engine.cache.deferred import mutation
 from kvwatch.engine.cache.holder import HolderStatus, PendingKind
 from kvwatch.engine.cache.pool import PageLayout
 from kvwatch.engine.cache.protocol import Handle, Match
@@ -30,11 +31,11 @@ class NoPrefixCache(CacheBase):
     @mutation
     def match(self, h: Handle) -> Match:
         holder = self._matchable(h)
-        self._give_working_pages(holder, 0)
+        self._pages.give_working(holder, 0)
         holder.lock_node = None
         holder.cached_len = holder.computed_len = holder.allocated_len = 0
         holder.status = HolderStatus.ACTIVE
-        self.working.restore_state(holder, None, 0)
+        self._pages.restore(holder, None, 0)
         return Match(0, 0)
 
     def capture_points(self, h: Handle, start: int, end: int) -> list[tuple[int, PendingKind]]:

@@ -1,57 +1,56 @@
-"""CacheBase: what every backend does the same way, and its collaborators.
+"""CacheBase: the cache's façade, over the parts every backend shares.
 
-A backend owns:
+The façade is what the engine calls (``ServedCache``, protocol.py) and
+nothing more; the parts behind it each do one job::
 
-* ``store`` (``CacheStorage``): the pools, the tree and the pressure order;
-* ``working`` (``WorkingState``): copies between holders and snapshot pages;
-* ``holders``: the records behind the handles it gave out.
+    CacheBase ──► HolderPages ──► FullAttentionPages / SlidingWindowPages / LinearStatePages
+        │               (a holder's pages, per group family)           │
+        ├──► HolderTable       (the records behind the handles)         ▼
+        ├──► SessionSlots      (parked session slots)             CacheStorage ──► pools, tree
+        └──► view / reads       (read-only: the audit, usage, the probe)
 
-Here: holders' own pages (allocate, advance, trim, leave), session slots
-(park, end_turn, resume, settle; see sessions.py) and the pure reads. A backend adds
-where shared state comes from and goes to: ``match``, ``capture_points``,
-``commit_chunk`` and the hooks ``_finish``, ``_abort``, ``_retract_anchor``
-and ``_left_path``. Every public call that mutates runs inside
-``events.deferred()``: listeners see a mutation's events once it is complete.
+Here: opening holders (``HolderTable``), their own pages (allocate, advance
+with captures, trim), the session calls (``SessionSlots``), leaving (retract,
+release) and the failpoint schedule. A backend adds where shared state comes
+from and goes to: ``match``, ``capture_points``, ``commit_chunk``, and the
+hooks ``_finish``, ``_abort``, ``_retract_anchor`` and ``_left_path``, and what
+it keeps beyond the tree (``_stored``, ``_branches``). Every public call that
+mutates runs inside ``events.deferred()`` (``mutation``): listeners see a
+mutation's events once it is complete.
 """
 
 from __future__ import annotations
 
-import functools
-import itertools
-import math
-from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, TypeVar
+from collections.abc import Mapping, Sequence
+from types import MappingProxyType
 
 import torch
 
-from kvwatch.engine.cache import reads, sessions
-from kvwatch.engine.cache.failpoints import Site, parse_sites
-from kvwatch.engine.cache.holder import Holder, HolderStatus, Pending, PendingKind
+from kvwatch.engine.cache.branches import NoBranches
+from kvwatch.engine.cache.deferred import mutation
+from kvwatch.engine.cache.failpoints import Failpoints, Site
+from kvwatch.engine.cache.holder import Handle, Holder, HolderStatus, Pending, PendingKind
+from kvwatch.engine.cache.holder_pages import HolderPages
+from kvwatch.engine.cache.holder_table import HolderTable
 from kvwatch.engine.cache.node import Node, Tier
-from kvwatch.engine.cache.owner import Owner, OwnerKind
+from kvwatch.engine.cache.owner import OwnerKind
 from kvwatch.engine.cache.pool import PageLayout, PagePool, PoolExhausted
 from kvwatch.engine.cache.protocol import (
+    AuditableCache,
+    BranchPromises,
     Capture,
-    Handle,
     PageTable,
-    ProbeReads,
     ServedCache,
     holder_of,
 )
+from kvwatch.engine.cache.reads import CacheReads
+from kvwatch.engine.cache.sessions import SessionSlots
 from kvwatch.engine.cache.storage import CacheStorage
-from kvwatch.engine.cache.usage import GroupUsage, group_usage
-from kvwatch.engine.cache.working import WorkingState
-from kvwatch.engine.config import FULL_KV, LINEAR_STATE, STATE_GROUPS, SWA_KV, CacheConfig
+from kvwatch.engine.cache.view import CacheView, StoredReads
+from kvwatch.engine.config import CacheConfig
 from kvwatch.engine.events import EventBus, SnapshotSkipped
 from kvwatch.engine.faults import Fault
 
-if TYPE_CHECKING:
-    from kvwatch.contracts import Finding, RootRefs, SlotReport, TreeReport
-    from kvwatch.engine.cache.claims import Claims
-    from kvwatch.engine.cache.radix import RadixTree
-    from kvwatch.engine.cache.slots import Slot
-
-F = TypeVar("F", bound=Callable)
 # what a capture's snapshot is for: every other kind is the frontier's (TRACK)
 SNAPSHOT_SITES = {
     PendingKind.INTERVAL: Site.SNAPSHOT_INTERVAL,
@@ -67,18 +66,11 @@ def _allocate_site(holder: Holder, n: int) -> Site:
     return Site.ALLOCATE_DRAFTS if n > 1 else Site.ALLOCATE_DECODE
 
 
-def mutation(fn: F) -> F:
-    """Deliver the events ``fn`` emits once it returns (or raises): never mid-change."""
-
-    @functools.wraps(fn)
-    def wrapper(self: CacheBase, *args, **kwargs):
-        with self.events.deferred():
-            return fn(self, *args, **kwargs)
-
-    return wrapper  # type: ignore[return-value]
-
-
 class CacheBase(ServedCache):
+    # Whether holders keep a working state: a linear state page and the last W
+    # positions of swa.kv (a backend for a full-attention model keeps neither).
+    _keeps_state = True
+
     def __init__(
         self,
         config: CacheConfig,
@@ -90,18 +82,22 @@ class CacheBase(ServedCache):
         fingerprint: str = "",
     ) -> None:
         """``fingerprint`` names the model and geometry (the slot backend keys on it)."""
-        self.config, self.faults = config, faults
-        self.fingerprint = fingerprint or repr(config)
-        self.events = events or EventBus()
-        self.store = CacheStorage(config, layouts, faults=faults, device=device, events=self.events)
-        self.working = WorkingState(self.store.pools, config.window)
+        self._config, self._faults = config, faults
+        self._fingerprint = fingerprint or repr(config)
+        self._events = events or EventBus()
+        self._store = CacheStorage(
+            config, layouts, faults=faults, device=device, events=self._events
+        )
+        self._pages = HolderPages(self._store, config, keeps_state=self._keeps_state)
         self.page_size = config.page_size
-        self.holders: dict[int, Holder] = {}
-        self._holder_ids = itertools.count(1)
+        self._holders = HolderTable(self._store, self._pages, self._left_path)
+        self._sessions = SessionSlots(self._store, self._pages, self._holders, faults)
+        self._stored = StoredReads()  # what the backend keeps beyond the tree: nothing
+        self._branches: BranchPromises = NoBranches()
 
     @property
     def pools(self) -> Mapping[str, PagePool]:
-        return self.store.pools
+        return self._store.pools
 
     def open(
         self,
@@ -118,58 +114,21 @@ class CacheBase(ServedCache):
         change what the holder has computed. ``snapshot_at`` is the prompt's
         last turn boundary, where the ``slots`` backend cuts its snapshot.
         """
-        hid = next(self._holder_ids)
-        owner = Owner(kind, hid)
-        holder = Holder(
-            id=hid,
-            owner=owner,
-            tokens=tokens,
-            extra_key=extra_key,
-            label=label,
-            snapshot_at=snapshot_at,
+        return self._holders.open(
+            tokens, extra_key=extra_key, kind=kind, snapshot_at=snapshot_at, label=label
         )
-        holder.handle = Handle(holder)
-        self.holders[hid] = holder
-        return holder.handle
 
     # -- a holder's own pages -----------------------------------------------------------
-    # Whether holders keep a working state: a linear state page and the last W
-    # positions of swa.kv (a backend for a full-attention model keeps neither).
-    keeps_state = True
-
-    def _swa_page_range(self, start: int, end: int) -> range:
-        """The swa.kv page indices a holder needs for positions [start, end)."""
-        return self.working.swa_page_range(start, end) if self.keeps_state else range(0)
-
-    def _give_working_pages(
-        self, holder: Holder, d: int, full_pages: int = 0, *, site: Site = Site.ADMIT_WORKING
-    ) -> None:
-        """A working state, the window below ``d`` and ``full_pages`` own full.kv pages."""
-        swa_idx = self._swa_page_range(max(0, d - self.config.window), d)
-        counts = {LINEAR_STATE: int(self.keeps_state), SWA_KV: len(swa_idx), FULL_KV: full_pages}
-        got = self.store.alloc_groups(counts, holder.owner, site=site)
-        holder.working = {LINEAR_STATE: got[LINEAR_STATE]} if self.keeps_state else {}
-        holder.swa_pages = dict(zip(swa_idx, got[SWA_KV].tolist(), strict=True))
-        holder.full_pages = got[FULL_KV].tolist()
-
     @mutation
     def allocate(self, h: Handle, n: int) -> None:
         """Pages for tokens [allocated_len, allocated_len + n) in full.kv and swa.kv."""
         holder = self._active(h)
-        start, end = holder.allocated_len, holder.allocated_len + n
-        need_full = math.ceil(end / self.page_size) - len(holder.full_pages)
-        swa_idx = [j for j in self._swa_page_range(start, end) if j not in holder.swa_pages]
-        counts = {FULL_KV: need_full, SWA_KV: len(swa_idx)}
-        got = self.store.alloc_groups(counts, holder.owner, site=_allocate_site(holder, n))
-        holder.full_pages.extend(got[FULL_KV].tolist())
-        holder.swa_pages.update(zip(swa_idx, got[SWA_KV].tolist(), strict=True))
-        holder.allocated_len = end
+        self._pages.allocate(holder, n, site=_allocate_site(holder, n))
 
     @mutation
     def set_working_state(self, h: Handle, state: torch.Tensor) -> None:
         """Overwrite the holder's working linear state (one page entry)."""
-        holder = holder_of(h)
-        self.store.pools[LINEAR_STATE].set_page_data(holder.working[LINEAR_STATE], state)
+        self._pages.linear.set(holder_of(h), state)
 
     @mutation
     def advance(self, h: Handle, new_len: int, captures: Sequence[Capture] = ()) -> None:
@@ -189,7 +148,7 @@ class CacheBase(ServedCache):
                 raise ValueError(f"capture at {cap.boundary} outside the advanced range")
             self._capture(holder, cap)
         holder.computed_len = new_len
-        self.store.free_swa_behind(holder, new_len - self.config.window)
+        self._pages.window.free_swa_behind(holder, new_len - self._config.window)
 
     def _capture(self, holder: Holder, cap: Capture) -> None:
         """Keep the state at ``cap.boundary`` in snapshot pages the holder owns."""
@@ -198,14 +157,14 @@ class CacheBase(ServedCache):
             del holder.pending[track.boundary]
             pages = track.pages
         else:
-            counts = {g: self.config.pages_per_snapshot(g) for g in STATE_GROUPS}
+            counts = self._pages.snapshot_counts()
             site = SNAPSHOT_SITES.get(cap.kind, Site.SNAPSHOT_TRACK)
             try:
-                pages = self.store.alloc_groups(counts, holder.owner, site=site)
+                pages = self._store.alloc_groups(counts, holder.owner, site=site)
             except PoolExhausted as exc:  # snapshots are an optimisation: go on without
-                self.events.emit(SnapshotSkipped(holder.id, cap.boundary, str(exc)))
+                self._events.emit(SnapshotSkipped(holder.id, cap.boundary, str(exc)))
                 return
-        self.working.write_snapshot(holder, pages, cap.boundary, cap.linear_state)
+        self._pages.write_snapshot(holder, pages, cap.boundary, cap.linear_state)
         holder.pending[cap.boundary] = Pending(cap.boundary, pages, cap.kind)
 
     @mutation
@@ -214,16 +173,19 @@ class CacheBase(ServedCache):
         holder = self._active(h)
         if not holder.computed_len <= keep_len <= holder.allocated_len:
             raise ValueError(f"trim to {keep_len} outside computed .. allocated")
-        keep_pages = math.ceil(keep_len / self.page_size)
-        self.store.free_pages(FULL_KV, holder.full_pages[keep_pages:], holder.owner)
-        del holder.full_pages[keep_pages:]
-        self.store.free_swa_from(holder, keep_len)
+        self._pages.trim(holder, keep_len)
         holder.allocated_len = keep_len
 
-    # -- sessions (see sessions.py) -------------------------------------------------------
+    def page_table(self, h: Handle) -> PageTable:
+        return self._pages.page_table(holder_of(h))
+
+    def read_aux(self, h: Handle, name: str) -> torch.Tensor:
+        return self._pages.full.read_aux(holder_of(h), name)
+
+    # -- sessions (sessions.py) -----------------------------------------------------------
     @mutation
     def park(self, h: Handle) -> None:
-        sessions.park(self, self._active(h))
+        self._sessions.park(self._active(h))
 
     @mutation
     def end_turn(self, h: Handle) -> None:
@@ -231,17 +193,17 @@ class CacheBase(ServedCache):
         turn-end snapshot (what a rollback returns to). Only a parked slot has one."""
         holder = holder_of(h)
         if holder.status is HolderStatus.PARKED:
-            sessions.end_turn(self, holder)
+            self._sessions.end_turn(holder)
 
     @mutation
     def resume(self, h: Handle) -> int | None:
-        return sessions.resume(self, self._require(h, HolderStatus.PARKED))
+        return self._sessions.resume(self._require(h, HolderStatus.PARKED))
 
     @mutation
     def settle(self, h: Handle, limit: int) -> None:
         holder = holder_of(h)
         if holder.status is HolderStatus.PARKED:
-            sessions.settle(self, holder, limit)
+            self._sessions.settle(holder, limit)
 
     @mutation
     def drop_parked(self) -> bool:
@@ -251,11 +213,7 @@ class CacheBase(ServedCache):
         retracted, so parked slots alone can fill a pool that a new request
         would fit in; a dropped slot costs its session a recompute, not a turn.
         """
-        for holder in self.holders.values():  # opened first, first
-            if holder.status is HolderStatus.PARKED:
-                sessions.drop(self, holder)
-                return True
-        return False
+        return self._sessions.drop_parked()
 
     # -- leaving --------------------------------------------------------------------------
     @mutation
@@ -267,11 +225,11 @@ class CacheBase(ServedCache):
         """
         holder = self._active(h)
         anchor = self._retract_anchor(holder)
-        self.drop_everything(holder)
+        self._holders.drop_everything(holder)
         holder.anchor = anchor
         holder.status = HolderStatus.RETRACTED
         if anchor is not None and anchor.refs == 0 and anchor.snapshot.tier is Tier.DEVICE:
-            self.store.offload(anchor)
+            self._store.offload(anchor)
 
     @mutation
     def release(self, h: Handle, *, commit: bool) -> None:
@@ -287,41 +245,16 @@ class CacheBase(ServedCache):
                 self._finish(holder)
             else:
                 self._abort(holder, "aborted")
-            leak = not commit and Fault.ABORT_STATE_BUFFER_LEAK in self.faults
-            self.drop_everything(holder, free_pending=not leak)
+            leak = not commit and Fault.ABORT_STATE_BUFFER_LEAK in self._faults
+            self._holders.drop_everything(holder, free_pending=not leak)
         elif holder.status is HolderStatus.RETRACTED and holder.anchor is not None:
             # the anchor may sit inside a running holder's path, kept only for
             # this recovery: that holder's superseded snapshot goes now
             anchor, holder.anchor = holder.anchor, None
-            self.store.tree.drop_host_ref(anchor)
+            self._store.tree.drop_host_ref(anchor)
             self._left_path(list(anchor.path()))
         holder.status = HolderStatus.RELEASED
-        self.holders.pop(holder.id, None)
-
-    def arm_failpoints(self, armed: bool) -> None:
-        """Failpoints on or off between steps (a testing aid; nothing if none are set)."""
-        self.store.failpoints.arm(armed)
-
-    def fail_next(self, site: str) -> None:
-        """Fail the next hit of failpoint ``site`` (a testing aid, failpoints set or not)."""
-        (named,) = parse_sites([site])  # ValueError naming the sites there are
-        self.store.failpoints.fail_next(named)
-
-    def drop_everything(self, holder: Holder, *, free_pending: bool = True) -> None:
-        """Unlock the path and free every page the holder owns."""
-        path = list(holder.lock_node.path()) if holder.lock_node is not None else []
-        if holder.lock_node is not None:
-            self.store.tree.unlock(holder.lock_node)
-        self.store.free_pages(FULL_KV, holder.own_full_pages(self.page_size), holder.owner)
-        self.store.free_pages(SWA_KV, list(holder.swa_pages.values()), holder.owner)
-        self.store.free_groups(holder.working, holder.owner, Tier.DEVICE)
-        for pend in holder.pending.values() if free_pending else ():
-            self.store.free_groups(pend.pages, holder.owner, Tier.DEVICE)
-        holder.lock_node = None
-        holder.full_pages, holder.swa_pages, holder.working, holder.pending = [], {}, {}, {}
-        holder.cached_len = holder.computed_len = holder.allocated_len = 0
-        if path:
-            self._left_path(path)
+        self._holders.records.pop(holder.id, None)
 
     # -- backend hooks (defaults: nothing is shared) ----------------------------------------
     def commit_chunk(self, h: Handle, terminal: bool = False) -> int:
@@ -342,7 +275,7 @@ class CacheBase(ServedCache):
 
     @mutation
     def flush(self) -> None:
-        self.store.flush()
+        self._store.flush()
 
     # -- helpers --------------------------------------------------------------------------
     def _require(self, h: Handle, status: HolderStatus) -> Holder:
@@ -362,74 +295,28 @@ class CacheBase(ServedCache):
     def _active(self, h: Handle) -> Holder:
         return self._require(h, HolderStatus.ACTIVE)
 
-    def page_table(self, h: Handle) -> PageTable:
-        holder = holder_of(h)
-        linear = holder.working.get(LINEAR_STATE)
-        return PageTable(
-            holder.full_pages, holder.swa_pages, int(linear[0]) if linear is not None else -1
+    # -- capabilities beside the lifecycle ----------------------------------------------------
+    @property
+    def failpoints(self) -> Failpoints:
+        """The failpoint schedule (a testing aid): ``arm`` it, ``fail_next`` a site."""
+        return self._store.failpoints
+
+    @property
+    def branches(self) -> BranchPromises:
+        return self._branches
+
+    @property
+    def view(self) -> CacheView:
+        """The cache read-only, as it is now: what the audit and usage figures read."""
+        return CacheView(
+            config=self._config,
+            tree=self._store.tree,
+            pools=MappingProxyType(self._store.pools),
+            host_pools=MappingProxyType(self._store.host_pools),
+            holders=MappingProxyType(self._holders.records),
+            stored=self._stored,
         )
 
-    def read_aux(self, h: Handle, name: str) -> torch.Tensor:
-        holder = holder_of(h)
-        pool = self.store.pools[FULL_KV]
-        return pool.read_aux(name, holder.full_pages, 0, holder.computed_len)
-
-    # -- probe-facing reads (reads.py) ------------------------------------------------------
-    def probe(self, slack_tokens: int) -> ProbeReads:
-        return reads.probe_reads(self, slack_tokens)
-
-    def usage(self) -> dict[str, GroupUsage]:
-        return group_usage(self)
-
-    def structure(self) -> tuple[TreeReport, SlotReport | None, RootRefs]:
-        return reads.tree_report(self.store.tree), self.slot_report(), reads.counted_root_refs(self)
-
-    # What the audit, the usage bound and the probe ask a backend about its own
-    # storage beyond the tree (defaults: there is none).
-    def claim_stored(self, claims: Claims) -> None:
-        """Register the backend's own stored pages with the audit's claims."""
-
-    def stored_findings(self) -> list[Finding]:
-        """The backend's own consistency findings."""
-        return []
-
-    def stored_evictable(self) -> dict[str, int]:
-        """Pages of the backend's own storage that pressure or a flush may take back,
-        by group (the pool gauges' ``evictable`` counts them beside the tree's)."""
-        return {}
-
-    def stored_snapshots(self) -> list[Slot]:
-        """Whole-state snapshots the backend keeps outside the tree (for the bound)."""
-        return []
-
-    def kept_for_waiters(self) -> frozenset[Node]:
-        """Snapshots kept past their release for queued requests (shared, for the bound)."""
-        return frozenset()
-
-    def stopped_commits(self) -> list[str]:
-        """Running holders whose commit stopped short of what they computed."""
-        return []
-
-    def slot_report(self) -> SlotReport | None:
-        return None
-
     @property
-    def branch_waits(self) -> bool:
-        return False
-
-    def promised_by(self, h: Handle) -> frozenset[int]:
-        return frozenset()
-
-    def keeps_for_waiters(self) -> bool:
-        return False
-
-    def kept_on_path(self, tokens: list[int], extra_key: str | None, limit: int) -> set[object]:
-        return set()
-
-    def promise(self, points: Mapping[int, frozenset[int]], wanted: set[object]) -> None:
-        """Nothing to promise where nothing is shared."""
-
-    @property
-    def tree(self) -> RadixTree:
-        """The store's tree (a white-box read for tests and benchmarks)."""
-        return self.store.tree
+    def reads(self) -> AuditableCache:
+        return CacheReads(self.view)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from operator import attrgetter
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 
@@ -24,10 +24,6 @@ from kvwatch.engine.cache.holder import Holder
 from kvwatch.engine.cache.node import Node, Tier
 from kvwatch.engine.cache.owner import OWNER_LABEL, Owner, OwnerKind
 from kvwatch.engine.cache.slots import Slot
-from kvwatch.engine.config import FULL_KV, SWA_KV
-
-if TYPE_CHECKING:
-    from kvwatch.engine.cache.base import CacheBase
 
 EMPTY = np.empty(0, dtype=np.int64)
 
@@ -111,19 +107,6 @@ class Claims:
 def owner_key(kinds: np.ndarray, ids: np.ndarray) -> np.ndarray:
     """One int64 per (owner kind, owner id): ids stay below 2**48."""
     return (kinds.astype(np.int64) << 48) | ids
-
-
-def claim_holders(cache: CacheBase, claims: Claims) -> None:
-    p = cache.page_size
-    for h in cache.holders.values():
-        me = claims.register(h.owner, h)
-        claims.add(FULL_KV, Tier.DEVICE, h.own_full_pages(p), me)
-        claims.add(SWA_KV, Tier.DEVICE, list(h.swa_pages.values()), me)
-        for group, ids in h.working.items():
-            claims.add(group, Tier.DEVICE, ids, me)
-        for pend in h.pending.values():
-            for group, ids in pend.pages.items():
-                claims.add(group, Tier.DEVICE, ids, me)
 
 
 def owner_name(owner: Owner, holder: Holder | None) -> str:

@@ -9,7 +9,7 @@ and there is no continuation state to capture, keep or restore. So, against
   cache does) and locks the whole walk: the holder resumes at the hit,
   ``resume_len == hit_len``; no snapshot is looked for or restored;
 * holders keep no working state: no ``linear.state`` page and no ``swa.kv``
-  window (``keeps_state`` is False), so ``page_table(h).linear`` is -1;
+  window (``_keeps_state`` is False), so ``page_table(h).linear`` is -1;
 * ``capture_points`` names none, so nodes never carry a snapshot, and the
   state groups' pools stay empty (they exist only because ``CacheConfig``
   always describes them);
@@ -32,12 +32,12 @@ from kvwatch.engine.cache.radix_cache import RadixPrefixCache
 
 
 class FullAttentionPrefixCache(RadixPrefixCache):
-    keeps_state = False
+    _keeps_state = False
 
     def _walk(self, holder: Holder) -> Walk:
         """The walk, its last node split where the match ends inside it: every
         matched page is usable history, so the holder resumes at ``hit_len``."""
-        tree = self.store.tree
+        tree = self._store.tree
         walk = super()._walk(holder)
         parent = walk.nodes[-1] if walk.nodes else tree.root
         if walk.hit_len > parent.depth:
@@ -51,7 +51,7 @@ class FullAttentionPrefixCache(RadixPrefixCache):
         """Lock the whole walk, root included, and touch its last node; a miss locks nothing."""
         if not walk.nodes:
             return None
-        self.store.tree.lock_used(walk.nodes)
+        self._store.tree.lock_used(walk.nodes)
         return walk.nodes[-1]
 
     def _activate(self, holder: Holder, anchor: Node | None) -> None:

@@ -10,7 +10,7 @@ requests wait to branch off its path (prefix_wait.py). The holder captures a
     step n+2   promise {}, wanted {}     lapsed: superseded again
 
 This object only keeps the two sets; what a lapse frees is the radix
-backend's call (``RadixPrefixCache.promise``).
+backend.s call (``RadixBranches.promise``, branches.py).
 """
 
 from __future__ import annotations

@@ -6,9 +6,10 @@
   scheduler's end-of-step promise);
 * ``AuditableCache``: the pure reads a probe takes (the audit, usage, structure).
 
-Every backend implements all three (``ServedCache``); each caller is handed
-only the one it needs, so a scheduler change cannot quietly start reading the
-audit, nor the probe start mutating.
+A backend is a ``ServedCache``: a ``PrefixCache`` that hands out the other two
+as parts (``branches``, ``reads``), over a read-only ``view`` (view.py). Each
+caller is handed only the one it needs, so a scheduler change cannot quietly
+start reading the audit, nor the probe start mutating.
 
 A request's life through it, each call made at a step boundary::
 
@@ -37,70 +38,33 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
-from kvwatch.engine.cache.holder import Holder, HolderStatus, PendingKind
+from kvwatch.engine.cache.holder import Handle, PendingKind, holder_of
 from kvwatch.engine.cache.owner import OwnerKind
 
 if TYPE_CHECKING:
     from kvwatch.contracts import Bound, RootRefs, SlotReport, TreeReport
     from kvwatch.engine.cache.audit import AuditReport
+    from kvwatch.engine.cache.failpoints import Failpoints
     from kvwatch.engine.cache.pool import PagePool
     from kvwatch.engine.cache.usage import GroupUsage
+    from kvwatch.engine.cache.view import CacheView
 
-
-@dataclass(frozen=True, eq=False)
-class Handle:
-    """A request's (or session's) ticket into the cache: who, and how far.
-
-    The fields behind it are the backend's; a handle only reads them, so a
-    caller can follow progress but never change or see pages and locks.
-    """
-
-    _holder: Holder = field(repr=False)
-
-    @property
-    def id(self) -> int:
-        return self._holder.id
-
-    @property
-    def kind(self) -> OwnerKind:
-        return self._holder.owner.kind
-
-    @property
-    def status(self) -> HolderStatus:
-        return self._holder.status
-
-    @property
-    def cached_len(self) -> int:
-        """Tokens borrowed from the cache (shared, read-only)."""
-        return self._holder.cached_len
-
-    @property
-    def computed_len(self) -> int:
-        """Tokens whose K/V and state are written."""
-        return self._holder.computed_len
-
-    @property
-    def allocated_len(self) -> int:
-        """Tokens with pages, computed or not yet."""
-        return self._holder.allocated_len
-
-    @property
-    def keeps_recovery(self) -> bool:
-        """Retracted, and still keeping its recovery point (a host ref that keeps
-        the node's path in the cache). A queued holder pins nothing else: one
-        opened but never matched, or retracted with nothing to recover from."""
-        holder = self._holder
-        return holder.status is HolderStatus.RETRACTED and holder.anchor is not None
-
-
-def holder_of(handle: Handle) -> Holder:
-    """The record behind a handle: for backends, the audit and white-box tests."""
-    return handle._holder
+__all__ = [
+    "AuditableCache",
+    "BranchPromises",
+    "Capture",
+    "Handle",
+    "Match",
+    "PageTable",
+    "PrefixCache",
+    "ProbeReads",
+    "ServedCache",
+    "holder_of",
+]
 
 
 class Match(NamedTuple):
@@ -200,6 +164,11 @@ class PrefixCache(ABC):
         """Mutates: a session's turn ends; its slot keeps everything."""
 
     @abstractmethod
+    def end_turn(self, h: Handle) -> None:
+        """Mutates: the session recorded a turn end; a parked slot's frontier
+        snapshot becomes a turn end (what a rollback returns to)."""
+
+    @abstractmethod
     def settle(self, h: Handle, limit: int) -> None:
         """Mutates: a parked slot's computed tokens come back to at most ``limit``."""
 
@@ -274,5 +243,28 @@ class AuditableCache(ABC):
         """Pure: tree and slot figures and the root's refs (as counted, not audited)."""
 
 
-class ServedCache(PrefixCache, BranchPromises, AuditableCache):
-    """A backend: all three contracts in one object (``build_cache`` returns one)."""
+class ServedCache(PrefixCache):
+    """A backend (``build_cache`` returns one): ``PrefixCache`` itself, and the
+    other two contracts as parts it hands out, with the read-only view they
+    stand on and the failpoint schedule (a testing aid)."""
+
+    @property
+    @abstractmethod
+    def branches(self) -> BranchPromises:
+        """The branch promises prefix waits call (nothing is promised without sharing)."""
+
+    @property
+    @abstractmethod
+    def reads(self) -> AuditableCache:
+        """The probe's reads."""
+
+    @property
+    @abstractmethod
+    def view(self) -> CacheView:
+        """Pure: the cache read-only (the tree, pools, holders, what the backend
+        stores), for the audit and usage figures."""
+
+    @property
+    @abstractmethod
+    def failpoints(self) -> Failpoints:
+        """The failpoint schedule: ``arm`` it between steps, ``fail_next`` a site."""

@@ -3,21 +3,26 @@
 ``match`` locks the deepest cached node whose continuation snapshot is
 complete (state recovery) and restores that state into the holder's own
 working pages. Holders never write to tree pages: history pages are borrowed
-read-only, and snapshots are copied in and out (working.py). ``commit_chunk``
-hands computed pages and snapshots to the tree (commit.py).
+read-only, and snapshots are copied in and out (``HolderPages``).
+``commit_chunk`` hands computed pages and snapshots to the tree (``Commits``,
+commit.py).
 
-Collaborators beyond ``CacheBase``'s: ``promises`` (branch points kept for
-queued requests, promises.py) and ``RecoveryNodes`` (pressure.py), registered
-with the store as its last resort, with ``release_unbranched`` for the
-parents eviction leaves with one child.
+Parts beyond ``CacheBase``'s: ``Commits`` (the commit path and the releases
+after a leave), ``Promises`` with ``RadixBranches`` (branch points kept for
+queued requests, branches.py), ``RecoveryNodes`` (pressure.py), registered
+with the store as its last resort, with ``Commits.release_unbranched`` for
+the parents eviction leaves with one child, and ``RadixReads`` (what the
+readers see beyond the tree: kept snapshots, stopped commits).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
-from kvwatch.engine.cache import commit
-from kvwatch.engine.cache.base import CacheBase, mutation
+from kvwatch.engine.cache.base import CacheBase
+from kvwatch.engine.cache.branches import RadixBranches
+from kvwatch.engine.cache.commit import Commits
+from kvwatch.engine.cache.deferred import mutation
 from kvwatch.engine.cache.holder import Holder, HolderStatus, PendingKind
 from kvwatch.engine.cache.node import Node, Tier
 from kvwatch.engine.cache.owner import OwnerKind
@@ -26,16 +31,29 @@ from kvwatch.engine.cache.pressure import RecoveryNodes
 from kvwatch.engine.cache.promises import Promises
 from kvwatch.engine.cache.protocol import Handle, Match, holder_of
 from kvwatch.engine.cache.radix import Walk
+from kvwatch.engine.cache.view import StoredReads
 from kvwatch.engine.faults import Fault
 
 
 class RadixPrefixCache(CacheBase):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self.promises = Promises()
-        self.store.reclaimers.append(RecoveryNodes(self.store, self.holders))
-        if Fault.INTERIOR_SNAPSHOT_LEAK not in self.faults:
-            self.store.on_unbranched = self._release_unbranched
+        self._promises = Promises()
+        self._commits = Commits(
+            self._store,
+            self._pages.full,
+            self._holders.records,
+            self._promises,
+            self._events,
+            self._faults,
+        )
+        self._branches = RadixBranches(
+            self._promises, self._commits, self._store.tree, self._events
+        )
+        self._stored = RadixReads(self._promises, self._holders.records, self.page_size)
+        self._store.reclaimers.append(RecoveryNodes(self._store, self._holders.records))
+        if Fault.INTERIOR_SNAPSHOT_LEAK not in self._faults:
+            self._store.on_unbranched = self._commits.release_unbranched
 
     # -- match and state recovery ---------------------------------------------------
     @mutation
@@ -47,7 +65,7 @@ class RadixPrefixCache(CacheBase):
         the working pages cannot be allocated.
         """
         holder = self._matchable(h)
-        tree = self.store.tree
+        tree = self._store.tree
         walk = self._walk(holder)
         anchor = self._lock_on_descent(walk)
         try:
@@ -67,7 +85,7 @@ class RadixPrefixCache(CacheBase):
 
     def _walk(self, holder: Holder) -> Walk:
         """The tree's walk along the holder's tokens but the last (pure here)."""
-        return self.store.tree.walk(holder.tokens, holder.extra_key, len(holder.tokens) - 1)
+        return self._store.tree.walk(holder.tokens, holder.extra_key, len(holder.tokens) - 1)
 
     def _lock_on_descent(self, walk: Walk) -> Node | None:
         """Take refs top-down along the walk, then trim back to a usable snapshot.
@@ -80,7 +98,7 @@ class RadixPrefixCache(CacheBase):
         Loading one from the host allocates, which may evict: the whole walk
         is locked first so that nothing on it goes.
         """
-        tree = self.store.tree
+        tree = self._store.tree
         keep = len(walk.nodes)
         while keep and not walk.nodes[keep - 1].has_complete_snapshot:
             keep -= 1
@@ -91,7 +109,7 @@ class RadixPrefixCache(CacheBase):
             keep = self._lock_then_load(walk)
         else:  # a miss: the descent's root ref, given back
             tree.inc(tree.root)
-            if Fault.ROOT_REF_LEAK_ON_MISS not in self.faults:
+            if Fault.ROOT_REF_LEAK_ON_MISS not in self._faults:
                 tree.dec(tree.root)
         if keep == 0:
             return None
@@ -102,7 +120,7 @@ class RadixPrefixCache(CacheBase):
     def _lock_then_load(self, walk: Walk) -> int:
         """The descent with a host snapshot to load: lock the whole walk, trim
         back to a usable snapshot; how many nodes stay locked."""
-        tree = self.store.tree
+        tree = self._store.tree
         tree.inc(tree.root)
         for node in walk.nodes:
             tree.inc(node)
@@ -111,14 +129,14 @@ class RadixPrefixCache(CacheBase):
             keep -= 1
         for node in reversed(walk.nodes[keep:]):
             tree.dec(node)
-        if keep == 0 and Fault.ROOT_REF_LEAK_ON_MISS not in self.faults:
+        if keep == 0 and Fault.ROOT_REF_LEAK_ON_MISS not in self._faults:
             tree.dec(tree.root)
         return keep
 
     def _usable(self, node: Node) -> bool:
         if not node.has_complete_snapshot:
             return False
-        return node.snapshot.tier is Tier.DEVICE or self.store.load(node)
+        return node.snapshot.tier is Tier.DEVICE or self._store.load(node)
 
     def _activate(self, holder: Holder, anchor: Node | None) -> None:
         """Give a holder its working pages and restore ``anchor``'s state into them.
@@ -129,18 +147,15 @@ class RadixPrefixCache(CacheBase):
             holder  full_pages = pages of [0, 64) + [64, d); own pages from d on
         """
         d = self._borrow_path(holder, anchor)
-        self.working.restore_state(holder, anchor.snapshot.pages if anchor else None, d)
+        self._pages.restore(holder, anchor.snapshot.pages if anchor else None, d)
 
     def _borrow_path(self, holder: Holder, anchor: Node | None) -> int:
         """Working pages for the holder, the anchor's path as its full.kv prefix, the
         holder active from there; the anchor's depth."""
         d = anchor.depth if anchor is not None else 0
-        self._give_working_pages(holder, d)
+        self._pages.give_working(holder, d)
         if anchor is not None:
-            pages: list[int] = []
-            for node in reversed(list(anchor.path())):
-                pages += node.pages.tolist()
-            holder.full_pages = pages
+            self._pages.full.borrow(holder, anchor)
         holder.lock_node = anchor
         holder.cached_len = holder.computed_len = holder.allocated_len = d
         holder.status = HolderStatus.ACTIVE
@@ -160,13 +175,13 @@ class RadixPrefixCache(CacheBase):
         holder = holder_of(h)
         p = self.page_size
         session = holder.owner.kind is OwnerKind.SESSION
-        interval = self.config.snapshot_interval
+        interval = self._config.snapshot_interval
         intervals = (
             [] if session else range(-(-(start + 1) // interval) * interval, end + 1, interval)
         )
         points = dict.fromkeys(intervals, PendingKind.INTERVAL)
         if not session:
-            for b in (holder.branch_at, *self.promises.promised_by(holder.id)):
+            for b in (holder.branch_at, *self._promises.promised_by(holder.id)):
                 if start < b <= end:
                     points.setdefault(b, PendingKind.BRANCH)
         last = end - end % p
@@ -176,63 +191,41 @@ class RadixPrefixCache(CacheBase):
 
     @mutation
     def commit_chunk(self, h: Handle, terminal: bool = False) -> int:
-        return commit.commit_chunk(self, holder_of(h), terminal)
+        return self._commits.commit_chunk(holder_of(h), terminal)
 
     def _finish(self, holder: Holder) -> None:
-        commit.insert(self, holder, terminal=True)
+        self._commits.insert(holder, terminal=True)
 
     def _retract_anchor(self, holder: Holder) -> Node | None:
         """Commit (the frontier snapshot included), then keep a host ref on the
         deepest complete snapshot; it moves to the host tier once no running
         holder uses it (``CacheBase.retract``)."""
-        commit.commit_chunk(self, holder, terminal=True)
+        self._commits.commit_chunk(holder, terminal=True)
         if holder.lock_node is None:
             return None
         anchor = next((n for n in holder.lock_node.path() if n.has_complete_snapshot), None)
         if anchor is not None:
-            self.store.tree.add_host_ref(anchor)
+            self._store.tree.add_host_ref(anchor)
         return anchor
 
     def _left_path(self, path: list[Node]) -> None:
         """A snapshot the leaver shared is now one holder's alone: if superseded
         on that holder's path it goes now, not at that holder's next commit."""
-        if Fault.INTERIOR_SNAPSHOT_LEAK not in self.faults:
-            commit.release_for_sharers(self, path)
+        if Fault.INTERIOR_SNAPSHOT_LEAK not in self._faults:
+            self._commits.release_for_sharers(path)
 
-    def _release_unbranched(self, parents: list[Node], group: str) -> int:
-        return commit.release_unbranched(self, parents, group)
 
-    # -- promises (prefix_wait.py) ----------------------------------------------------
-    @property
-    def branch_waits(self) -> bool:
-        return True
+class RadixReads(StoredReads):
+    """What the radix backend shows the readers beyond its tree and holders."""
 
-    @mutation
-    def promise(self, points: Mapping[int, frozenset[int]], wanted: set[object]) -> None:
-        """Replace this step's promises (holder id -> depths where queued requests
-        wait to branch off). A snapshot kept for a promise stays while a queued
-        request still wants it (``wanted``), even after the holder that promised
-        it has left; once none does, it is superseded again (``release_lone``)."""
-        lapsed = self.promises.replace(points, {n for n in wanted if isinstance(n, Node)})
-        commit.release_lone(self, lapsed)
-
-    def promised_by(self, h: Handle) -> frozenset[int]:
-        return self.promises.promised_by(h.id)
+    def __init__(self, promises: Promises, holders: Mapping[int, Holder], page_size: int) -> None:
+        self._promises = promises
+        self._holders = holders
+        self._page_size = page_size
 
     def kept_for_waiters(self) -> frozenset[Node]:
-        return self.promises.kept
+        return self._promises.kept
 
-    def keeps_for_waiters(self) -> bool:
-        return self.promises.outstanding
-
-    def kept_on_path(self, tokens: list[int], extra_key: str | None, limit: int) -> set[object]:
-        kept = self.promises.kept
-        if not kept:
-            return set()
-        walk = self.store.tree.walk(tokens, extra_key, limit)
-        return {n for n in walk.nodes if n in kept}
-
-    # -- reads ------------------------------------------------------------------------
     def stopped_commits(self) -> list[str]:
         """Running requests whose commit stopped short of the pages they computed.
 
@@ -241,8 +234,8 @@ class RadixPrefixCache(CacheBase):
         A request still short of it was stopped by a node on its path (the
         history-only anchor of seed 000) and keeps those pages to itself.
         """
-        p, out = self.page_size, []
-        for h in self.holders.values():
+        p, out = self._page_size, []
+        for h in self._holders.values():
             committable = h.computed_len - h.computed_len % p
             running = h.status is HolderStatus.ACTIVE and h.owner.kind is OwnerKind.REQUEST
             if running and h.cached_len < committable:

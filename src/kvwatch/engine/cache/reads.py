@@ -1,23 +1,20 @@
-"""The cache's probe-facing reads: pure, at a step boundary.
+"""CacheReads: the cache's probe-facing reads, pure, at a step boundary.
 
-``probe_reads`` takes one reading of everything a probe reports (the audit,
-usage, bounds, tree and slot figures), so the parts agree with each other.
+``CacheReads`` answers ``AuditableCache`` over a ``CacheView``: ``probe``
+takes one reading of everything a probe reports (the audit, usage, bounds,
+tree and slot figures), so the parts agree with each other; ``usage`` and
+``structure`` are the cheap parts alone, for gauges.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-from kvwatch.contracts import RootRefs, TreeReport
+from kvwatch.contracts import RootRefs, SlotReport, TreeReport
 from kvwatch.engine.cache.audit import audit
 from kvwatch.engine.cache.node import Node, Tier
-from kvwatch.engine.cache.protocol import ProbeReads
-from kvwatch.engine.cache.radix import RadixTree
-from kvwatch.engine.cache.usage import group_usage, usage_bounds
+from kvwatch.engine.cache.protocol import AuditableCache, ProbeReads
+from kvwatch.engine.cache.usage import GroupUsage, group_usage, usage_bounds
+from kvwatch.engine.cache.view import CacheView, TreeReads
 from kvwatch.engine.config import STATE_GROUPS
-
-if TYPE_CHECKING:
-    from kvwatch.engine.cache.base import CacheBase
 
 
 def superseded(node: Node) -> bool:
@@ -31,7 +28,7 @@ def superseded(node: Node) -> bool:
     return False
 
 
-def tree_report(tree: RadixTree) -> TreeReport:
+def tree_report(tree: TreeReads) -> TreeReport:
     snapshots = dict.fromkeys(STATE_GROUPS, 0)
     interior = dict.fromkeys(STATE_GROUPS, 0)
     on_host = 0
@@ -49,21 +46,38 @@ def tree_report(tree: RadixTree) -> TreeReport:
     )
 
 
-def counted_root_refs(cache: CacheBase) -> RootRefs:
+def counted_root_refs(view: CacheView) -> RootRefs:
     """The root's refs as counted, beside the holders that lock a path."""
-    locked = sum(h.lock_node is not None for h in cache.holders.values())
-    return RootRefs(cache.store.tree.root.refs, locked)
+    locked = sum(h.lock_node is not None for h in view.holders.values())
+    return RootRefs(view.tree.root.refs, locked)
 
 
-def probe_reads(cache: CacheBase, slack_tokens: int) -> ProbeReads:
-    report = audit(cache)
-    usage = group_usage(cache)  # one reading serves the stats and the bounds
+def probe_reads(view: CacheView, slack_tokens: int) -> ProbeReads:
+    report = audit(view)
+    usage = group_usage(view)  # one reading serves the stats and the bounds
     return ProbeReads(
         audit=report,
         usage=usage,
-        bounds=usage_bounds(cache, slack_tokens, usage),
-        tree=tree_report(cache.store.tree),
-        slot_report=cache.slot_report(),
+        bounds=usage_bounds(view, slack_tokens, usage),
+        tree=tree_report(view.tree),
+        slot_report=view.stored.slot_report(),
         root_refs=report.root_refs,  # the audit's: recomputed from live holders
-        stopped_commits=tuple(cache.stopped_commits()),
+        stopped_commits=tuple(view.stored.stopped_commits()),
     )
+
+
+class CacheReads(AuditableCache):
+    """What a probe reads off one cache, through its read-only view."""
+
+    def __init__(self, view: CacheView) -> None:
+        self._view = view
+
+    def probe(self, slack_tokens: int) -> ProbeReads:
+        return probe_reads(self._view, slack_tokens)
+
+    def usage(self) -> dict[str, GroupUsage]:
+        return group_usage(self._view)
+
+    def structure(self) -> tuple[TreeReport, SlotReport | None, RootRefs]:
+        view = self._view
+        return tree_report(view.tree), view.stored.slot_report(), counted_root_refs(view)

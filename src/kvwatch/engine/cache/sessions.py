@@ -1,4 +1,4 @@
-"""Streaming-session slots: a session keeps its holder between turns (seed 001).
+"""SessionSlots: streaming-session slots, kept between turns (seed 001).
 
 Between turns the holder is PARKED: it keeps its lock on the prefix it
 matched, its own pages (owner ``session``), its working state and its
@@ -24,111 +24,124 @@ A slot is also parked mid-turn (a retraction, a pause, an abort), so parking
 says nothing about turn ends. A snapshot becomes a turn end only when the
 session records one (``end_turn``, from ``Session.end_turn``): the turn ends a
 rollback returns to are the session's, never a frontier some park left.
+
+The cache owns one ``SessionSlots``; its public calls (``park``, ``end_turn``,
+``resume``, ``settle``, ``drop_parked``) check the holder's status and
+deliver events, then hand the holder here.
 """
 
 from __future__ import annotations
 
-import math
-from typing import TYPE_CHECKING
-
-from kvwatch.engine.cache.failpoints import Site
 from kvwatch.engine.cache.holder import Holder, HolderStatus, PendingKind
+from kvwatch.engine.cache.holder_pages import HolderPages
+from kvwatch.engine.cache.holder_table import HolderTable
 from kvwatch.engine.cache.node import Tier
 from kvwatch.engine.cache.pool import PoolExhausted
-from kvwatch.engine.config import FULL_KV, MAX_ROLLBACK, SWA_KV
+from kvwatch.engine.cache.storage import CacheStorage
+from kvwatch.engine.config import MAX_ROLLBACK
 from kvwatch.engine.faults import Fault
 
-if TYPE_CHECKING:
-    from kvwatch.engine.cache.base import CacheBase
 
+class SessionSlots:
+    """Parked holders' slots over one cache's store, page families and holders
+    (a slot is emptied the way every holder is: ``HolderTable.drop_everything``)."""
 
-def park(cache: CacheBase, holder: Holder) -> None:
-    """Stop a turn where it stands (finished, retracted, paused, aborted): keep everything.
+    def __init__(
+        self,
+        store: CacheStorage,
+        pages: HolderPages,
+        holders: HolderTable,
+        faults: frozenset[Fault],
+    ) -> None:
+        self.store = store
+        self.pages = pages
+        self.holders = holders
+        self.faults = faults
 
-    The frontier snapshot stays a TRACK: a park is not a turn end, since a
-    retracted or paused turn goes on from here and its next capture moves the
-    TRACK on. Only ``end_turn`` makes a snapshot a turn end, so a mid-turn
-    frontier never takes the place of a real turn end under the cap.
-    """
-    holder.status = HolderStatus.PARKED
+    def park(self, holder: Holder) -> None:
+        """Stop a turn where it stands (finished, retracted, paused, aborted): keep everything.
 
+        The frontier snapshot stays a TRACK: a park is not a turn end, since a
+        retracted or paused turn goes on from here and its next capture moves the
+        TRACK on. Only ``end_turn`` makes a snapshot a turn end, so a mid-turn
+        frontier never takes the place of a real turn end under the cap.
+        """
+        holder.status = HolderStatus.PARKED
 
-def end_turn(cache: CacheBase, holder: Holder) -> None:
-    """The session recorded a turn end: the frontier snapshot becomes its turn-end
-    snapshot, and the slot keeps the MAX_ROLLBACK + 1 newest.
+    def end_turn(self, holder: Holder) -> None:
+        """The session recorded a turn end: the frontier snapshot becomes its turn-end
+        snapshot, and the slot keeps the MAX_ROLLBACK + 1 newest.
 
-    Those are what a rollback of up to MAX_ROLLBACK recorded turns rewinds to
-    (``settle``); the cap counts recorded turn ends only, so neither a
-    retraction nor a pause nor an abort mid-turn can push one out.
-    """
-    if (track := holder.track()) is not None:
-        track.kind = PendingKind.TERMINAL
-    ends = sorted(b for b, pend in holder.pending.items() if pend.kind is PendingKind.TERMINAL)
-    for b in ends[: -(MAX_ROLLBACK + 1)]:
-        cache.store.free_groups(holder.pending.pop(b).pages, holder.owner, Tier.DEVICE)
+        Those are what a rollback of up to MAX_ROLLBACK recorded turns rewinds to
+        (``settle``); the cap counts recorded turn ends only, so neither a
+        retraction nor a pause nor an abort mid-turn can push one out.
+        """
+        if (track := holder.track()) is not None:
+            track.kind = PendingKind.TERMINAL
+        ends = sorted(b for b, pend in holder.pending.items() if pend.kind is PendingKind.TERMINAL)
+        for b in ends[: -(MAX_ROLLBACK + 1)]:
+            self.store.free_groups(holder.pending.pop(b).pages, holder.owner, Tier.DEVICE)
 
+    def resume(self, holder: Holder) -> int | None:
+        """Reopen a parked slot for ``holder.tokens``; returns where computing resumes.
 
-def resume(cache: CacheBase, holder: Holder) -> int | None:
-    """Reopen a parked slot for ``holder.tokens``; returns where computing resumes.
+        ``None`` means the slot had nothing to resume from and is NEW again: the
+        caller matches it against the tree like a new request.
+        """
+        self.settle(holder, len(holder.tokens) - 1)  # the logit reserve
+        if holder.status is HolderStatus.NEW:
+            return None
+        holder.status = HolderStatus.ACTIVE
+        self.free_tail(holder, holder.computed_len)
+        return holder.computed_len
 
-    ``None`` means the slot had nothing to resume from and is NEW again: the
-    caller matches it against the tree like a new request.
-    """
-    settle(cache, holder, len(holder.tokens) - 1)  # the logit reserve
-    if holder.status is HolderStatus.NEW:
-        return None
-    holder.status = HolderStatus.ACTIVE
-    free_tail(cache, holder, holder.computed_len)
-    return holder.computed_len
-
-
-def settle(cache: CacheBase, holder: Holder, limit: int) -> None:
-    """Bring a parked slot's computed tokens back to at most ``limit`` (after a
-    rollback, or to leave the logit reserve). Never fails: without a snapshot to
-    rewind to, the slot is dropped and becomes NEW."""
-    if holder.computed_len <= limit:
-        return
-    for b in [b for b in holder.pending if b > limit]:
-        cache.store.free_groups(holder.pending.pop(b).pages, holder.owner, Tier.DEVICE)
-    b = max(holder.pending, default=-1)
-    if b >= max(holder.cached_len, 1):
-        try:
-            _cover_window(cache, holder, b)
-        except PoolExhausted:
-            pass
-        else:
-            cache.working.restore_state(holder, holder.pending[b].pages, b)
-            free_tail(cache, holder, b)
+    def settle(self, holder: Holder, limit: int) -> None:
+        """Bring a parked slot's computed tokens back to at most ``limit`` (after a
+        rollback, or to leave the logit reserve). Never fails: without a snapshot to
+        rewind to, the slot is dropped and becomes NEW."""
+        if holder.computed_len <= limit:
             return
-    drop(cache, holder)
+        for b in [b for b in holder.pending if b > limit]:
+            self.store.free_groups(holder.pending.pop(b).pages, holder.owner, Tier.DEVICE)
+        b = max(holder.pending, default=-1)
+        if b >= max(holder.cached_len, 1):
+            try:
+                self.pages.window.cover(holder, b)
+            except PoolExhausted:
+                pass
+            else:
+                self.pages.restore(holder, holder.pending[b].pages, b)
+                self.free_tail(holder, b)
+                return
+        self.drop(holder)
 
+    def drop(self, holder: Holder) -> None:
+        """Empty a parked slot: every page goes back and the slot is NEW, so its
+        session's next turn matches the tree like a new request."""
+        self.holders.drop_everything(holder)
+        holder.status = HolderStatus.NEW
 
-def drop(cache: CacheBase, holder: Holder) -> None:
-    """Empty a parked slot: every page goes back and the slot is NEW, so its
-    session's next turn matches the tree like a new request."""
-    cache.drop_everything(holder)
-    holder.status = HolderStatus.NEW
+    def drop_parked(self) -> bool:
+        """Empty the parked slot held longest; False if none is parked."""
+        for holder in self.holders.records.values():  # opened first, first
+            if holder.status is HolderStatus.PARKED:
+                self.drop(holder)
+                return True
+        return False
 
-
-def free_tail(cache: CacheBase, holder: Holder, prefix_len: int) -> None:
-    """Free [prefix_len, allocated_len) page-aligned and set both lengths to prefix_len."""
-    if prefix_len >= holder.allocated_len:  # no gap: nothing to free
-        return
-    p = cache.page_size
-    keep = math.ceil(prefix_len / p)
-    first = prefix_len // p if Fault.SESSION_TAIL_UNALIGNED_FREE in cache.faults else keep
-    if Fault.SESSION_TAIL_LEAK not in cache.faults:
-        cache.store.free_pages(FULL_KV, holder.full_pages[first:], holder.owner)
-    del holder.full_pages[keep:]
-    cache.store.free_swa_from(holder, prefix_len)
-    holder.computed_len = holder.allocated_len = prefix_len
-
-
-def _cover_window(cache: CacheBase, holder: Holder, b: int) -> None:
-    """A restore writes the window below ``b``: make sure its swa.kv pages exist."""
-    ps = cache.store.pools[SWA_KV].page_size
-    lo = max(0, b - cache.config.window)
-    missing = [j for j in range(lo // ps, math.ceil(b / ps)) if j not in holder.swa_pages]
-    if missing:
-        pages = cache.store.alloc(SWA_KV, len(missing), holder.owner, site=Site.SESSION_WINDOW)
-        holder.swa_pages.update(zip(missing, pages.tolist(), strict=True))
+    def free_tail(self, holder: Holder, prefix_len: int) -> None:
+        """Free [prefix_len, allocated_len) page-aligned and set both lengths to prefix_len."""
+        if prefix_len >= holder.allocated_len:  # no gap: nothing to free
+            return
+        full = self.pages.full
+        keep = full.pages_for(prefix_len)
+        first = (
+            prefix_len // full.page_size
+            if Fault.SESSION_TAIL_UNALIGNED_FREE in self.faults
+            else keep
+        )
+        if Fault.SESSION_TAIL_LEAK not in self.faults:
+            full.free_from(holder, first)
+        full.forget_from(holder, keep)
+        self.pages.window.free_swa_from(holder, prefix_len)
+        holder.computed_len = holder.allocated_len = prefix_len

@@ -11,18 +11,16 @@ whole-state copy, so a slot shares nothing with a holder::
 and restoring copies the other way into the holder's own fresh pages. The
 staged copy is taken when the runner crosses ``b`` and belongs to the holder
 (a ``SLOT`` pending) until the request finishes: confirm moves it into the
-slot, every other ending frees it.
+slot, every other ending frees it. ``SlotReads`` shows the readers the
+slots (their pages, the table's findings, what pressure may take back).
 """
 
 from __future__ import annotations
 
-import math
-
-import numpy as np
-
 from kvwatch.contracts import Finding, SlotReport
-from kvwatch.engine.cache.base import CacheBase, mutation
+from kvwatch.engine.cache.base import CacheBase
 from kvwatch.engine.cache.claims import Claims
+from kvwatch.engine.cache.deferred import mutation
 from kvwatch.engine.cache.failpoints import Site
 from kvwatch.engine.cache.holder import Holder, HolderStatus, Pending, PendingKind
 from kvwatch.engine.cache.node import Node, Tier
@@ -30,7 +28,7 @@ from kvwatch.engine.cache.owner import Owner, OwnerKind
 from kvwatch.engine.cache.pool import PoolExhausted
 from kvwatch.engine.cache.protocol import Capture, Handle, Match, holder_of
 from kvwatch.engine.cache.slots import Slot, SlotTable
-from kvwatch.engine.config import FULL_KV, STATE_GROUPS
+from kvwatch.engine.cache.view import StoredReads
 from kvwatch.engine.events import (
     SlotAborted,
     SlotConfirmed,
@@ -48,8 +46,9 @@ def slot_owner(index: int) -> Owner:
 class SlotPrefixCache(CacheBase):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self.slots = SlotTable(self.config.slots, self.fingerprint, self.faults)
-        self.store.reclaimers.append(self._reclaim)
+        self._slots = SlotTable(self._config.slots, self._fingerprint, self._faults)
+        self._stored = SlotReads(self._slots)
+        self._store.reclaimers.append(self._reclaim)
 
     # -- match: restore a slot, prepare the next snapshot --------------------------------
     @mutation
@@ -64,37 +63,36 @@ class SlotPrefixCache(CacheBase):
         slot = self._lookup(holder)
         d = slot.length if slot is not None else 0
         if slot is not None:
-            self.slots.pinned.add(slot.index)  # making room for the copy must not evict its source
+            self._slots.pinned.add(slot.index)  # making room for the copy must not evict its source
         try:
             self._activate(holder, d)
         finally:
-            self.slots.pinned.clear()
+            self._slots.pinned.clear()
         if slot is not None:
-            full = self.store.pools[FULL_KV]
-            full.copy_pages(slot.pages[FULL_KV], full, np.asarray(holder.full_pages))
-            self.working.restore_state(holder, slot.pages, d)
-            self.slots.tick(slot)
-            self.events.emit(SlotRestored(holder.id, slot.index, d))
+            self._pages.full.copy_in(holder, slot.pages)
+            self._pages.restore(holder, slot.pages, d)
+            self._slots.tick(slot)
+            self._events.emit(SlotRestored(holder.id, slot.index, d))
         else:
-            self.working.restore_state(holder, None, 0)
+            self._pages.restore(holder, None, 0)
         self._prepare(holder, d)
         return Match(d, d)
 
     def _lookup(self, holder: Holder) -> Slot | None:
-        table = self.slots
+        table = self._slots
         tokens, limit, extra = holder.tokens, len(holder.tokens) - 1, holder.extra_key
         if (entry := table.lookup(tokens, limit, extra)) is None:
             return None
         reason = table.check(entry, tokens, limit, extra)
         if reason is not None:
-            self.events.emit(SlotMissed(holder.id, entry.slot, reason))
+            self._events.emit(SlotMissed(holder.id, entry.slot, reason))
             return None
         return table.slots[entry.slot]
 
     def _activate(self, holder: Holder, d: int) -> None:
         """Own pages for [0, d) of full.kv, the window below d, and a working state."""
         site = Site.SLOT_RESTORE if d else Site.ADMIT_WORKING
-        self._give_working_pages(holder, d, full_pages=math.ceil(d / self.page_size), site=site)
+        self._pages.give_working(holder, d, full_pages=self._pages.full.pages_for(d), site=site)
         holder.lock_node = None
         holder.cached_len = 0  # nothing is borrowed: the restored prefix is the holder's own copy
         holder.computed_len = holder.allocated_len = d
@@ -111,13 +109,13 @@ class SlotPrefixCache(CacheBase):
         b = holder.snapshot_at
         if b is None or b <= restored or holder.owner.kind is OwnerKind.SESSION:
             return
-        table = self.slots
+        table = self._slots
         if table.has(table.key(holder.tokens, b, holder.extra_key)):
             return
         ticket = table.prepare(holder.tokens, b, holder.extra_key)
-        self.events.emit(SlotPrepared(holder.id, ticket.slot, b))
-        if b < self.config.slot_min_tokens:
-            self.events.emit(SlotAborted(holder.id, ticket.slot, "degenerate boundary"))
+        self._events.emit(SlotPrepared(holder.id, ticket.slot, b))
+        if b < self._config.slot_min_tokens:
+            self._events.emit(SlotAborted(holder.id, ticket.slot, "degenerate boundary"))
             return
         holder.slot_ticket = ticket
 
@@ -131,18 +129,18 @@ class SlotPrefixCache(CacheBase):
 
     def _capture(self, holder: Holder, cap: Capture) -> None:
         """Stage the whole state at the boundary in pages the holder owns until confirm."""
-        n_full = math.ceil(cap.boundary / self.page_size)
-        counts = {g: self.config.pages_per_snapshot(g) for g in STATE_GROUPS}
+        full = self._pages.full
+        n_full = full.pages_for(cap.boundary)
+        counts = self._pages.snapshot_counts()
         try:
-            pages = self.store.alloc_groups(
-                {FULL_KV: n_full, **counts}, holder.owner, site=Site.SLOT_STAGE
+            pages = self._store.alloc_groups(
+                {full.group: n_full, **counts}, holder.owner, site=Site.SLOT_STAGE
             )
         except PoolExhausted:
             self._abort(holder, "no room")
             return
-        full = self.store.pools[FULL_KV]
-        full.copy_pages(np.asarray(holder.full_pages[:n_full]), full, pages[FULL_KV])
-        self.working.write_snapshot(holder, pages, cap.boundary, cap.linear_state)
+        full.copy_out(holder, pages, n_full)
+        self._pages.write_snapshot(holder, pages, cap.boundary, cap.linear_state)
         holder.pending[cap.boundary] = Pending(cap.boundary, pages, PendingKind.SLOT)
 
     def _finish(self, holder: Holder) -> None:
@@ -158,10 +156,10 @@ class SlotPrefixCache(CacheBase):
         holder.slot_ticket = None
         owner = slot_owner(ticket.slot)
         for group, ids in pend.pages.items():
-            self.store.transfer_pages(group, ids, holder.owner, owner)
-        old, erased = self.slots.confirm(ticket, pend.pages)
-        self.store.free_groups(old, owner, Tier.DEVICE)
-        self.events.emit(
+            self._store.transfer_pages(group, ids, holder.owner, owner)
+        old, erased = self._slots.confirm(ticket, pend.pages)
+        self._store.free_groups(old, owner, Tier.DEVICE)
+        self._events.emit(
             SlotConfirmed(
                 holder_id=holder.id, slot=ticket.slot, length=ticket.boundary, stale_erased=erased
             )
@@ -174,9 +172,9 @@ class SlotPrefixCache(CacheBase):
             return
         if (pend := _staged(holder)) is not None:
             del holder.pending[ticket.boundary]
-            self.store.free_groups(pend.pages, holder.owner, Tier.DEVICE)
+            self._store.free_groups(pend.pages, holder.owner, Tier.DEVICE)
         holder.slot_ticket = None
-        self.events.emit(SlotAborted(holder.id, ticket.slot, reason))
+        self._events.emit(SlotAborted(holder.id, ticket.slot, reason))
 
     def _retract_anchor(self, holder: Holder) -> Node | None:
         self._abort(holder, "retracted")
@@ -188,10 +186,10 @@ class SlotPrefixCache(CacheBase):
         if tier is not Tier.DEVICE:
             return 0
         got = 0
-        for slot in sorted(self.slots.slots, key=lambda s: s.last_use):
+        for slot in sorted(self._slots.slots, key=lambda s: s.last_use):
             if got >= wanted:
                 break
-            if slot.empty or slot.index in self.slots.pinned or group not in slot.pages:
+            if slot.empty or slot.index in self._slots.pinned or group not in slot.pages:
                 continue
             got += len(slot.pages[group])
             self._evict(slot, "pressure")
@@ -199,42 +197,49 @@ class SlotPrefixCache(CacheBase):
 
     @mutation
     def flush(self) -> None:
-        super().flush()
-        for slot in self.slots.slots:
+        self._store.flush()
+        for slot in self._slots.slots:
             if not slot.empty:
                 self._evict(slot, "flush")
 
     def _evict(self, slot: Slot, reason: str) -> None:
         length = slot.length
-        pages = self.slots.clear(slot.index)
-        self.store.free_groups(pages, slot_owner(slot.index), Tier.DEVICE)
-        self.events.emit(SlotEvicted(slot.index, length, reason))
+        pages = self._slots.clear(slot.index)
+        self._store.free_groups(pages, slot_owner(slot.index), Tier.DEVICE)
+        self._events.emit(SlotEvicted(slot.index, length, reason))
 
-    # -- reads ------------------------------------------------------------------------------
-    def claim_stored(self, claims: Claims) -> None:
-        for slot in self.slots.slots:
+
+class SlotReads(StoredReads):
+    """The slots as the readers see them: their pages, the table's own findings,
+    what pressure may take back, and the figures a probe reports."""
+
+    def __init__(self, table: SlotTable) -> None:
+        self._table = table
+
+    def claim(self, claims: Claims) -> None:
+        for slot in self._table.slots:
             me = claims.register(slot_owner(slot.index), slot)
             for group, ids in slot.pages.items():
                 claims.add(group, Tier.DEVICE, ids, me)
 
-    def stored_findings(self) -> list[Finding]:
-        return list(self.slots.findings())
+    def findings(self) -> list[Finding]:
+        return list(self._table.findings())
 
-    def stored_evictable(self) -> dict[str, int]:
+    def evictable(self) -> dict[str, int]:
         """Every filled slot but those being restored from: what ``_reclaim`` and
         ``flush`` take back."""
         out: dict[str, int] = {}
-        for slot in self.slots.slots:
-            if not slot.empty and slot.index not in self.slots.pinned:
+        for slot in self._table.slots:
+            if not slot.empty and slot.index not in self._table.pinned:
                 for group, ids in slot.pages.items():
                     out[group] = out.get(group, 0) + len(ids)
         return out
 
-    def stored_snapshots(self) -> list[Slot]:
-        return [s for s in self.slots.slots if not s.empty]
+    def snapshots(self) -> list[Slot]:
+        return [s for s in self._table.slots if not s.empty]
 
     def slot_report(self) -> SlotReport:
-        table = self.slots
+        table = self._table
         lengths = tuple(s.length for s in table.slots)
         filled = sum(not s.empty for s in table.slots)
         return SlotReport(

@@ -7,9 +7,10 @@ owns one and builds the request lifecycle on top of it.
 
 A page has one way in and one way out, both here: ``alloc`` / ``alloc_groups``
 take pages from a pool, and the exits (``free_pages``, ``free_groups``,
-``transfer_pages`` and the holder helpers ``free_swa_from`` /
-``free_swa_behind``) give them back or hand them to another owner. No other
-module calls a pool's ``free`` or ``transfer``.
+``transfer_pages``) give them back or hand them to another owner. No other
+module calls a pool's ``free`` or ``transfer``: the per-group classes
+(full_attention.py, sliding_window.py, linear_state.py) keep holders' tables
+and give pages back through these exits.
 
 Pressure order for one group (``alloc``):
 
@@ -34,7 +35,7 @@ from __future__ import annotations
 import heapq
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -44,12 +45,9 @@ from kvwatch.engine.cache.node import Node, Snapshot, Tier
 from kvwatch.engine.cache.owner import Owner
 from kvwatch.engine.cache.pool import PageIds, PageLayout, PagePool, PoolExhausted
 from kvwatch.engine.cache.radix import TREE_OWNER, RadixTree
-from kvwatch.engine.config import FULL_KV, STATE_GROUPS, SWA_KV, CacheConfig, Family, GroupSpec
+from kvwatch.engine.config import FULL_KV, STATE_GROUPS, CacheConfig, Family, GroupSpec
 from kvwatch.engine.events import EventBus, NodeEvicted, SnapshotMoved, SnapshotReleased
 from kvwatch.engine.faults import Fault
-
-if TYPE_CHECKING:
-    from kvwatch.engine.cache.holder import Holder
 
 DEFAULT_LAYOUT = PageLayout((), torch.float32)
 Released = dict[tuple[str, Tier], list[np.ndarray]]  # pages an eviction frees, by group and tier
@@ -172,26 +170,6 @@ class CacheStorage:
         copy becoming a slot's); ``old`` must hold each page named, once.
         """
         self.pools[group].transfer(pages, old, new)
-
-    def free_swa_from(self, holder: Holder, start: int) -> None:
-        """Free the holder's ``swa.kv`` pages whose first position is ``start`` or
-        later (a trim, a session's tail), taking each out of ``holder.swa_pages``.
-
-        A page is taken out of the holder's table as it is freed, so the table
-        never names a free page and no page is freed twice. A page holding
-        positions on both sides of ``start`` stays: it still holds live tokens.
-        """
-        ps = self.pools[SWA_KV].page_size
-        tail = [j for j in holder.swa_pages if j * ps >= start]
-        self.free_pages(SWA_KV, [holder.swa_pages.pop(j) for j in tail], holder.owner)
-
-    def free_swa_behind(self, holder: Holder, cutoff: int) -> None:
-        """Free the holder's ``swa.kv`` pages whose every position is below
-        ``cutoff`` (fallen out of the sliding window), taking each out of
-        ``holder.swa_pages``, as ``free_swa_from`` does at the other end."""
-        ps = self.pools[SWA_KV].page_size
-        dead = [j for j in holder.swa_pages if (j + 1) * ps <= cutoff]
-        self.free_pages(SWA_KV, [holder.swa_pages.pop(j) for j in dead], holder.owner)
 
     def make_room(self, group: str, wanted: int, tier: Tier = Tier.DEVICE) -> int:
         """Free at least ``wanted`` pages of ``group`` if the cache can; returns pages freed."""

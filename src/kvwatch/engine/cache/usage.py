@@ -14,7 +14,7 @@ with what the live holders justify:
   retracted holder: its recovery snapshot), plus the working state; a session
   also keeps MAX_ROLLBACK + 1 turn-end snapshots while a turn runs: the
   previous turn's end, and the MAX_ROLLBACK before it, which a rollback after
-  this turn is cut returns to (``sessions.park``). Only
+  this turn is cut returns to (``SessionSlots.end_turn``). Only
   snapshots that a single holder pins count here; a snapshot several holders
   share is kept on purpose while they do, and so is one at a branch point
   (where siblings resume): both are reported as ``shared``.
@@ -25,7 +25,7 @@ with what the live holders justify:
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 
@@ -33,10 +33,8 @@ from kvwatch.contracts import Bound
 from kvwatch.engine.cache.holder import Holder, HolderStatus, PendingKind
 from kvwatch.engine.cache.node import Node, Tier
 from kvwatch.engine.cache.owner import OWNER_LABEL, OwnerKind
+from kvwatch.engine.cache.view import CacheView
 from kvwatch.engine.config import FULL_KV, MAX_ROLLBACK, STATE_GROUPS, SWA_KV
-
-if TYPE_CHECKING:
-    from kvwatch.engine.cache.base import CacheBase
 
 SNAPSHOTS_PER_HOLDER = 2
 
@@ -53,25 +51,25 @@ class GroupUsage(NamedTuple):
     host_capacity: int
 
 
-def _anchored(cache: CacheBase) -> set[Node]:
+def _anchored(view: CacheView) -> set[Node]:
     """Retracted holders' recovery nodes and everything above them: pinned even
     at zero refs, because eviction only takes leaves."""
     out: set[Node] = set()
-    for holder in cache.holders.values():
+    for holder in view.holders.values():
         if holder.anchor is not None:
             out.update(holder.anchor.path())
     return out
 
 
-def group_usage(cache: CacheBase) -> dict[str, GroupUsage]:
+def group_usage(view: CacheView) -> dict[str, GroupUsage]:
     """Per group: capacity, free pages, pages by owner kind, and the tree-held
     pages eviction or pruning may take back (one walk over the tree)."""
-    anchored = _anchored(cache)
-    evictable = dict.fromkeys(cache.store.pools, 0)
-    for group, n in cache.stored_evictable().items():  # slot mode: the filled slots
+    anchored = _anchored(view)
+    evictable = dict.fromkeys(view.pools, 0)
+    for group, n in view.stored.evictable().items():  # slot mode: the filled slots
         evictable[group] += n
-    host_cached = dict.fromkeys(cache.store.pools, 0)
-    for node in cache.store.tree.nodes()[1:]:
+    host_cached = dict.fromkeys(view.pools, 0)
+    for node in view.tree.nodes()[1:]:
         locked = node.refs > 0
         if not locked and node not in anchored:
             evictable[FULL_KV] += len(node.pages)
@@ -85,13 +83,13 @@ def group_usage(cache: CacheBase) -> dict[str, GroupUsage]:
             for group, pages in snap.pages.items():
                 host_cached[group] += len(pages)
     out = {}
-    for group, pool in cache.store.pools.items():
+    for group, pool in view.pools.items():
         counts = np.bincount(pool.owner_kind, minlength=len(OwnerKind)).tolist()
         by_owner = {label: counts[int(kind)] for kind, label in OWNER_LABEL.items()}
-        host = cache.store.host_pools.get(group)
+        host = view.host_pools.get(group)
         by_owner["host"] = host.used_count if host else 0
         by_owner["host_evictable"] = host_cached[group]
-        spec = cache.config.group(group)
+        spec = view.config.group(group)
         out[group] = GroupUsage(
             group=group,
             family=str(spec.family),
@@ -126,7 +124,7 @@ class _LiveHolders(NamedTuple):
 
 
 def usage_bounds(
-    cache: CacheBase,
+    view: CacheView,
     slack_tokens: int = 0,
     usage: dict[str, GroupUsage] | None = None,
 ) -> dict[str, Bound]:
@@ -136,23 +134,23 @@ def usage_bounds(
     its computed tokens at a step boundary (k + 1 with speculative decoding).
     ``usage`` is this same moment's ``group_usage``, when the caller has it.
     """
-    holders = cache.holders.values()
+    holders = view.holders.values()
     live = _LiveHolders(
         active=[h for h in holders if h.status in (HolderStatus.ACTIVE, HolderStatus.PARKED)],
         retracted=[h for h in holders if h.status is HolderStatus.RETRACTED],
         slack_tokens=slack_tokens,
-        stored=cache.stored_snapshots(),
+        stored=view.stored.snapshots(),
     )
-    usage = usage if usage is not None else group_usage(cache)
-    out = {FULL_KV: _full_bound(cache, live, usage[FULL_KV])}
-    out[SWA_KV] = _swa_bound(cache, live, usage[SWA_KV])
+    usage = usage if usage is not None else group_usage(view)
+    out = {FULL_KV: _full_bound(view, live, usage[FULL_KV])}
+    out[SWA_KV] = _swa_bound(view, live, usage[SWA_KV])
     for group in STATE_GROUPS:
-        out[group] = _state_bound(cache, live, group)
+        out[group] = _state_bound(view, live, group)
     return out
 
 
-def _full_bound(cache: CacheBase, live: _LiveHolders, full: GroupUsage) -> Bound:
-    p = cache.page_size
+def _full_bound(view: CacheView, live: _LiveHolders, full: GroupUsage) -> Bound:
+    p = view.page_size
     limit = sum(math.ceil((h.computed_len + live.ahead(h)) / p) for h in live.active)
     limit += sum(h.anchor.depth // p for h in live.retracted if h.anchor is not None)
     limit += sum(math.ceil(s.length / p) for s in live.stored)
@@ -163,23 +161,23 @@ def _full_bound(cache: CacheBase, live: _LiveHolders, full: GroupUsage) -> Bound
         if pend.kind is PendingKind.SLOT
     )
     # stored slots count against the limit above, so not as evictable here either
-    tree_evictable = full.evictable - cache.stored_evictable().get(FULL_KV, 0)
+    tree_evictable = full.evictable - view.stored.evictable().get(FULL_KV, 0)
     pinned = full.capacity - full.free - tree_evictable
     return Bound(group=FULL_KV, pinned=pinned, limit=limit, shared=0, holders=live.count)
 
 
-def _swa_bound(cache: CacheBase, live: _LiveHolders, swa: GroupUsage) -> Bound:
-    ps = cache.store.pools[SWA_KV].page_size
-    limit = sum(math.ceil((cache.config.window + live.ahead(h)) / ps) + 1 for h in live.active)
+def _swa_bound(view: CacheView, live: _LiveHolders, swa: GroupUsage) -> Bound:
+    ps = view.pools[SWA_KV].page_size
+    limit = sum(math.ceil((view.config.window + live.ahead(h)) / ps) + 1 for h in live.active)
     return Bound(
         group=SWA_KV, pinned=swa.capacity - swa.free, limit=limit, shared=0, holders=live.count
     )
 
 
-def _state_bound(cache: CacheBase, live: _LiveHolders, group: str) -> Bound:
+def _state_bound(view: CacheView, live: _LiveHolders, group: str) -> Bound:
     own = shared = 0
-    kept = cache.kept_for_waiters()
-    for node in cache.store.tree.snapshot_nodes:
+    kept = view.stored.kept_for_waiters()
+    for node in view.tree.snapshot_nodes:
         if node.snapshot.tier is not Tier.DEVICE:
             continue
         users = node.refs + node.host_refs
@@ -197,6 +195,6 @@ def _state_bound(cache: CacheBase, live: _LiveHolders, group: str) -> Bound:
     sessions = sum(h.owner.kind is OwnerKind.SESSION for h in live.active)
     turn_ends = sessions * (MAX_ROLLBACK + 1)
     snapshots = live.count * SNAPSHOTS_PER_HOLDER + turn_ends + len(live.stored)
-    limit = snapshots * cache.config.pages_per_snapshot(group)
+    limit = snapshots * view.config.pages_per_snapshot(group)
     limit += sum(1 for h in live.active if group in h.working)
     return Bound(group=group, pinned=own, limit=limit, shared=shared, holders=live.count)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import httpx
 from inprocserver import serving
 
-from kvwatch.engine.cache import base, reads
+from kvwatch.engine.cache import reads
 from kvwatch.engine.config import STATE_GROUPS
 from kvwatch.gate.verdicts.detectors import gauge_trend, gauge_truth
 from kvwatch.harness.plan import PRESETS
@@ -91,13 +91,12 @@ def test_a_gauge_that_files_sessions_pages_as_requests_fails_at_the_first_barrie
 def test_an_evictable_figure_that_leaves_out_snapshots_fails_against_the_flush(monkeypatch):
     """The engine's own count lies here, so the probe agrees with the gauge: only
     what the flush then frees shows it."""
-    honest = base.group_usage
+    honest = reads.group_usage
 
-    def without_snapshots(cache):
-        usage = honest(cache)
+    def without_snapshots(view):
+        usage = honest(view)
         return {g: u._replace(evictable=0) if g in STATE_GROUPS else u for g, u in usage.items()}
 
-    monkeypatch.setattr(base, "group_usage", without_snapshots)
     monkeypatch.setattr(reads, "group_usage", without_snapshots)
     run = record_a_run()
     assert gauge_truth.untrue_at_barriers(run) is None  # gauge and probe tell the same lie

@@ -44,14 +44,14 @@ def built_cache() -> Built:
     live = cache.open([*range(8), *range(200, 212)])
     cache.match(live)
     run_turn(sim, live, [], chunk=8, decode=[])
-    (branch,) = cache.tree.root.children.values()
-    (done,) = cache.tree.evictable
-    assert audit(cache).clean
+    (branch,) = cache.view.tree.root.children.values()
+    (done,) = cache.view.tree.evictable
+    assert audit(cache.view).clean
     return Built(cache, live, branch, done, holder_of(live).lock_node)
 
 
 def tree_problems(cache) -> list[str]:
-    return [f.detail for f in audit(cache).findings if f.kind == FindingKind.TREE]
+    return [f.detail for f in audit(cache.view).findings if f.kind == FindingKind.TREE]
 
 
 def test_the_built_cache_is_clean_and_shaped_as_drawn():
@@ -66,7 +66,7 @@ def test_the_built_cache_is_clean_and_shaped_as_drawn():
 
 def test_a_child_pointing_at_another_parent_is_reported():
     cache, done = (b := built_cache()).cache, b.done
-    done.parent = cache.tree.root
+    done.parent = cache._store.tree.root
     assert any(f"node {done.id}: depth or parent link broken" in p for p in tree_problems(cache))
 
 
@@ -99,8 +99,8 @@ def test_an_extra_key_that_differs_from_the_parents_is_reported():
 
 def test_counters_that_disagree_with_the_nodes_are_reported():
     cache, *_ = built_cache()
-    cache.tree.node_count += 1
-    cache.tree.page_count -= 1
+    cache._store.tree.node_count += 1
+    cache._store.tree.page_count -= 1
     problems = tree_problems(cache)
     assert any("node counter" in p for p in problems)
     assert any("page counter" in p for p in problems)
@@ -110,10 +110,10 @@ def test_counters_that_disagree_with_the_nodes_are_reported():
 def test_an_evict_set_that_is_not_the_unlocked_leaves_is_reported(damage):
     cache, _, _, done, locked = built_cache()
     if damage == "drop_unlocked_leaf":
-        cache.tree.evictable.discard(done)
+        cache._store.tree.evictable.discard(done)
         expected = f"node {done.id} is an unlocked leaf missing from the evict set"
     else:
-        cache.tree.evictable.add(locked)
+        cache._store.tree.evictable.add(locked)
         expected = f"node {locked.id} is in the evict set but is not an unlocked non-root leaf"
     assert expected in tree_problems(cache)
 
@@ -121,7 +121,7 @@ def test_an_evict_set_that_is_not_the_unlocked_leaves_is_reported(damage):
 def test_refs_on_a_node_no_holder_locks_are_reported():
     cache, _, _, done, _ = built_cache()
     done.refs = 1
-    refs = [f.detail for f in audit(cache).findings if f.kind == FindingKind.REF_MISMATCH]
+    refs = [f.detail for f in audit(cache.view).findings if f.kind == FindingKind.REF_MISMATCH]
     assert refs == [f"node {done.id} (depth 20): refs 1/host 0, live holders imply 0/0"]
 
 
@@ -130,5 +130,5 @@ def test_a_missing_ref_on_a_locked_node_is_reported():
     a node that dropped to zero refs under a live lock must still be caught."""
     cache, _, branch, _, _ = built_cache()
     branch.refs = 0
-    refs = [f.detail for f in audit(cache).findings if f.kind == FindingKind.REF_MISMATCH]
+    refs = [f.detail for f in audit(cache.view).findings if f.kind == FindingKind.REF_MISMATCH]
     assert refs == [f"node {branch.id} (depth 8): refs 0/host 0, live holders imply 1/0"]

@@ -21,10 +21,10 @@ from kvwatch.engine.events import EventBus, NodeEvicted, SnapshotReleased
 CONFIG = cache_config(window=8, interval=8, page=4, full=96, swa=64, snapshots=24)
 
 
-def filled(*, keep_one: bool) -> tuple[CacheBase, object]:
+def filled(*, keep_one: bool, events: EventBus | None = None) -> tuple[CacheBase, object]:
     """Conversations that branch off shared prefixes; ``keep_one``: the last one
     stays open (its path locked) through the flush."""
-    cache = build_cache(CONFIG, INT_LAYOUTS)
+    cache = build_cache(CONFIG, INT_LAYOUTS, events=events)
     sim, rng = SimRunner(cache), random.Random(7)
     prefixes = [[rng.randrange(1000) for _ in range(12)] for _ in range(3)]
     kept = None
@@ -46,7 +46,7 @@ def state(cache: CacheBase) -> dict:
     return {
         g: (sorted(p.free_pages.tolist()), p.owner_kind.tolist(), p.owner_id.tolist())
         for g, p in pools.items()
-    } | {"nodes": cache.tree.node_count, "pages": cache.tree.page_count}
+    } | {"nodes": cache.view.tree.node_count, "pages": cache.view.tree.page_count}
 
 
 def test_listens_follows_subscribe_and_unsubscribe():
@@ -61,19 +61,22 @@ def test_listens_follows_subscribe_and_unsubscribe():
 def test_a_flush_with_a_listener_and_one_without_leave_the_same_cache():
     for keep_one in (False, True):
         quiet, _ = filled(keep_one=keep_one)
-        heard, kept = filled(keep_one=keep_one)
+        bus = EventBus()
+        heard, kept = filled(keep_one=keep_one, events=bus)
         evicted, released = [], []
-        heard.events.subscribe(NodeEvicted, evicted.append)
-        heard.events.subscribe(SnapshotReleased, released.append)
-        nodes = {n.id: n for n in heard.tree.nodes()[1:]}
-        expect = {n.id: (n.depth, n.pages.tolist(), heard.tree.path_key(n)) for n in nodes.values()}
+        bus.subscribe(NodeEvicted, evicted.append)
+        bus.subscribe(SnapshotReleased, released.append)
+        nodes = {n.id: n for n in heard.view.tree.nodes()[1:]}
+        expect = {
+            n.id: (n.depth, n.pages.tolist(), heard._store.tree.path_key(n)) for n in nodes.values()
+        }
         snapped = {n.id for n in nodes.values() if n.snapshot and n.snapshot.pages}
         quiet.flush()
         heard.flush()
         assert state(quiet) == state(heard)
-        assert audit(quiet).clean and audit(heard).clean
-        left = {n.id for n in heard.tree.nodes()[1:]}
-        assert bool(left) == keep_one and heard.tree.root.refs == int(keep_one)
+        assert audit(quiet.view).clean and audit(heard.view).clean
+        left = {n.id for n in heard.view.tree.nodes()[1:]}
+        assert bool(left) == keep_one and heard.view.tree.root.refs == int(keep_one)
         gone = set(expect) - left
         assert sorted(e.node_id for e in evicted) == sorted(gone)
         for e in evicted:  # the walk's remembered path keys: a fresh climb's
@@ -85,6 +88,6 @@ def test_a_flush_with_a_listener_and_one_without_leave_the_same_cache():
         if keep_one:
             heard.release(kept, commit=True)
             heard.flush()
-            assert heard.tree.node_count == 0 and audit(heard).clean
+            assert heard.view.tree.node_count == 0 and audit(heard.view).clean
         else:
             assert all(heard.pools[g].used_count == 0 for g in GROUP_NAMES)

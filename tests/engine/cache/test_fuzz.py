@@ -34,7 +34,7 @@ from kvwatch.engine.config import (
     LINEAR_STATE,
     STATE_GROUPS,
 )
-from kvwatch.engine.events import NodeEvicted
+from kvwatch.engine.events import EventBus, NodeEvicted
 
 CONFIGS = {
     "small": cache_config(window=8, interval=16, page=4, full=40, swa=24, snapshots=8, host=4),
@@ -48,15 +48,16 @@ class CacheMachine(RuleBasedStateMachine):
 
     def __init__(self) -> None:
         super().__init__()
-        self.cache = build_cache(CONFIGS[self.SIZE], INT_LAYOUTS)
+        events = EventBus()
+        self.cache = build_cache(CONFIGS[self.SIZE], INT_LAYOUTS, events=events)
         self.sim = SimRunner(self.cache)
         self.seqs: list[list[int]] = [[]]  # conversations that finished a turn
         self.first: dict[tuple, int] = {}  # cached prefix -> the page it was first written to
-        self.cache.events.subscribe(NodeEvicted, self._forget_evicted)
+        events.subscribe(NodeEvicted, self._forget_evicted)
 
     # -- picking holders --------------------------------------------------------------
     def _with(self, status: HolderStatus) -> list[Holder]:
-        return [h for h in self.cache.holders.values() if h.status is status]
+        return [h for h in self.cache.view.holders.values() if h.status is status]
 
     def _pick(self, data, status: HolderStatus) -> Holder:
         return data.draw(st.sampled_from(sorted(self._with(status), key=lambda h: h.id)))
@@ -65,7 +66,7 @@ class CacheMachine(RuleBasedStateMachine):
         return precondition(lambda self: bool(self._with(status)))
 
     # -- rules --------------------------------------------------------------------------
-    @precondition(lambda self: len(self.cache.holders) < 5)
+    @precondition(lambda self: len(self.cache.view.holders) < 5)
     @rule(data=st.data(), extra=st.sampled_from([None, None, "x"]))
     def open_and_match(self, data, extra):
         """A new request forks a known conversation, usually near its end."""
@@ -162,10 +163,12 @@ class CacheMachine(RuleBasedStateMachine):
     def recover(self, data):
         self._match(self._pick(data, HolderStatus.RETRACTED))
 
-    @precondition(lambda self: bool(self.cache.holders))
+    @precondition(lambda self: bool(self.cache.view.holders))
     @rule(data=st.data(), commit=st.booleans())
     def release(self, data, commit):
-        holder = data.draw(st.sampled_from(sorted(self.cache.holders.values(), key=lambda h: h.id)))
+        holder = data.draw(
+            st.sampled_from(sorted(self.cache.view.holders.values(), key=lambda h: h.id))
+        )
         self.cache.release(holder.handle, commit=commit)
 
     @rule(
@@ -177,15 +180,15 @@ class CacheMachine(RuleBasedStateMachine):
     def pressure(self, action, group, n, host):
         """Outside pressure: evict leaves, prune snapshots, or (rarely) flush everything."""
         if action == "evict":
-            self.cache.store.evict(FULL_KV, n)
+            self.cache._store.evict(FULL_KV, n)
         elif action == "prune":
-            self.cache.store.prune(group, n, Tier.HOST if host else Tier.DEVICE)
+            self.cache._store.prune(group, n, Tier.HOST if host else Tier.DEVICE)
         else:
             self.cache.flush()
 
     # -- helpers ------------------------------------------------------------------------
     def _match(self, holder: Holder) -> None:
-        walk = self.cache.tree.walk(holder.tokens, holder.extra_key, len(holder.tokens) - 1)
+        walk = self.cache.view.tree.walk(holder.tokens, holder.extra_key, len(holder.tokens) - 1)
         floor = max(
             (
                 n.depth
@@ -226,7 +229,7 @@ class CacheMachine(RuleBasedStateMachine):
     # -- invariants ----------------------------------------------------------------------
     @invariant()
     def audit_is_clean(self):
-        report = audit(self.cache)
+        report = audit(self.cache.view)
         assert report.clean, "\n".join(str(f) for f in report.findings)
         assert report.root_refs.actual == report.root_refs.expected
 

@@ -14,11 +14,17 @@ from paths import PACKAGE as ROOT
 
 from kvwatch.engine.cache.audit import audit
 from kvwatch.engine.cache.backends import BACKENDS, NoPrefixCache, build_cache
-from kvwatch.engine.cache.protocol import AuditableCache, BranchPromises, PrefixCache
+from kvwatch.engine.cache.full_cache import FullAttentionPrefixCache
+from kvwatch.engine.cache.protocol import (
+    AuditableCache,
+    BranchPromises,
+    PrefixCache,
+    ServedCache,
+)
 from kvwatch.engine.cache.radix_cache import RadixPrefixCache
 from kvwatch.engine.cache.slotcache import SlotPrefixCache
 from kvwatch.engine.config import PrefixCacheMode
-from kvwatch.engine.events import NodeEvicted, SnapshotReleased, SnapshotTaken
+from kvwatch.engine.events import EventBus, NodeEvicted, SnapshotReleased, SnapshotTaken
 
 CONFIG = cache_config(window=8, interval=8, page=4, full=24, swa=32, snapshots=12)
 
@@ -112,6 +118,20 @@ def test_each_mode_builds_its_backend_once(mode, backend):
     assert set(BACKENDS) == set(PrefixCacheMode)
 
 
+def test_a_backend_offers_its_contract_and_nothing_else():
+    """The façade is ``ServedCache``: what the engine, its scheduler and runner
+    call, the two parts it hands out (``branches``, ``reads``), the read-only
+    ``view`` and the failpoint schedule. Its parts stay private."""
+    served = members(ServedCache) | {"page_size"}
+    assert {"branches", "reads", "view", "failpoints", "end_turn"} <= served
+    assert not served & {"store", "working", "holders", "tree", "events", "promises"}
+    backends = [build_cache(dataclasses.replace(CONFIG, mode=mode)) for mode in PrefixCacheMode]
+    for cache in [*backends, FullAttentionPrefixCache(CONFIG, INT_LAYOUTS)]:
+        public = {name for name in dir(cache) if not name.startswith("_")}
+        assert public == served, f"{type(cache).__name__}: {sorted(public ^ served)}"
+    assert len(served) <= 25
+
+
 def test_a_handle_only_reads_progress():
     cache = build_cache(CONFIG, INT_LAYOUTS)
     h = cache.open([*range(20)])
@@ -128,16 +148,17 @@ def test_listeners_see_the_cache_only_between_mutations():
     """A listener that audits the cache on every eviction and snapshot event
     finds it consistent: the events arrive after the change is complete (an
     evicted leaf is out of the tree, a taken snapshot is attached)."""
-    cache = build_cache(CONFIG, INT_LAYOUTS)
+    bus = EventBus()
+    cache = build_cache(CONFIG, INT_LAYOUTS, events=bus)
     sim, seen, dirty = SimRunner(cache), [], []
 
     def check(event) -> None:  # a raising listener is isolated: record, don't raise
         seen.append(type(event).__name__)
-        if findings := audit(cache).findings:
+        if findings := audit(cache.view).findings:
             dirty.append((type(event).__name__, findings[0].detail))
 
     for event_type in (NodeEvicted, SnapshotTaken, SnapshotReleased):
-        cache.events.subscribe(event_type, check)
+        bus.subscribe(event_type, check)
     for i in range(12):  # more conversations than full.kv holds: eviction runs
         h = cache.open([100 * i + t for t in range(20)])
         cache.match(h)
@@ -145,23 +166,24 @@ def test_listeners_see_the_cache_only_between_mutations():
         cache.release(h, commit=True)
     assert {"NodeEvicted", "SnapshotTaken"} <= set(seen)
     assert not dirty, dirty[:3]
-    assert not cache.events.failures
+    assert not bus.failures
 
 
 def test_a_raising_listener_leaves_the_cache_consistent():
-    cache = build_cache(CONFIG, INT_LAYOUTS)
+    bus = EventBus()
+    cache = build_cache(CONFIG, INT_LAYOUTS, events=bus)
     sim = SimRunner(cache)
 
     def broken(event) -> None:
         raise RuntimeError("a telemetry bug")
 
     for event_type in (NodeEvicted, SnapshotTaken, SnapshotReleased):
-        cache.events.subscribe(event_type, broken)
+        bus.subscribe(event_type, broken)
     for i in range(12):
         h = cache.open([100 * i + t for t in range(20)])
         cache.match(h)
         run_turn(sim, h, [], chunk=8, decode=[1, 2, 3])
         cache.release(h, commit=True)
-    assert audit(cache).clean
-    assert cache.tree.node_count > 0
-    assert sum(cache.events.failures.values()) > 0
+    assert audit(cache.view).clean
+    assert cache.view.tree.node_count > 0
+    assert sum(bus.failures.values()) > 0

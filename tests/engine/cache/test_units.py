@@ -260,7 +260,7 @@ def test_allocation_failure_is_atomic():
     with pytest.raises(PoolExhausted, match=r"swa\.kv"):
         cache.allocate(h, 24)  # full.kv has room, swa.kv does not
     assert {g: p.free_count for g, p in cache.pools.items()} == before
-    assert h.allocated_len == 0 and audit(cache).clean
+    assert h.allocated_len == 0 and audit(cache.view).clean
 
 
 def test_window_slides_and_trim_keeps_a_partial_page():
@@ -283,7 +283,7 @@ def test_window_slides_and_trim_keeps_a_partial_page():
         len(holder_of(h).full_pages) == 6 and h.allocated_len == 23
     )  # page 5 holds 20..22 and stays
     sim.check_holder(h)
-    assert audit(cache).clean
+    assert audit(cache.view).clean
 
 
 def test_retract_parks_the_recovery_snapshot_on_the_host():
@@ -296,7 +296,7 @@ def test_retract_parks_the_recovery_snapshot_on_the_host():
     anchor = holder_of(h).anchor
     assert h.status is HolderStatus.RETRACTED and anchor.depth == 20 and anchor.host_refs == 1
     assert anchor.snapshot.tier is Tier.HOST
-    usage = group_usage(cache)
+    usage = group_usage(cache.view)
     assert usage[LINEAR_STATE].by_owner == {
         "tree": 0,
         "request": 0,
@@ -309,7 +309,7 @@ def test_retract_parks_the_recovery_snapshot_on_the_host():
     assert cache.match(h).resume_len == 20
     assert anchor.snapshot.tier is Tier.DEVICE and anchor.host_refs == 0
     sim.check_holder(h)
-    assert audit(cache).clean
+    assert audit(cache.view).clean
 
 
 def test_a_host_snapshot_no_request_will_recover_from_is_host_evictable():
@@ -325,20 +325,20 @@ def test_a_host_snapshot_no_request_will_recover_from_is_host_evictable():
     run_turn(sim, h, [], chunk=6, decode=[])
     cache.retract(h)
     anchor = holder_of(h).anchor
-    pinned = group_usage(cache)[LINEAR_STATE].by_owner
+    pinned = group_usage(cache.view)[LINEAR_STATE].by_owner
     assert (pinned["host"], pinned["host_evictable"]) == (1, 0)
     cache.release(h, commit=False)
     assert anchor.snapshot.tier is Tier.HOST and anchor.host_refs == 0
-    cached = group_usage(cache)[LINEAR_STATE].by_owner
+    cached = group_usage(cache.view)[LINEAR_STATE].by_owner
     assert (cached["host"], cached["host_evictable"]) == (1, 1)
-    stats = take_stats(cache, 0, QueueReport(waiting=0, running=0, retracted=0, paused=0))
+    stats = take_stats(cache.reads, 0, QueueReport(waiting=0, running=0, retracted=0, paused=0))
     gauge = {
         o.attributes["state"]: o.value
         for o in _pool_pages(stats)
         if o.attributes["group"] == LINEAR_STATE
     }
     assert (gauge["host"], gauge["host_evictable"]) == (0, 1)
-    assert audit(cache).clean
+    assert audit(cache.view).clean
 
 
 def test_group_usage_splits_pinned_and_evictable_tree_pages():
@@ -349,7 +349,7 @@ def test_group_usage_splits_pinned_and_evictable_tree_pages():
         cache.match(h)
         run_turn(sim, h, [], chunk=8, decode=[])
     cache.release(b, commit=True)
-    usage = group_usage(cache)[FULL_KV]
+    usage = group_usage(cache.view)[FULL_KV]
     assert usage.by_owner["tree"] == 8 and usage.by_owner["request"] == 1
     assert usage.evictable == 4  # b's path; a's is locked
     assert usage.capacity - usage.free == 9
@@ -394,7 +394,7 @@ def test_a_prompt_leaving_the_tree_without_state_there_captures_it_for_its_sibli
     run_turn(sim, second, [], chunk=8, decode=[])
     assert branch.has_complete_snapshot  # three children now, still kept
     cache.release(second, commit=True)
-    assert audit(cache).clean
+    assert audit(cache.view).clean
 
 
 @pytest.mark.parametrize("leak", [False, True])
@@ -414,10 +414,10 @@ def test_probe_counts_only_superseded_interior_snapshots(leak):
     run_turn(sim, h, [6] * 9, chunk=8, decode=[])  # and a third
     cache.release(h, commit=True)
     interior = take_stats(
-        cache, 0, QueueReport(waiting=0, running=0, retracted=0, paused=0)
+        cache.reads, 0, QueueReport(waiting=0, running=0, retracted=0, paused=0)
     ).tree.interior_snapshots
     assert (max(interior.values()) > 0) is leak, interior
-    assert audit(cache).clean
+    assert audit(cache.view).clean
 
 
 def test_shared_snapshot_lives_while_shared_and_goes_when_the_sharer_leaves():
@@ -441,10 +441,10 @@ def test_shared_snapshot_lives_while_shared_and_goes_when_the_sharer_leaves():
     # once b's leaf is evicted it is no branch point, and a's own terminal supersedes
     # it: it goes at once, not at a's next commit, so no probe sees a holder pinning
     # three snapshots
-    assert cache.store.evict(FULL_KV, 1) >= 1
+    assert cache._store.evict(FULL_KV, 1) >= 1
     assert len(shared.children) == 1
     assert shared.snapshot.history_only and first_terminal.has_complete_snapshot
     run_turn(sim, a, [7] * 10, chunk=8, decode=[])
     assert first_terminal.snapshot.history_only
     assert holder_of(a).lock_node.has_complete_snapshot  # the deepest anchor always stays
-    assert audit(cache).clean
+    assert audit(cache.view).clean

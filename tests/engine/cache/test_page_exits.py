@@ -1,7 +1,8 @@
 """One way out for a page: only ``CacheStorage`` (cache/storage.py) calls a pool's
 ``free`` or ``transfer``; every other module goes through its exits
-(``free_pages``, ``free_groups``, ``transfer_pages``, ``free_swa_from``,
-``free_swa_behind``), which keep the holder's tables and the pools in step."""
+(``free_pages``, ``free_groups``, ``transfer_pages``). The per-group classes
+keep a holder's tables in step with them: ``SlidingWindowPages.free_swa_from``
+and ``free_swa_behind`` take each page out of the holder's window as it goes."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from kvwatch.engine.cache.holder import Holder
 from kvwatch.engine.cache.node import Tier
 from kvwatch.engine.cache.owner import Owner, OwnerKind
 from kvwatch.engine.cache.pool import OwnershipError
+from kvwatch.engine.cache.sliding_window import SlidingWindowPages
 from kvwatch.engine.cache.storage import CacheStorage
 from kvwatch.engine.config import FULL_KV, SWA_KV
 
@@ -51,6 +53,8 @@ def test_no_module_but_the_storage_frees_or_transfers_a_pools_pages():
             found[scanned[-1]] = calls
     assert {"engine/cache/base.py", "engine/cache/sessions.py"} <= set(scanned)
     assert {"engine/cache/commit.py", "engine/cache/slotcache.py"} <= set(scanned)
+    families = ("full_attention", "sliding_window", "linear_state", "holder_pages")
+    assert {f"engine/cache/{name}.py" for name in families} <= set(scanned)
     assert not found, f"pages leave a pool outside CacheStorage: {found}"
 
 
@@ -63,7 +67,7 @@ def test_the_scan_sees_the_storages_own_calls():
 @pytest.mark.parametrize(
     "planted",
     [
-        "cache.store.pools[FULL_KV].free(copies, holder.owner)",
+        "cache._store.pools[FULL_KV].free(copies, holder.owner)",
         "self.store.pool(group, tier).transfer(ids, holder.owner, TREE_OWNER)",
         "swa = self.store.pools[SWA_KV]\nif dead:\n    swa.free(pages, holder.owner)",
         "def f(pool):\n    return pool.transfer(pages, a, b) or None",
@@ -75,10 +79,10 @@ def test_the_scan_catches_a_direct_call(planted):
 
 def test_the_scan_lets_the_storages_exits_through():
     clean = (
-        "cache.store.free_pages(FULL_KV, copies, holder.owner)\n"
-        "cache.store.transfer_pages(FULL_KV, pages, holder.owner, TREE_OWNER)\n"
+        "cache._store.free_pages(FULL_KV, copies, holder.owner)\n"
+        "cache._store.transfer_pages(FULL_KV, pages, holder.owner, TREE_OWNER)\n"
         "self.store.free_groups(pend.pages, holder.owner, Tier.DEVICE)\n"
-        "self.store.free_swa_from(holder, keep_len)\n"
+        "self.window.free_swa_from(holder, keep_len)\n"
         "n = pool.free_count\n"
     )
     assert pool_exits(clean) == []
@@ -93,25 +97,29 @@ def storage_with_holder(swa_pages: int) -> tuple[CacheStorage, Holder]:
     return store, holder
 
 
+def window_of(store: CacheStorage) -> SlidingWindowPages:
+    return SlidingWindowPages(store, store.config)
+
+
 def test_free_swa_from_frees_the_pages_starting_at_or_past_the_bound():
     store, holder = storage_with_holder(5)  # page j holds positions [4j, 4j + 4)
-    ids = dict(holder.swa_pages)
-    store.free_swa_from(holder, 9)  # page 2 holds 8..11: it keeps live tokens
+    window, ids = window_of(store), dict(holder.swa_pages)
+    window.free_swa_from(holder, 9)  # page 2 holds 8..11: it keeps live tokens
     assert sorted(holder.swa_pages) == [0, 1, 2]
     pool = store.pools[SWA_KV]
     assert pool.free_count == 16 - 3
     assert [pool.owner_of(ids[j]) for j in (3, 4)] == [None, None]
-    store.free_swa_from(holder, 8)
+    window.free_swa_from(holder, 8)
     assert sorted(holder.swa_pages) == [0, 1] and pool.owner_of(ids[2]) is None
 
 
 def test_free_swa_behind_frees_the_pages_wholly_below_the_cutoff():
     store, holder = storage_with_holder(5)
-    ids = dict(holder.swa_pages)
-    store.free_swa_behind(holder, 11)  # page 2 holds 8..11: 11 is still in the window
+    window, ids = window_of(store), dict(holder.swa_pages)
+    window.free_swa_behind(holder, 11)  # page 2 holds 8..11: 11 is still in the window
     assert sorted(holder.swa_pages) == [2, 3, 4]
     assert [store.pools[SWA_KV].owner_of(ids[j]) for j in (0, 1, 2)] == [None, None, REQ]
-    store.free_swa_behind(holder, 0)  # nothing behind: nothing changes
+    window.free_swa_behind(holder, 0)  # nothing behind: nothing changes
     assert sorted(holder.swa_pages) == [2, 3, 4] and store.pools[SWA_KV].free_count == 13
 
 

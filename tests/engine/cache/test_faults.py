@@ -31,7 +31,7 @@ def words(rng: random.Random, n: int) -> list[int]:
 
 
 def kinds(cache: CacheBase) -> list[str]:
-    return [f.kind for f in audit(cache).findings]
+    return [f.kind for f in audit(cache.view).findings]
 
 
 # -- seed 000, first review comment ---------------------------------------------------
@@ -66,7 +66,7 @@ def test_snapshot_release_keeps_host_referenced_recovery_state():
 
 def test_snapshot_release_ignoring_host_refs_is_flagged():
     cache, a = retracted_sharer(frozenset({Fault.SNAPSHOT_RELEASE_IGNORES_HOST_REFS}))
-    report = audit(cache)
+    report = audit(cache.view)
     assert [f.kind for f in report.findings] == [FindingKind.TREE]
     assert "retracted holder(s) recover from it, but its state is gone" in report.findings[0].detail
     assert cache.match(a).resume_len == 0  # the recovery state is gone: recompute all
@@ -96,7 +96,7 @@ def branch_past_history_only_node(faults: frozenset[Fault]):
     pinned = []
     for _ in range(6):
         run_turn(sim, b, words(rng, 70), chunk=16, decode=words(rng, 4))
-        pinned.append(usage_bounds(cache)[LINEAR_STATE].pinned)
+        pinned.append(usage_bounds(cache.view)[LINEAR_STATE].pinned)
     return cache, b, pinned
 
 
@@ -104,14 +104,14 @@ def test_history_only_node_is_skipped_and_commit_goes_on():
     cache, b, pinned = branch_past_history_only_node(NONE)
     assert b.cached_len == len(holder_of(b).tokens) - len(holder_of(b).tokens) % CONFIG.page_size
     assert not holder_of(b).pending
-    assert not any(bound.exceeded for bound in usage_bounds(cache).values())
+    assert not any(bound.exceeded for bound in usage_bounds(cache.view).values())
     assert len(set(pinned)) == 1, pinned  # flat across turns
     assert kinds(cache) == []
 
 
 def test_history_only_anchor_fault_is_flagged_by_the_usage_bound():
     cache, b, pinned = branch_past_history_only_node(frozenset({Fault.HISTORY_ONLY_ANCHOR}))
-    bounds = usage_bounds(cache)
+    bounds = usage_bounds(cache.view)
     assert any(bounds[g].exceeded for g in STATE_GROUPS), bounds
     assert all(y > x for x, y in itertools.pairwise(pinned)), pinned  # grows every turn
     # The commit is stuck in front of the history-only node, so nothing B ran
@@ -134,7 +134,7 @@ def misses(faults: frozenset[Fault], trim_to_empty: bool):
         sim.compute(seeder, 40)
         cache.commit_chunk(seeder)
         cache.release(seeder, commit=False)
-        assert cache.tree.node_count and not cache.tree.snapshot_nodes
+        assert cache.view.tree.node_count and not cache.view.tree.snapshot_nodes
     holder = cache.open([*prompt, 5] if trim_to_empty else words(rng, 20))
     match = cache.match(holder)
     assert match.resume_len == 0 and (match.hit_len > 0) == trim_to_empty
@@ -144,14 +144,14 @@ def misses(faults: frozenset[Fault], trim_to_empty: bool):
 @pytest.mark.parametrize("trim_to_empty", [False, True], ids=["miss", "trim-to-empty"])
 def test_root_refs_stay_exact_on_a_miss(trim_to_empty):
     cache, _ = misses(NONE, trim_to_empty)
-    report = audit(cache)
+    report = audit(cache.view)
     assert report.clean and report.root_refs.actual == report.root_refs.expected == 0
 
 
 @pytest.mark.parametrize("trim_to_empty", [False, True], ids=["miss", "trim-to-empty"])
 def test_root_ref_leak_on_miss_is_flagged(trim_to_empty):
     cache, n_misses = misses(frozenset({Fault.ROOT_REF_LEAK_ON_MISS}), trim_to_empty)
-    report = audit(cache)
+    report = audit(cache.view)
     assert report.root_refs.actual == report.root_refs.expected + n_misses  # one per miss
     assert [f.kind for f in report.findings] == [FindingKind.REF_MISMATCH]
     assert report.findings[0].detail.startswith("root:")
@@ -166,20 +166,20 @@ def emptied_tree(faults: frozenset[Fault]) -> CacheBase:
     run_turn(sim, holder, [], chunk=16, decode=[])
     cache.release(holder, commit=True)
     cache.flush()
-    assert cache.tree.node_count == 0
+    assert cache.view.tree.node_count == 0
     return cache
 
 
 def test_root_stays_out_of_the_evict_set():
     cache = emptied_tree(NONE)
-    assert cache.tree.root not in cache.tree.evictable
-    assert cache.store.evict(FULL_KV, 4) == 0  # nothing to evict, and no error
+    assert cache.view.tree.root not in cache.view.tree.evictable
+    assert cache._store.evict(FULL_KV, 4) == 0  # nothing to evict, and no error
     assert kinds(cache) == []
 
 
 def test_root_in_evict_set_is_flagged():
     cache = emptied_tree(frozenset({Fault.ROOT_IN_EVICT_SET}))
-    report = audit(cache)
+    report = audit(cache.view)
     assert [f.kind for f in report.findings] == [FindingKind.TREE]
     assert "root is in the evict set" in report.findings[0].detail
-    assert cache.store.evict(FULL_KV, 4) == 0  # latent, as in the report: nothing is ever taken
+    assert cache._store.evict(FULL_KV, 4) == 0  # latent, as in the report: nothing is ever taken

@@ -48,10 +48,10 @@ def test_an_aborted_retracted_holder_releases_its_superseded_anchor_at_once():
     cache, sim, a, b, anchor = anchored_below_a_runner()
     cache.release(a, commit=False)
     assert not anchor.has_complete_snapshot, "B's superseded snapshot outlived A's abort"
-    bounds = usage_bounds(cache)
+    bounds = usage_bounds(cache.view)
     assert not any(bounds[g].exceeded for g in STATE_GROUPS), bounds
     sim.check_holder(b)
-    assert audit(cache).clean
+    assert audit(cache.view).clean
 
 
 def test_a_recovering_holder_still_finds_its_anchor():
@@ -61,4 +61,4 @@ def test_a_recovering_holder_still_finds_its_anchor():
     holder_of(a).tokens.append(7)
     assert cache.match(a).resume_len == anchor.depth
     sim.check_holder(a)
-    assert audit(cache).clean
+    assert audit(cache.view).clean

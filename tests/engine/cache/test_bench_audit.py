@@ -43,7 +43,7 @@ def filled_cache(pages: int, suffix: int = 1024) -> CacheBase:
     pool = cache.pools[FULL_KV]
     grown = True
     while pool.free_count > 100 and grown:  # stop once a request only re-adopts cached pages
-        before = cache.tree.page_count
+        before = cache.view.tree.page_count
         holder = cache.open(rng.choice(systems) + [rng.randrange(1000) for _ in range(suffix)])
         cache.match(holder)
         n = min(len(holder_of(holder).tokens) - holder.computed_len, (pool.free_count - 80) * 16)
@@ -54,7 +54,7 @@ def filled_cache(pages: int, suffix: int = 1024) -> CacheBase:
             running += 1
         else:
             cache.release(holder, commit=True)
-        grown = cache.tree.page_count > before
+        grown = cache.view.tree.page_count > before
     return cache
 
 
@@ -63,9 +63,9 @@ def filled_cache(pages: int, suffix: int = 1024) -> CacheBase:
 def test_audit_cost(benchmark, pages):
     cache = filled_cache(pages)
     benchmark.extra_info.update(
-        pages=pages, nodes=cache.tree.node_count, holders=len(cache.holders)
+        pages=pages, nodes=cache.view.tree.node_count, holders=len(cache.view.holders)
     )
-    report = benchmark.pedantic(audit, args=(cache,), rounds=5, iterations=1, warmup_rounds=1)
+    report = benchmark.pedantic(audit, args=(cache.view,), rounds=5, iterations=1, warmup_rounds=1)
     assert report.clean and cache.pools[FULL_KV].used_count > 0.98 * pages - 100
 
 
@@ -74,9 +74,9 @@ def test_audit_cost(benchmark, pages):
 def test_probe_cost(benchmark, pages):
     """What ``GET /debug/probe`` costs the engine loop: audit, usage, bounds, tree stats."""
     cache = filled_cache(pages)
-    benchmark.extra_info.update(pages=pages, nodes=cache.tree.node_count)
+    benchmark.extra_info.update(pages=pages, nodes=cache.view.tree.node_count)
     report = benchmark.pedantic(
-        take_probe, args=(cache, 0, IDLE), rounds=5, iterations=1, warmup_rounds=1
+        take_probe, args=(cache.reads, 0, IDLE), rounds=5, iterations=1, warmup_rounds=1
     )
     assert not report.findings
 
@@ -86,6 +86,6 @@ def test_probe_cost(benchmark, pages):
 def test_audit_cost_as_the_tree_grows(benchmark, suffix):
     """The same pool, filled by shorter conversations: more nodes per page."""
     cache = filled_cache(TREE_PAGES, suffix)
-    benchmark.extra_info.update(pages=TREE_PAGES, suffix=suffix, nodes=cache.tree.node_count)
-    report = benchmark.pedantic(audit, args=(cache,), rounds=5, iterations=1, warmup_rounds=1)
+    benchmark.extra_info.update(pages=TREE_PAGES, suffix=suffix, nodes=cache.view.tree.node_count)
+    report = benchmark.pedantic(audit, args=(cache.view,), rounds=5, iterations=1, warmup_rounds=1)
     assert report.clean

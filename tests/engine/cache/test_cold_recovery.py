@@ -38,7 +38,7 @@ def cold_recovery(faults: tuple[str, ...] = ()):
     assert anchor.snapshot.tier is Tier.HOST
     above = [n for n in anchor.path() if n is not anchor and not n.is_root]
     assert not any(n.has_complete_snapshot for n in above)  # nothing else to resume from
-    cache.fail_next("tier.load")
+    cache.failpoints.fail_next(Site.TIER_LOAD)
     holder_of(a).tokens.append(7)
     return cache, sim, a, cache.match(a)
 
@@ -46,15 +46,15 @@ def cold_recovery(faults: tuple[str, ...] = ()):
 def test_a_cold_recovery_whose_load_fails_gives_every_ref_back_and_starts_over():
     cache, sim, a, match = cold_recovery()
     assert match.resume_len == 0
-    assert cache.store.tree.root.refs == 0
+    assert cache.view.tree.root.refs == 0
     sim.check_holder(a)
-    assert audit(cache).clean
+    assert audit(cache.view).clean
 
 
 def test_the_root_ref_leak_fault_keeps_the_roots_ref_there_and_the_audit_sees_it():
     cache, _, _, match = cold_recovery(("root-ref-leak-on-miss",))
     assert match.resume_len == 0
-    details = [f.detail for f in audit(cache).findings]
+    details = [f.detail for f in audit(cache.view).findings]
     assert any(d.startswith("root: refs") for d in details), details
 
 

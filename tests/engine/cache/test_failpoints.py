@@ -161,14 +161,17 @@ def cache_sources() -> dict[str, str]:
 
 
 def test_every_allocation_names_its_site_and_every_site_is_named_at_one():
-    """Pages are taken from a pool only in storage.py, under a ``Site``; each site
-    is named where the cache allocates, and described."""
+    """Pages are taken from a pool only in storage.py; everywhere else through the
+    storage (``self.store`` / ``self._store``), naming a ``Site``; each site is
+    named where the cache allocates, and described."""
     sources = cache_sources()
     for name, source in sources.items():
         for node in ast.walk(ast.parse(source)):
-            if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "alloc":
+            verb = getattr(node.func, "attr", "") if isinstance(node, ast.Call) else ""
+            if verb in ("alloc", "alloc_groups") and name != "storage.py":
                 owner = ast.unparse(node.func.value)
-                assert name == "storage.py" or owner == "cache.store", f"{name}: {owner}.alloc"
+                assert owner in ("self.store", "self._store"), f"{name}: {owner}.{verb}"
+                assert any(k.arg == "site" for k in node.keywords), f"{name}: {verb} without site"
     named = {site for site in Site if any(f"Site.{site.name}" in s for s in sources.values())}
     assert named == set(Site)
     assert set(SITES) == set(Site) and all(SITES.values())
@@ -301,8 +304,8 @@ def test_with_failpoints_off_nothing_fires_and_nothing_changes():
     counted, counted_run = event_trace(dataclasses.replace(workload, failpoints=never))
     assert off == counted and off
     assert not any(isinstance(e, FailpointFired) for e in off)
-    assert not off_run.engine._cache.store.failpoints.hits
-    assert any(counted_run.engine._cache.store.failpoints.hits.values())  # sites reached
+    assert not off_run.engine._cache.failpoints.hits
+    assert any(counted_run.engine._cache.failpoints.hits.values())  # sites reached
 
 
 # -- what the failpoint runs found -------------------------------------------------------------

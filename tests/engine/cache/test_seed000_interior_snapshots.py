@@ -63,7 +63,7 @@ def agentic_trie(faults: frozenset[Fault]) -> tuple[CacheBase, Outcome]:
         except PoolExhausted as exc:
             out.error = exc
             break
-        bounds = usage_bounds(cache)
+        bounds = usage_bounds(cache.view)
         out.state_pages.append(bounds[LINEAR_STATE].pinned)
         if out.exceeded_at is None and any(bounds[g].exceeded for g in STATE_GROUPS):
             out.exceeded_at = turn
@@ -90,7 +90,7 @@ def test_clean_engine_keeps_state_per_holder_constant():
     # whatever the turn: the series is flat after the first turn.
     assert max(out.state_pages) <= HOLDERS * (1 + SNAPSHOTS_PER_HOLDER)
     assert out.state_pages[-1] == out.state_pages[1]
-    assert audit(cache).clean
+    assert audit(cache.view).clean
 
 
 def test_interior_snapshot_leak_grows_every_turn_until_allocation_fails():
@@ -105,4 +105,4 @@ def test_interior_snapshot_leak_grows_every_turn_until_allocation_fails():
     assert out.error.group in STATE_GROUPS
     assert "out of pages" in str(out.error)
     assert out.turns_done < 10
-    assert audit(cache).clean
+    assert audit(cache.view).clean

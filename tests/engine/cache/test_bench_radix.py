@@ -44,7 +44,7 @@ def replay(trace) -> dict[str, float]:
         cache.release(holder, commit=True)
         spent["match"] += t1 - t0
         spent["insert"] += t3 - t2
-    assert audit(cache).clean
+    assert audit(cache.view).clean
     return spent
 
 
