@@ -299,7 +299,7 @@ FRESH: tuple[FreshBug, ...] = (
     ),
     FreshBug(
         id="failed-admission-unlocks-only-anchor",
-        file="engine/cache/radix_cache.py",
+        file="engine/cache/radix_backend.py",
         find=(
             "            if anchor is not None:\n"
             "                tree.unlock(anchor)\n"

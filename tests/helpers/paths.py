@@ -3,6 +3,7 @@
 REPO      the checkout's root (README.md, docs/, Makefile)
 PACKAGE   src/kvwatch: module ``kvwatch.a.b`` is ``PACKAGE / "a/b.py"``
 DATA      tests/data: recorded gate outputs and soaks
+MUTATION, HUNTS  the mutation programs and the hunts (beside src/, not in the wheel)
 """
 
 from pathlib import Path
@@ -11,8 +12,10 @@ REPO = Path(__file__).resolve().parents[2]
 PACKAGE = REPO / "src" / "kvwatch"
 DATA = REPO / "tests" / "data"
 MUTATION = REPO / "mutation"
-# every folder of source code, tests aside: the package and the mutation programs
-SOURCES = (PACKAGE, MUTATION)
+HUNTS = REPO / "hunts"
+# every folder of source code, tests aside: the package, the mutation programs and
+# the hunts
+SOURCES = (PACKAGE, MUTATION, HUNTS)
 
 
 def module_name(path: Path) -> str:

@@ -28,7 +28,7 @@ from peer_timing import OPS, Clock
 
 from kvwatch.engine.cache.audit import audit
 from kvwatch.engine.cache.backends import build_cache
-from kvwatch.engine.cache.full_cache import FullAttentionPrefixCache
+from kvwatch.engine.cache.full_backend import FullAttentionPrefixCache
 from kvwatch.engine.cache.pool import PageLayout
 from kvwatch.engine.cache.protocol import Capture
 from kvwatch.engine.config import FULL_KV, GROUP_NAMES, STATE_GROUPS

@@ -19,9 +19,9 @@ def test_lines_run_are_the_lines_a_program_ran_and_no_others():
     insert = next(i for i, t in enumerate(commit, 1) if t.lstrip().startswith("def insert("))
     assert insert + 1 in lines["engine/cache/commit.py"]  # every commit runs it
     # the slot backend's methods never run in a radix program
-    slots = (PKG / "engine/cache/slotcache.py").read_text().splitlines()
+    slots = (PKG / "engine/cache/slot_backend.py").read_text().splitlines()
     stored = next(i for i, t in enumerate(slots, 1) if "if not s.empty]" in t)
-    assert stored not in lines["engine/cache/slotcache.py"]
+    assert stored not in lines["engine/cache/slot_backend.py"]
 
 
 def test_the_directed_programs_run_lines_the_base_programs_never_do():

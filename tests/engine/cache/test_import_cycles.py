@@ -77,7 +77,7 @@ def test_no_module_of_the_cache_imports_its_way_back_to_itself():
 
 def test_the_graph_reads_real_imports_type_only_ones_included():
     graph = import_graph()
-    assert {"base", "storage", "holder", "protocol", "radix_cache"} <= set(graph)
+    assert {"base", "storage", "holder", "protocol", "radix_backend"} <= set(graph)
     assert "storage" in graph["base"] and "holder_pages" in graph["base"]
     assert "view" in graph["audit"] and "claims" in graph["view"]  # claims: TYPE_CHECKING only
 

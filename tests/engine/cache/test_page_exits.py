@@ -52,7 +52,7 @@ def test_no_module_but_the_storage_frees_or_transfers_a_pools_pages():
         if calls := pool_exits(path.read_text()):
             found[scanned[-1]] = calls
     assert {"engine/cache/base.py", "engine/cache/sessions.py"} <= set(scanned)
-    assert {"engine/cache/commit.py", "engine/cache/slotcache.py"} <= set(scanned)
+    assert {"engine/cache/commit.py", "engine/cache/slot_backend.py"} <= set(scanned)
     families = ("full_attention", "sliding_window", "linear_state", "holder_pages")
     assert {f"engine/cache/{name}.py" for name in families} <= set(scanned)
     assert not found, f"pages leave a pool outside CacheStorage: {found}"

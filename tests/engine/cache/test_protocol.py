@@ -14,15 +14,15 @@ from paths import PACKAGE as ROOT
 
 from kvwatch.engine.cache.audit import audit
 from kvwatch.engine.cache.backends import BACKENDS, NoPrefixCache, build_cache
-from kvwatch.engine.cache.full_cache import FullAttentionPrefixCache
+from kvwatch.engine.cache.full_backend import FullAttentionPrefixCache
 from kvwatch.engine.cache.protocol import (
     AuditableCache,
     BranchPromises,
     PrefixCache,
     ServedCache,
 )
-from kvwatch.engine.cache.radix_cache import RadixPrefixCache
-from kvwatch.engine.cache.slotcache import SlotPrefixCache
+from kvwatch.engine.cache.radix_backend import RadixPrefixCache
+from kvwatch.engine.cache.slot_backend import SlotPrefixCache
 from kvwatch.engine.config import PrefixCacheMode
 from kvwatch.engine.events import EventBus, NodeEvicted, SnapshotReleased, SnapshotTaken
 
@@ -90,7 +90,7 @@ def test_no_mode_branch_outside_the_backends():
     """Which mode runs is decided once, in ``build_cache``; the slot table is
     the slot backend's alone."""
     allowed_mode = {"engine/config.py", "engine/cache/backends.py"}
-    slot_modules = {"engine/cache/slotcache.py", "engine/cache/slots.py", "engine/config.py"}
+    slot_modules = {"engine/cache/slot_backend.py", "engine/cache/slots.py", "engine/config.py"}
     for path in sorted((ROOT / "engine").rglob("*.py")):
         rel = str(path.relative_to(ROOT))
         tree = ast.parse(path.read_text())

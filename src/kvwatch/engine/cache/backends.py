@@ -1,7 +1,7 @@
 """The backend for each ``PrefixCacheMode``, chosen once, at construction.
 
-    radix  ─► RadixPrefixCache   a radix tree with state recovery (radix_cache.py)
-    slots  ─► SlotPrefixCache    whole-state snapshot slots (slotcache.py)
+    radix  ─► RadixPrefixCache   a radix tree with state recovery (radix_backend.py)
+    slots  ─► SlotPrefixCache    whole-state snapshot slots (slot_backend.py)
     off    ─► NoPrefixCache      nothing shared: every request computes from 0
 
 Nothing outside a backend's own module asks which mode it runs in.
@@ -18,8 +18,8 @@ from kvwatch.engine.cache.deferred import mutation
 from kvwatch.engine.cache.holder import HolderStatus, PendingKind
 from kvwatch.engine.cache.pool import PageLayout
 from kvwatch.engine.cache.protocol import Handle, Match
-from kvwatch.engine.cache.radix_cache import RadixPrefixCache
-from kvwatch.engine.cache.slotcache import SlotPrefixCache
+from kvwatch.engine.cache.radix_backend import RadixPrefixCache
+from kvwatch.engine.cache.slot_backend import SlotPrefixCache
 from kvwatch.engine.config import CacheConfig, PrefixCacheMode
 from kvwatch.engine.events import EventBus
 from kvwatch.engine.faults import Fault

@@ -20,7 +20,7 @@ and that entry's key equals the slot's content key. It erases every other
 entry of the slot to keep it. ``check`` re-validates on the way in anyway:
 an entry whose slot does not hold its prefix is a clean miss.
 
-Nothing here touches pages; ``slotcache`` moves them.
+Nothing here touches pages; ``slot_backend`` moves them.
 """
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ from kvwatch.engine.cache.holder import Holder, PendingKind
 from kvwatch.engine.cache.node import Node
 from kvwatch.engine.cache.protocol import Handle
 from kvwatch.engine.cache.radix import Walk
-from kvwatch.engine.cache.radix_cache import RadixPrefixCache
+from kvwatch.engine.cache.radix_backend import RadixPrefixCache
 
 
 class FullAttentionPrefixCache(RadixPrefixCache):
