@@ -114,3 +114,25 @@ def test_the_engine_example_runs_as_written_and_its_follow_up_hits_the_cache():
     cached = int(lines[-1])
     promised = re.search(r"# (\d+): six 16-token pages", engine_example())
     assert cached == int(promised[1]) == 96  # the comment says what it prints
+
+
+def cache_example() -> str:
+    """The Python block under the README's "Using the cache directly" heading."""
+    text = README.read_text()
+    after = text[text.index("\n## Using the cache directly\n") :]
+    return re.search(r"^```python\n(.*?)^```", after, flags=re.S | re.M)[1]
+
+
+def test_the_cache_example_runs_as_written_and_finds_the_roots_ref():
+    """The example plants the root-ref leak and promises a ref_mismatch on the root;
+    the same lines without the fault find nothing."""
+    example = cache_example()
+    clean = example.replace("faults=frozenset({Fault.ROOT_REF_LEAK_ON_MISS})", "")
+    assert clean != example
+    found = [
+        subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+        for code in (example, clean)
+    ]
+    assert [p.returncode for p in found] == [0, 0], [p.stderr for p in found]
+    assert "REF_MISMATCH" in found[0].stdout and "detail='root:" in found[0].stdout
+    assert found[1].stdout.strip() == "()"

@@ -75,7 +75,7 @@ def test_what_decides_each_row_is_said_and_only_the_engine_counts():
     modelled = real_bugs.replace(counted[0], decided_by="modelled")  # a row that holds
     assert real_bugs.problems([modelled]) == [] and real_bugs.counted([modelled]) == []
     assert f"{len(counted)} rows count" in real_bugs.render(ROWS)
-    wrong = real_bugs.replace(counted[0], decided_by="shim")
+    wrong = real_bugs.replace(counted[0], decided_by="guessed")
     assert [p.split(":")[0] for p in real_bugs.problems([wrong])] == [wrong.id]
 
 
