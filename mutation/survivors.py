@@ -8,7 +8,7 @@ Written by hand after reading the runs: the parts of
 from __future__ import annotations
 
 NOTES: dict[str, str] = {
-    "engine/cache/radix_cache.py:7": (
+    "engine/cache/radix_backend.py:7": (
         "A recovery that must load a host-tier snapshot, where the load fails (the tier.load "
         "failpoint, or a full device pool) and no shallower snapshot on the path is usable: "
         "the root keeps one ref too many (seed 002's leak, on the load path). It survived the "
@@ -39,6 +39,26 @@ NOTES: dict[str, str] = {
 
 
 UNREACHED: dict[str, str] = {
+    "engine/cache/radix.py:RadixTree.evict_all": (
+        "The branch that puts the root in the evict set once the tree empties: it is the "
+        "root-in-evict-set fault's (seed 002), taken only with that fault planted, and the "
+        "programs run the clean engine. The copy makes the fault's add a no-op, so on the "
+        "clean engine the mutant is the clean engine; the fault's own tests "
+        "(tests/engine/cache/test_faults.py) and the fault matrix run the line."
+    ),
+    "server/worker.py:EngineWorker._fail_loads": (
+        "The fail_load test control (a request pushed out to the host tier whose snapshot "
+        "load is failed on purpose) forgets its script once the request is gone or came back "
+        "without a load to fail. The server programs (mutation/serverfuzz.py) send no "
+        "fail_load control; the gate's edges profile does (its cold prompt, every turn), and "
+        "tests/server/test_server_controls.py drives the control directly."
+    ),
+    "server/worker.py:EngineWorker._stop_engine": (
+        "Runs only when an engine step raises outside the engine's per-request failure "
+        "paths, which only an engine bug makes: no load on a correct engine runs it. "
+        "tests/server/test_server_engine_stop.py plants a step that raises and checks that "
+        "the streams in flight end with an error, new requests get a 503 and /health says so."
+    ),
     "engine/scheduler.py:Scheduler._forced_retract": (
         "Runs only with SchedulerConfig.retract_every set, the forced retraction the gate's "
         "agentic-trie and streaming-session profiles turn on (every 6th and 5th step); the "
