@@ -22,8 +22,12 @@ def one_round(wall: float, runs: int) -> dict:
         "gate_s": wall - 5,
         "runs": runs,
         "sum": {"run_s": 400.0, "server_start_s": 10.0, "turns_s": 200.0, "replay_s": 40.0,
+                "settle_s": 30.0, "barrier_s": 50.0,
                 "steps": 9000, "step_s": 120.0, "watch_s": 60.0, "calls_s": 30.0},
         "profiles": {"edges": 90.0, "chaos": 50.0},
+        "runs_time": [{"profile": "edges", "c": 8, "run_s": 60.0, "turns_s": 40.0,
+                       "settle_s": 5.0, "barrier_s": 10.0, "drain_s": 4.0, "replay_s": 6.0,
+                       "step_s": 20.0}],
     }  # fmt: skip
 
 
@@ -41,13 +45,20 @@ def test_each_tier_shows_its_median_every_round_and_whether_it_met_its_target():
         in text
     )
     assert (
-        "| quick | `kvwatch gate --quick` | 8 | 1 min 10 s | 70.0 s (seed 1) | 2 min 00 s | yes |"
+        "| quick | `kvwatch gate --quick` | 8 | 1 min 10 s | 70.0 s (seed 1) | 1 min 30 s | yes |"
         in text
     )
-    # the phases are shares of the lanes' time: 200 of 410 s in judged turns
-    assert "| judged turns, each with its barrier | 200.0 | 49% |" in text
-    assert "| **lanes, end to end** | **410.0** | 100% |" in text
-    assert "120.0 s in engine steps, 60.0 s in the probe after every step" in text
+    # the phases are shares of the lanes' time and ratios to the engine's compute: the
+    # turns' 200 s less their barriers' 30 + 50 s is load
+    assert "| load: the turns' requests, served | 120.0 | 29% | 1.00 |" in text
+    assert (
+        "| barriers: probes, audits, flushes, heap samples at the idle engine | 50.0 | 12% | 0.42 |"
+        in text
+    )
+    assert "| **lanes, end to end** | **410.0** | 100% | **3.42** |" in text
+    assert "120.0 s in engine steps (the engine's own compute), 60.0 s in the probe" in text
+    # and each run's: 40 - 5 - 10 = 25 s of load, 60 s over 20 s of compute
+    assert "| edges | 8 | 60.0 | 25.0 | 5.0 | 10.0 | 4.0 | 6.0 | 20.0 | 3.00 |" in text
 
 
 def test_a_tier_over_its_target_says_no():

@@ -26,7 +26,7 @@ from collections import defaultdict
 
 import pytest
 
-from kvwatch.harness.time_spent import ENGINE, WALL
+from kvwatch.harness.time_spent import BARRIER, ENGINE, WALL
 
 pytestmark = pytest.mark.e2e
 
@@ -42,17 +42,25 @@ CHOSEN = TIERS if SELECTED == "tiers" else SMOKE
 
 def profile_of(summary: dict) -> dict:
     """The runs' time, summed: each wall phase and the engine thread's CPU, over
-    every run and per profile (its server start and runs, end to end)."""
+    every run and per profile (its server start and runs, end to end); and each run's
+    own (``runs``: profile, c and its phases)."""
     total: dict[str, float] = defaultdict(float)
     per_profile: dict[str, float] = defaultdict(float)
+    keys = (*WALL, *BARRIER, "run_s", "steps", *ENGINE)
+    each = []
     for run in summary["runs"]:
         spent = run.get("time") or {}
-        for key in (*WALL, "run_s", "steps", *ENGINE):
+        for key in keys:
             total[key] += spent.get(key, 0)
         per_profile[run["profile"]] += spent.get("run_s", 0) + spent.get("server_start_s", 0)
+        each.append(
+            {"profile": run["profile"], "c": run["concurrency"]}
+            | {k: round(spent.get(k, 0), 2) for k in keys}
+        )
     return {
         "sum": {k: round(v, 1) for k, v in total.items()},
         "profiles": {k: round(v, 1) for k, v in per_profile.items()},
+        "runs_time": each,
     }
 
 

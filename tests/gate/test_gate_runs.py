@@ -64,6 +64,8 @@ def test_a_clean_gate_passes_at_each_concurrency_and_writes_its_outputs(tmp_path
         phases = [spent[k] for k in WALL if k != "server_start_s"]
         assert all(v > 0 for v in phases) and sum(phases) <= spent["run_s"] + 0.01, spent
         assert (spent["server_start_s"] > 0) == (run["concurrency"] == 1)  # the first run's
+        # the barriers' waits and probes are parts of the turns' time
+        assert 0 < spent["settle_s"] + spent["barrier_s"] <= spent["warmup_s"] + spent["turns_s"]
         assert spent["steps"] > 0 and spent["step_s"] > 0 and spent["watch_s"] > 0, spent
         where = tmp_path / "runs" / f"agentic-trie-c{run['concurrency']}"
         stats = {r["Name"]: r for r in csv.DictReader((where / "locust_stats.csv").open())}

@@ -8,6 +8,8 @@ the drain timeout out: a run of many turns must not wait once per turn.
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from kvwatch.contracts import FindingKind, finding
@@ -137,3 +139,33 @@ def test_a_finding_told_once_while_the_run_drains_at_its_end_is_kept():
     verdict = requests.detect(record)
     assert verdict.failed and verdict.after_drain, verdict
     assert "still runs" in verdict.evidence[0].detail
+
+
+class SlowProbeSource(EngineSource):
+    """Each probe takes at least 10 ms of wall time."""
+
+    def probe(self):
+        time.sleep(0.01)
+        return super().probe()
+
+
+def test_a_barrier_splits_its_time_into_the_wait_for_idle_and_its_probes():
+    """A barrier's wait for the engine to get idle is its ``settle_s``; the probes it
+    takes at the idle engine are its ``barrier_s``. Both are lower bounds that hold on
+    any machine: a stuck request makes the first barrier wait out the drain timeout,
+    and every barrier takes at least one 10 ms probe after its wait."""
+    engine = Engine()
+    recorder = TurnRecorder(SlowProbeSource(engine), RecorderOptions(warmup=1, drain_timeout=0.2))
+    recorder.start()
+    rid = engine.add_request("a request that stops half-way " * 4, SamplingParams(max_tokens=8))
+    while engine.request_info(rid).output_tokens < 2:
+        engine.step()
+    engine.pause(rid)
+    stuck = recorder.barrier(0)
+    engine.resume(rid)
+    while not engine.request_info(rid).done:
+        engine.step()
+    engine.take(rid)
+    idle = recorder.barrier(1)
+    assert stuck.settle_s >= 0.2 and stuck.barrier_s >= 0.01
+    assert idle.barrier_s >= 0.01 and idle.settle_s < 0.2

@@ -3,7 +3,7 @@ the engine thread's CPU over the run."""
 
 from __future__ import annotations
 
-from kvwatch.harness.time_spent import TimeSpent, engine_cpu, load_phases
+from kvwatch.harness.time_spent import TimeSpent, barrier_phases, engine_cpu, load_phases
 
 
 def test_the_load_phases_split_the_load_at_the_recorders_marks():
@@ -35,3 +35,11 @@ def test_time_spent_goes_to_json_and_back():
     spent = TimeSpent(run_s=9.5, warmup_s=2.25, steps=12, watch_s=0.5)
     assert TimeSpent.from_json(spent.to_json()) == spent
     assert TimeSpent.from_json(None) is None
+
+
+def test_the_barriers_share_of_the_turns_is_their_waits_and_their_probes():
+    assert barrier_phases([0.5, 1.25, 0.25], [2.0, 1.0, 1.5]) == {
+        "settle_s": 2.0,
+        "barrier_s": 4.5,
+    }
+    assert barrier_phases([], []) == {"settle_s": 0, "barrier_s": 0}

@@ -25,17 +25,31 @@ from md_section import measured, replace_section
 HEADING = "## The gate's time"
 BENCH = "test_gate_wall_time"
 COMMAND = "make bench-gate"
-TARGETS = {"default": 300.0, "quick": 120.0}  # seconds on 2 cores
+TARGETS = {"default": 300.0, "quick": 90.0}  # seconds on 2 cores
 MUTATION_SCORE = Path(__file__).resolve().parents[2] / "docs" / "mutation-score.json"
+# the lanes' phases, in the order a run goes; "load" is the turns' time less their
+# barriers' (warmup_s + turns_s - settle_s - barrier_s: the clients' requests while
+# the engine computes them)
 PHASES = {
     "server_start_s": "servers starting (one per profile)",
     "load_start_s": "Locust starting, users set up, baseline probe",
-    "warmup_s": "warm-up turns, each with its barrier",
-    "turns_s": "judged turns, each with its barrier",
+    "load_s": "load: the turns' requests, served",
+    "settle_s": "barriers: waiting for the engine to finish what the clients left",
+    "barrier_s": "barriers: probes, audits, flushes, heap samples at the idle engine",
     "drain_s": "sessions closed, drained, flushed, last probe",
     "load_stop_s": "Locust stopping, record handed over",
     "replay_s": "cache-off replay (the gate's process)",
 }
+RUN_COLUMNS = ("run_s", "load_s", "settle_s", "barrier_s", "drain_s", "replay_s", "step_s")
+
+
+def with_load(spent: dict) -> dict:
+    """``spent`` with ``load_s``: the turns' time less their barriers' (never below 0)."""
+    turns = spent.get("warmup_s", 0) + spent.get("turns_s", 0)
+    barriers = spent.get("settle_s", 0) + spent.get("barrier_s", 0)
+    return {**spent, "load_s": max(0.0, turns - barriers)}
+
+
 HOW = [
     "A lane is one profile's server, its Locust runs and its replays; `--jobs` (one per core) "
     "runs that many lanes side by side, so the lanes' seconds add up to more than the wall "
@@ -105,34 +119,66 @@ def _tiers(tiers: dict[str, dict]) -> list[str]:
     return lines
 
 
+def _ratio(seconds: float, compute: float) -> str:
+    return f"{seconds / compute:.2f}" if compute > 0 else "-"
+
+
 def _profile(i: dict) -> list[str]:
-    """Where one round of the tier went: the phases summed over its runs."""
+    """Where one round of the tier went: the phases summed over its runs, each also
+    per second of the engine's own compute (its steps' CPU over the same runs: a ratio
+    the machine's speed scales on both sides)."""
     r = i["rounds"][0]
-    total, lanes = r["sum"], r["sum"].get("run_s", 0) + r["sum"].get("server_start_s", 0)
-    lines = ["| phase | seconds, all runs | share of lane time |", "|---|---|---|"]
+    total = with_load(r["sum"])
+    lanes = total.get("run_s", 0) + total.get("server_start_s", 0)
+    compute = total.get("step_s", 0)
+    lines = [
+        "| phase | seconds, all runs | share of lane time | per second of engine compute |",
+        "|---|---|---|---|",
+    ]
     named = 0.0
     for key, what in PHASES.items():
         named += total.get(key, 0)
         lines.append(
-            f"| {what} | {total.get(key, 0):.1f} | {100 * total.get(key, 0) / lanes:.0f}% |"
+            f"| {what} | {total.get(key, 0):.1f} | {100 * total.get(key, 0) / lanes:.0f}% "
+            f"| {_ratio(total.get(key, 0), compute)} |"
         )
     rest = max(0.0, lanes - named)
-    lines.append(
-        f"| the rest (coverage, arming, record, judging) | {rest:.1f} | {100 * rest / lanes:.0f}% |"
-    )
     lines += [
-        f"| **lanes, end to end** | **{lanes:.1f}** | 100% |",
+        f"| the rest (coverage, arming, record, judging) | {rest:.1f} | {100 * rest / lanes:.0f}% "
+        f"| {_ratio(rest, compute)} |",
+        f"| **lanes, end to end** | **{lanes:.1f}** | 100% | **{_ratio(lanes, compute)}** |",
         "",
         f"The servers' engine threads over those runs (CPU seconds): {int(total.get('steps', 0))} "
-        f"steps; {total.get('step_s', 0):.1f} s in engine steps, {total.get('watch_s', 0):.1f} s in "
-        f"the probe after every step (`/debug/watch`), {total.get('calls_s', 0):.1f} s in calls "
-        "between steps (barrier and mid-turn probes, heap samples, census, flushes, coverage). "
-        "After the runs (summary, report) and before them (imports): "
-        f"{max(0.0, r['wall_s'] - r['gate_s']):.1f} s of the {r['wall_s']} s wall time.",
+        f"steps; {compute:.1f} s in engine steps (the engine's own compute), "
+        f"{total.get('watch_s', 0):.1f} s in the probe after every step (`/debug/watch`), "
+        f"{total.get('calls_s', 0):.1f} s in calls between steps (barrier and mid-turn probes, "
+        "heap samples, census, flushes, coverage). After the runs (summary, report) and before "
+        f"them (imports): {max(0.0, r['wall_s'] - r['gate_s']):.1f} s of the {r['wall_s']} s "
+        "wall time.",
         "",
         "Per profile, its server and runs end to end (s): "
         + ", ".join(f"{p} {s}" for p, s in sorted(r["profiles"].items(), key=lambda kv: -kv[1])),
     ]
+    return lines + _per_run(r.get("runs_time", []))
+
+
+def _per_run(runs: list[dict]) -> list[str]:
+    """Each run's phases (s) and its wall time per second of its engine's compute."""
+    if not runs:
+        return []
+    lines = [
+        "",
+        "| profile | c | run | load | settle | barriers | drain | replay | engine compute "
+        "| run per second of compute |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for run in runs:
+        spent = with_load(run)
+        cells = " | ".join(f"{spent.get(k, 0):.1f}" for k in RUN_COLUMNS)
+        lines.append(
+            f"| {run['profile']} | {run['c']} | {cells} "
+            f"| {_ratio(spent.get('run_s', 0), spent.get('step_s', 0))} |"
+        )
     return lines
 
 

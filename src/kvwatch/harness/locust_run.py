@@ -28,7 +28,7 @@ from kvwatch.harness.plan import RunPlan
 from kvwatch.harness.progress import Progress, turn_line
 from kvwatch.harness.run_record import RunRecord
 from kvwatch.harness.specs import RunSpec
-from kvwatch.harness.time_spent import TimeSpent, load_phases
+from kvwatch.harness.time_spent import TimeSpent, barrier_phases, load_phases
 from kvwatch.processes import free_port, stop
 
 # found without importing it: importing Locust's user classes pulls gevent in
@@ -55,6 +55,7 @@ def run_turns(plan: RunPlan, spec: RunSpec, user: str) -> RunRecord:
     progress_file(record).unlink(missing_ok=True)
     ends = [t.at for t in run.turns if t.at is not None]
     phases = load_phases(spawned, run.started_at, ends, run.warmup, run.ended_at, exited)
+    phases |= barrier_phases([t.settle_s for t in run.turns], [t.barrier_s for t in run.turns])
     return run._replace(spent=TimeSpent(run_s=exited - spawned, **phases))
 
 

@@ -217,9 +217,11 @@ class TurnRecorder:
             self.sampled.append(self.source.probe())
 
     def barrier(self, turn: int, reports: Sequence[Mapping] = (), *, drain: bool = True) -> Turn:
+        began = time.monotonic()
         self.source.answering()
         if drain:
             self._drain()
+        settled = time.monotonic()
         if self.white_box and self.options.flush_every_turn:
             self.source.flush()
         conversations = sum(r.get("conversations", 0) for r in reports)
@@ -257,6 +259,8 @@ class TurnRecorder:
             at=self.clock(),
             requests=_counts(reports),
             pool_gauges=pool,
+            settle_s=round(settled - began, 3),
+            barrier_s=round(time.monotonic() - settled, 3),
         )
         self.turns.append(entry)
         return entry

@@ -266,6 +266,10 @@ class Turn(NamedTuple):
     # white-box: the pool gauges around the barrier probe, the engine idle (None: not
     # read, or they moved between the reads around the probe)
     pool_gauges: dict[str, float] | None = None
+    # the barrier's wall time: waiting for the engine to finish what the clients left
+    # (``settle_s``), then the probes, flushes and samples at the idle engine (``barrier_s``)
+    settle_s: float = 0.0
+    barrier_s: float = 0.0
 
     @property
     def barrier(self) -> ProbeReport | None:
@@ -282,6 +286,8 @@ class Turn(NamedTuple):
             "at": self.at,
             "requests": self.requests.to_json() if self.requests is not None else None,
             "pool_gauges": self.pool_gauges,
+            "settle_s": self.settle_s,
+            "barrier_s": self.barrier_s,
         }
 
     @classmethod
@@ -296,6 +302,8 @@ class Turn(NamedTuple):
             t.get("at"),
             Counts.from_json(t["requests"]) if t.get("requests") else None,
             t.get("pool_gauges"),
+            t.get("settle_s", 0.0),
+            t.get("barrier_s", 0.0),
         )
 
 

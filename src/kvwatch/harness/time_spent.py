@@ -6,6 +6,9 @@ Wall-clock seconds from the gate's side, in the order a run goes::
     load_start_s    Locust started, its users set up, the recorder's baseline probe
     warmup_s        the warm-up turns, each with its barrier (drain, probes, samples)
     turns_s         the judged turns, each with its barrier
+      settle_s      of those two, the barriers' waits for the engine to finish what
+                    the clients left (it is still computing: load)
+      barrier_s     and the barriers' probes, flushes and samples at the idle engine
     drain_s         sessions closed, the engine drained and flushed, the last probe
     load_stop_s     Locust stopping and handing its record over
     replay_s        the comparable requests again on the cache-off engine
@@ -30,6 +33,8 @@ WALL = (
     "load_stop_s",
     "replay_s",
 )
+# parts of warmup_s and turns_s: the barriers' waits, then their probes
+BARRIER = ("settle_s", "barrier_s")
 ENGINE = ("step_s", "watch_s", "calls_s")
 
 
@@ -42,6 +47,8 @@ class TimeSpent(NamedTuple):
     drain_s: float = 0.0
     load_stop_s: float = 0.0
     replay_s: float = 0.0
+    settle_s: float = 0.0
+    barrier_s: float = 0.0
     steps: int = 0
     step_s: float = 0.0
     watch_s: float = 0.0
@@ -78,6 +85,11 @@ def load_phases(
         "drain_s": max(0.0, ended - turn_ends[-1]),
         "load_stop_s": max(0.0, exited - ended),
     }
+
+
+def barrier_phases(settles: list[float], barriers: list[float]) -> dict[str, float]:
+    """The barriers' share of the turns: their waits for the engine, their probes."""
+    return {"settle_s": sum(settles), "barrier_s": sum(barriers)}
 
 
 def engine_cpu(before: dict, after: dict) -> dict[str, float]:
