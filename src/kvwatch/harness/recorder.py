@@ -221,7 +221,7 @@ class TurnRecorder:
         self.source.answering()
         if drain:
             self._drain()
-        settled = time.monotonic()
+        idle_at = time.monotonic()
         if self.white_box and self.options.flush_every_turn:
             self.source.flush()
         conversations = sum(r.get("conversations", 0) for r in reports)
@@ -259,8 +259,8 @@ class TurnRecorder:
             at=self.clock(),
             requests=_counts(reports),
             pool_gauges=pool,
-            settle_s=round(settled - began, 3),
-            barrier_s=round(time.monotonic() - settled, 3),
+            settle_s=round(idle_at - began, 3),
+            barrier_s=round(time.monotonic() - idle_at, 3),
         )
         self.turns.append(entry)
         return entry
