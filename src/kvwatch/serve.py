@@ -34,8 +34,9 @@ HEAD_BUFFER_FACTOR = 4
 # A client that sends on a connection just as the server closes it gets no
 # answer; agents pause between turns for longer than 5 s on a loaded machine.
 KEEP_ALIVE_S = 75
-# One engine read serves every gauge of a scrape; a scrape's callbacks run
-# within milliseconds, and a reader at a turn barrier wants fresh values.
+# One engine read serves every gauge of a scrape: each scrape expires the last
+# read first, so a reader at a turn barrier sees the engine as it is now; a
+# scrape's callbacks run within milliseconds, well inside this age.
 STATS_MAX_AGE_S = 0.05
 # The exit code after SIGINT stopped the server: 128 + 2, as a shell reports it.
 INTERRUPTED = 130
@@ -75,16 +76,21 @@ def build(
     engine = Engine(config or engine_config(options))
     worker = EngineWorker(engine)
     telemetry = Telemetry(run_dir=options.run_dir)
-    instrument(
+    stats = instrument(
         engine.events,
         lambda: worker.call(engine.stats).result(STATS_TIMEOUT_S),
         telemetry,
         stats_max_age=STATS_MAX_AGE_S,
-    )
+    ).metrics.stats
+
+    def render_metrics() -> tuple[bytes, str]:
+        stats.expire()  # one fresh engine read per scrape, after whatever came before it
+        return telemetry.render_metrics()
+
     app = create_app(
         worker,
         options.settings,
-        metrics=telemetry.render_metrics,
+        metrics=render_metrics,
         coverage=counted(engine),
         on_ready=on_ready,
     )

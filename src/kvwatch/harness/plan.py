@@ -150,7 +150,9 @@ class RunPlan:
     sample_every: float = 0.1  # seconds between probes while a turn runs (0: barriers only)
     drain_timeout: float = 120.0
     turn_timeout: float = 180.0  # no barrier completes for this long: the run broke
-    metrics_settle: float = 0.1  # seconds to wait before a scrape, past the gauges' caching
+    # seconds to wait before a scrape, past a server's caching of its gauges (kvwatch
+    # serve reads its engine afresh at every scrape: 0)
+    metrics_settle: float = 0.1
     model: str = MODEL_NAME
     soak: bool = False  # free-running episodes, no barrier (see above)
     gauges: GaugePreset = field(default_factory=lambda: PRESETS["kvwatch"])

@@ -39,7 +39,8 @@ from kvwatch.instrumentation.tally import Tally, attr_key
 
 
 class StatsCache:
-    """The latest ``EngineStats``, re-read when older than ``max_age`` seconds."""
+    """The latest ``EngineStats``, re-read when older than ``max_age`` seconds or
+    once ``expire`` was called (a scrape starting: it must see what came before it)."""
 
     def __init__(self, source: Callable[[], EngineStats], max_age: float = 0.25) -> None:
         self.source, self.max_age = source, max_age
@@ -53,6 +54,11 @@ class StatsCache:
             if self._value is None or now - self._at > self.max_age:
                 self._value, self._at = self.source(), now
             return self._value
+
+    def expire(self) -> None:
+        """The next ``get`` reads the engine again, however recent the last read."""
+        with self._lock:
+            self._value = None
 
 
 def _pool_pages(stats: EngineStats) -> Iterable[Observation]:

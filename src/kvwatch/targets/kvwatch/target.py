@@ -146,6 +146,7 @@ class KvwatchServed(Served):
             white_box=True,
             token=self.server.token,
             metrics_url=f"{self.server.url}/metrics",
+            metrics_settle=0.0,
         )
         # c = 1 runs the load as written (a seed's sequence, step by step); the
         # cache's failure paths are taken at c >= 2, on the schedule's next hits
@@ -186,6 +187,7 @@ class KvwatchServed(Served):
             warmup=spec.warmup,
             seed=spec.seed,
             metrics_url=f"{server.url}/metrics",
+            metrics_settle=0.0,  # each scrape reads the engine afresh (kvwatch serve)
             source=ProbeSpec(
                 factory=SOURCE,
                 white_box=True,
