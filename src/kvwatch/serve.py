@@ -93,6 +93,7 @@ def build(
         metrics=render_metrics,
         coverage=counted(engine),
         on_ready=on_ready,
+        heap_settle=telemetry.write_spans,  # no span batch half-written in a heap snapshot
     )
     return app, worker, telemetry
 

@@ -28,7 +28,7 @@ def test_a_scrape_right_after_a_change_sees_it(monkeypatch):
     """With a cache that would keep a read for an hour, each scrape still reads the
     engine: a session opened between two scrapes is in the second."""
     monkeypatch.setattr(serve, "STATS_MAX_AGE_S", 3600.0)
-    app, worker, telemetry = build(ServeOptions())
+    app, _worker, telemetry = build(ServeOptions())
     try:
         with serving(app) as url:
             live = prom(SESSIONS_LIVE)

@@ -16,6 +16,11 @@ A sample is JSON-ready, in the shape the snapshot endpoint answers::
      "since_mark": [{"site": "/.../worker.py:120", "size_diff": 9000,
                      "count_diff": 150}, ...]}
 
+Other threads of the process may be mid-way through work of their own when a
+snapshot is taken (a batch of spans being written, its strings alive for a
+moment): ``settle``, called before every snapshot, lets them finish it, so
+what a snapshot holds is what is kept, not what happened to be in flight.
+
 ``mark`` keeps a scope's snapshot as a fixed reference: every later sample
 also reports the growth by site since then (``since_mark``, growing sites
 only, largest first), which is what is left of a stretch of work between two
@@ -28,7 +33,7 @@ from __future__ import annotations
 
 import gc
 import tracemalloc
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from types import MappingProxyType
 
 TRACE_FRAMES = 16
@@ -43,9 +48,15 @@ class HeapTracker:
     # one snapshot per scope (registry walks check the bound)
     __bounded__ = MappingProxyType({"scopes": 8, "last": 8, "marks": 8})
 
-    def __init__(self, scopes: Mapping[str, str | tuple[str, ...]]) -> None:
+    def __init__(
+        self,
+        scopes: Mapping[str, str | tuple[str, ...]],
+        settle: Callable[[], object] | None = None,
+    ) -> None:
         """``scopes``: name -> file glob(s), besides ``process`` (everything); a
-        glob that starts with ``!`` leaves those files out."""
+        glob that starts with ``!`` leaves those files out. ``settle`` is called
+        before every snapshot (see above)."""
+        self.settle = settle
         self.scopes = {
             PROCESS: None,
             **{k: (v,) if isinstance(v, str) else tuple(v) for k, v in scopes.items()},
@@ -61,7 +72,7 @@ class HeapTracker:
             tracemalloc.stop()
         if not tracemalloc.is_tracing():
             tracemalloc.start(frames)
-        snap = _snapshot()
+        snap = self._snapshot()
         self.last = {name: self._scoped(snap, name) for name in self.scopes}
         self.marks = {}
         return {"tracing": True, "frames": tracemalloc.get_traceback_limit()}
@@ -73,8 +84,13 @@ class HeapTracker:
     def mark(self, scope: str = PROCESS) -> dict:
         """Keep ``scope``'s heap now as the reference of later samples' ``since_mark``."""
         self._check(scope)
-        self.marks[scope] = self._scoped(_snapshot(), scope)
+        self.marks[scope] = self._scoped(self._snapshot(), scope)
         return {"scope": scope, "marked": True}
+
+    def _snapshot(self) -> tracemalloc.Snapshot:
+        if self.settle is not None:
+            self.settle()
+        return _snapshot()
 
     def _check(self, scope: str) -> None:
         if scope not in self.scopes:
@@ -86,7 +102,7 @@ class HeapTracker:
         """Live bytes in ``scope`` now, its ``sites`` largest allocation sites, and
         the ``top`` largest growths by traceback since its previous sample."""
         self._check(scope)
-        snap = self._scoped(_snapshot(), scope)
+        snap = self._scoped(self._snapshot(), scope)
         last = self.last.get(scope)
         growth = snap.compare_to(last, "traceback") if last else []
         self.last[scope] = snap

@@ -53,14 +53,16 @@ class Telemetry:
         self.registry = CollectorRegistry()
         readers = [PrometheusMetricReader(registry=self.registry), *metric_readers]
         processors = list(span_processors)
+        self._span_file_processor: BatchSpanProcessor | None = None
         if run_dir is not None:
             self.span_file = Path(run_dir) / SPAN_FILE
             # Batched: the engine thread only queues a finished span; a worker
             # thread serialises and writes them, about once a second.
             exporter = SpanFileExporter(self.span_file)
-            processors.append(
-                BatchSpanProcessor(exporter, schedule_delay_millis=SPAN_FILE_DELAY_MS)
+            self._span_file_processor = BatchSpanProcessor(
+                exporter, schedule_delay_millis=SPAN_FILE_DELAY_MS
             )
+            processors.append(self._span_file_processor)
         if otlp:
             from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
             from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
@@ -79,6 +81,13 @@ class Telemetry:
     def render_metrics(self) -> tuple[bytes, str]:
         """The Prometheus page: the exporter's registry in the text format."""
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+    def write_spans(self) -> None:
+        """Write the span file's queued spans now, waiting for a batch its thread
+        is writing: afterwards no batch of it is in flight. (The OTLP exporter is
+        left to its own schedule: a collector out of reach must not hold a caller.)"""
+        if self._span_file_processor is not None:
+            self._span_file_processor.force_flush()
 
     def shutdown(self) -> None:
         self.tracer_provider.shutdown()

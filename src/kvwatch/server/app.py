@@ -39,11 +39,13 @@ def create_app(
     clock: SessionClock | None = None,
     coverage: Callable[[], dict] | None = None,
     on_ready: Callable[[], None] | None = None,
+    heap_settle: Callable[[], object] | None = None,
 ) -> FastAPI:
     """``clock`` times idle sessions (default: monotonic seconds); tests pass their own.
     ``coverage`` counts the lifecycle transitions taken (``GET /debug/coverage``).
     ``on_ready`` is called once the app's startup is done (the worker runs the
-    engine): from then on ``GET /health`` answers 200 and requests are served."""
+    engine): from then on ``GET /health`` answers 200 and requests are served.
+    ``heap_settle`` runs before every heap snapshot (``heap_tracker``)."""
     settings = settings or ServerSettings()
 
     @asynccontextmanager
@@ -64,7 +66,7 @@ def create_app(
     app = FastAPI(title="kvwatch", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.worker = worker
     app.state.settings = settings
-    app.state.heap = heap_tracker()
+    app.state.heap = heap_tracker(heap_settle)
     app.state.coverage = coverage
     app.state.clock = clock or SessionClock()
     app.state.clock.follow(worker.engine.events)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hmac
 import importlib.util
+from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
 
@@ -52,10 +53,11 @@ KVWATCH_FILES = (
 )
 
 
-def heap_tracker() -> HeapTracker:
+def heap_tracker(settle: Callable[[], object] | None = None) -> HeapTracker:
     """The server's sampler: the whole process, the engine's own code (``engine``),
-    or all of kvwatch's code in the process (``kvwatch``)."""
-    return HeapTracker({"engine": ENGINE_FILES, "kvwatch": KVWATCH_FILES})
+    or all of kvwatch's code in the process (``kvwatch``); ``settle`` finishes the
+    work other threads have in hand before each snapshot (the span file's batch)."""
+    return HeapTracker({"engine": ENGINE_FILES, "kvwatch": KVWATCH_FILES}, settle)
 
 
 def require_token(request: Request) -> None:
