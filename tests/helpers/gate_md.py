@@ -69,7 +69,8 @@ HOW = [
     "sets TCP_NODELAY on each connection; before, every answer on a kept-alive connection "
     "waited for the client's delayed ACK, about 40 ms a request: 338 s -> 301 s (the quick "
     "tier's own elapsed time 73 s -> 61 s). (2) A scrape of `/metrics` reads the engine "
-    "afresh, so a reader at a barrier no longer sleeps 0.1 s before each scrape to get past the gauges' cache (two or "
+    "afresh, so a reader at a barrier no longer sleeps 0.1 s before each scrape to get "
+    "past the gauges' cache (two or "
     "three scrapes a barrier): the barriers' lane time 121 s -> 58 s, the wall 301 s -> "
     "266 s. (3) A heap snapshot first waits for the span file's batch in flight (a "
     "correctness fix the faster barriers exposed: a batch half-written counted as a leak).",
