@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import httpx
 from inprocserver import serving
+from serverproc import wait_idle
 
 from kvwatch.engine import events, scheduler
 from kvwatch.gate.verdicts.detectors import counter_truth, gauge_trend
@@ -69,6 +70,9 @@ def _token_load(url: str) -> None:
             ]
             sent = {**body, "messages": msg, **({"kvwatch": kvwatch} if kvwatch else {})}
             assert http.post("/v1/chat/completions", json=sent).status_code in (200, 400)
+        # the last request's abort is answered before the engine's next step lets it
+        # go; a flush before then is refused (409 engine_busy), as the server promises
+        assert wait_idle(url)["live_requests"] == 0
         assert http.post("/debug/flush_cache").status_code == 200
 
 
