@@ -45,6 +45,8 @@ from kvwatch.targets.kvwatch.serve import EngineServer
 # per-step probes ran 3.4x slower with it (144 s against 42 s).
 HEAP_UP_TO = 2
 SOURCE = "kvwatch.harness.sources:HttpSource.for_plan"
+# kvwatch serve reads its engine afresh at every scrape: no wait past a gauge cache
+SCRAPE_SETTLE_S = 0.0
 
 
 class KvwatchTarget(Target):
@@ -146,7 +148,7 @@ class KvwatchServed(Served):
             white_box=True,
             token=self.server.token,
             metrics_url=f"{self.server.url}/metrics",
-            metrics_settle=0.0,
+            metrics_settle=SCRAPE_SETTLE_S,
         )
         # c = 1 runs the load as written (a seed's sequence, step by step); the
         # cache's failure paths are taken at c >= 2, on the schedule's next hits
@@ -187,7 +189,7 @@ class KvwatchServed(Served):
             warmup=spec.warmup,
             seed=spec.seed,
             metrics_url=f"{server.url}/metrics",
-            metrics_settle=0.0,  # each scrape reads the engine afresh (kvwatch serve)
+            metrics_settle=SCRAPE_SETTLE_S,
             source=ProbeSpec(
                 factory=SOURCE,
                 white_box=True,
