@@ -12,6 +12,8 @@ from kvwatch.loadtests.turns import Chat, TurnUser, parallel
 from kvwatch.loadtests.users import sentence
 
 CLOSE_TRIES = 50  # x 0.1 s: a cut turn of a session may still be aborting
+# the server aborts the turn itself at its first decoding step (test controls only)
+SERVER_CUT = {"kvwatch": {"abort_in": "decoding"}}
 # A hedged tool result is pushed out once it has computed two snapshot intervals
 # (the engine's 64-token big pages) past its cached prefix, so it owns state, and
 # held on the host tier long enough for its hedge to pass it.
@@ -145,7 +147,14 @@ class SessionUser(TurnUser):
 class StreamingSessionUser(SessionUser):
     """streaming-session: an agent with two kept session slots (planner and worker)
     streaming turns side by side with speculative decoding; the first turn of one
-    is cut mid-stream."""
+    is cut mid-stream by its client.
+
+    Where that hang-up lands is up to the scheduler: at c = 1 it can reach the
+    server while the periodic retraction holds the turn, and a turn aborted while
+    retracted leaves no tail in its slot. So where the server takes test
+    controls, the other slot's first turn is also aborted by the server at its
+    first decoding step: every run resumes at least one session over the pages
+    an aborted turn left behind (the ``[prefix_len, allocated_len)`` tail)."""
 
     def setup(self) -> None:
         super().setup()
@@ -161,6 +170,7 @@ class StreamingSessionUser(SessionUser):
                 session_id=sid,
                 max_tokens=48 if t == 0 else 16,
                 cut_after=self.rng.randint(2, 6) if t == 0 and i == 0 else None,
+                extra=SERVER_CUT if t == 0 and i == 1 and self.plan.test_controls else None,
             )
 
         parallel(*(lambda i=i, s=s: session_turn(i, s) for i, s in enumerate(self.sessions)))
