@@ -214,13 +214,13 @@ FRESH: tuple[FreshBug, ...] = (
         find=(
             "        self.in_flight = None\n"
             "        if not record:\n"
-            "            if not req.admitted:\n"
+            "            if not req.admitted and not self.keep_unrun_turn:\n"
             "                del self.tokens[self.turn_start :]\n"
             "            return\n"
         ),
         replace=(
             "        if not record:\n"
-            "            if not req.admitted:\n"
+            "            if not req.admitted and not self.keep_unrun_turn:\n"
             "                del self.tokens[self.turn_start :]\n"
             "            return\n"
             "        self.in_flight = None\n"

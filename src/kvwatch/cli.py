@@ -33,16 +33,21 @@ def _print_json(entries: list[dict]) -> int:
 
 def _faults(args: argparse.Namespace) -> int:
     from kvwatch.engine.faults import REGISTRY
-    from kvwatch.gate.verdicts.catches import CATCHES
+    from kvwatch.gate.verdicts.catches import HISTORY_TIER, catch_of
 
-    entries = [{**info.as_dict(), **CATCHES[info.name]._asdict()} for info in REGISTRY.values()]
+    entries = [{**info.as_dict(), **catch_of(info.name)._asdict()} for info in REGISTRY.values()]
     if args.json:
         return _print_json(entries)
     width = max(len(e["name"]) for e in entries)
     streams.out(f"{'fault':<{width}}  seed  summary (and what catches it)")
     for e in entries:
         streams.out(f"{e['name']:<{width}}  {e['seed']:<4}  {e['summary']}")
-        streams.out(f"{'':<{width}}        caught by {e['detector']} on profile {e['profile']}")
+        where = (
+            f"the {e['detector']} check of kvwatch histories"
+            if e["profile"] == HISTORY_TIER
+            else f"{e['detector']} on profile {e['profile']}"
+        )
+        streams.out(f"{'':<{width}}        caught by {where}")
     return 0
 
 
@@ -332,11 +337,34 @@ def _read_config(path: Path) -> dict:
     return data
 
 
+def _histories(args: argparse.Namespace) -> int:
+    from kvwatch.histories.command import HistoryOptions, parse_seeds, replay, run
+
+    try:
+        if args.replay is not None:
+            return replay(args.replay)
+        options = HistoryOptions(
+            engine=args.engine,
+            seeds=parse_seeds(args.seeds),
+            turns=args.turns,
+            ops=args.ops,
+            sets=tuple(args.engine_set),
+            faults=tuple(args.inject),
+            out=args.out,
+            shrink_budget=args.shrink_budget,
+        )
+        return run(options)
+    except (ValueError, OSError) as exc:
+        streams.err(f"kvwatch histories: {exc}")
+        return 2
+
+
 HANDLERS = {
     "faults": _faults,
     "serve": _serve,
     "profiles": _profiles,
     "gate": _gate,
+    "histories": _histories,
     "dashboards_build": _dashboards_build,
     "dashboards_push": _dashboards_push,
 }

@@ -104,6 +104,16 @@ def _port(text: str) -> int:
     return port
 
 
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"want a whole number >= 1, got {text!r}")
+    return value
+
+
 def _duration(text: str) -> float:
     from kvwatch.gate.soak import parse_duration
 
@@ -127,8 +137,37 @@ def build_parser() -> argparse.ArgumentParser:
     profiles.add_argument("--json", action="store_true", help="print the profiles as JSON")
     profiles.set_defaults(handler="profiles")
     _add_gate(sub)
+    _add_histories(sub)
     _add_dashboards(sub)
     return parser
+
+
+def _add_histories(sub: argparse._SubParsersAction) -> None:
+    histories = sub.add_parser(
+        "histories",
+        help="play generated client histories on an engine in process, judge, shrink failures",
+    )
+    histories.add_argument("--engine", choices=["kvwatch"], default="kvwatch")
+    histories.add_argument(
+        "--seeds", default="0-2", help="one history per seed: 0-9, 3 or 1,4,7 (default: 0-2)"
+    )
+    histories.add_argument("--turns", type=_positive, default=4, help="turns per history")
+    histories.add_argument("--ops", type=_positive, default=12, help="operations per turn")
+    histories.add_argument(
+        "--engine-set", action="append", default=[], metavar="KEY=VALUE",
+        help="an engine setting on top of the history tier's (e.g. cache.mode=slots)",
+    )  # fmt: skip
+    histories.add_argument(
+        "--inject", action="append", default=[], metavar="FAULT", help="switch a fault on"
+    )
+    histories.add_argument("--out", type=Path, default=Path("kvwatch-histories"))
+    histories.add_argument(
+        "--shrink-budget", type=_positive, default=200, help="plays spent shrinking one failure"
+    )
+    histories.add_argument(
+        "--replay", type=Path, default=None, metavar="FILE", help="play a saved history again"
+    )
+    histories.set_defaults(handler="histories")
 
 
 def _add_serve(sub: argparse._SubParsersAction) -> None:

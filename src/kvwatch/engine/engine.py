@@ -107,6 +107,7 @@ class Engine:
         )
         self._sessions = SessionRegistry(
             keep_every_blob=Fault.SESSION_BLOB_RETENTION in config.faults,
+            keep_unrun_turns=Fault.SESSION_KEEPS_UNRUN_TURN in config.faults,
             turn_ended=self._cache.end_turn,
         )
         self._requests: dict[str, Request] = {}  # live and finished, until taken

@@ -34,6 +34,8 @@ class Fault(StrEnum):
     SESSION_TAIL_UNALIGNED_FREE = "session-tail-unaligned-free"
     SESSION_BLOB_RETENTION = "session-blob-retention"
     STALE_SLOT_ENTRY = "stale-slot-entry"
+    SESSION_KEEPS_UNRUN_TURN = "session-keeps-unrun-turn"
+    PREFIX_MATCH_FIRST_PAGE_ONLY = "prefix-match-first-page-only"
 
 
 @dataclass(frozen=True)
@@ -128,6 +130,20 @@ REGISTRY: Mapping[Fault, FaultInfo] = {
             summary="confirming a snapshot into a reused slot leaves the entries that still "
             "point at it, and restore trusts an entry without checking the slot's "
             "contents, so KV from another conversation is restored",
+        ),
+        FaultInfo(
+            name=Fault.SESSION_KEEPS_UNRUN_TURN,
+            seed="001",
+            layer="records",
+            summary="a session turn aborted or failed before it was ever admitted stays in the "
+            "session: the next turn is computed over a message its client withdrew",
+        ),
+        FaultInfo(
+            name=Fault.PREFIX_MATCH_FIRST_PAGE_ONLY,
+            seed="004",
+            layer="cache.radix",
+            summary="a lookup takes a whole cached node after comparing only its first page, so "
+            "a prompt that parts from the node later reuses KV of another conversation",
         ),
     )
 }

@@ -124,6 +124,7 @@ class Session:
     turn_start: int = 0  # len(tokens) before the turn in flight
     # the cache's ``end_turn``: the slot's frontier becomes a turn-end snapshot
     turn_ended: Callable[[Handle], None] | None = field(default=None, repr=False)
+    keep_unrun_turn: bool = False  # the session-keeps-unrun-turn fault
 
     def start_turn(self, request_id: str, prompt: list[int]) -> None:
         """``prompt`` (checked by ``SessionRegistry.begin_turn``) becomes the session's
@@ -148,7 +149,7 @@ class Session:
         req.tokens = list(req.tokens)  # the request keeps its own copy from now on
         self.in_flight = None
         if not record:
-            if not req.admitted:
+            if not req.admitted and not self.keep_unrun_turn:
                 del self.tokens[self.turn_start :]
             return
         self.turn_ends = [*self.turn_ends[-(MAX_ROLLBACK + 1) :], len(self.tokens)]
@@ -176,6 +177,7 @@ class SessionRegistry:
         self,
         *,
         keep_every_blob: bool = False,
+        keep_unrun_turns: bool = False,
         turn_ended: Callable[[Handle], None] | None = None,
     ) -> None:
         """``turn_ended(slot)`` is told of every recorded turn end (the cache's
@@ -183,6 +185,7 @@ class SessionRegistry:
         self.open: dict[str, Session] = {}
         self.closed: OrderedDict[str, None] = OrderedDict()
         self.keep_every_blob = keep_every_blob
+        self.keep_unrun_turns = keep_unrun_turns  # the session-keeps-unrun-turn fault
         self.turn_ended = turn_ended
         self.closed_total = 0  # every session ever closed (``closed`` keeps the last ids)
         self._ids = itertools.count()
@@ -202,6 +205,7 @@ class SessionRegistry:
             routed_experts=routed_experts,
             records=records,
             turn_ended=self.turn_ended,
+            keep_unrun_turn=self.keep_unrun_turns,
         )
         return session
 

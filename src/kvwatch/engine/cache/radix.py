@@ -107,6 +107,8 @@ class RadixTree:
         p = self.page_size
         limit -= limit % p
         node, pos, nodes = self.root, 0, []
+        # how much of a node is compared before it is taken whole: all of it
+        whole = p if Fault.PREFIX_MATCH_FIRST_PAGE_ONLY in self.faults else None
         while pos < limit:
             if len(node.children) == 1:  # most nodes on a path: skip building its key
                 (child,) = node.children.values()
@@ -114,7 +116,7 @@ class RadixTree:
                 if (
                     end <= limit
                     and child.extra_key == extra_key
-                    and child.tokens == tokens[pos:end]
+                    and child.tokens[:whole] == tokens[pos : end if whole is None else pos + p]
                 ):
                     nodes.append(child)
                     node, pos = child, end
@@ -123,7 +125,8 @@ class RadixTree:
             if child is None:
                 break
             end = pos + len(child.tokens)
-            if end <= limit and child.tokens == tokens[pos:end]:  # the whole node
+            seen = end if whole is None else pos + p
+            if end <= limit and child.tokens[:whole] == tokens[pos:seen]:  # the whole node
                 nodes.append(child)
                 node, pos = child, end
                 continue

@@ -1,7 +1,7 @@
 """Which detector must catch each planted fault, and on which profile.
 
-For every fault in the engine's registry (``kvwatch.engine.faults``),
-``CATCHES`` names the load profile whose conversations take the fault's code
+For every fault in the engine's registry (``kvwatch.engine.faults``) that a
+gate profile reaches, ``CATCHES`` names the load profile whose conversations take the fault's code
 path and the detector that must fail the gate on it: the gate's promise that
 ``kvwatch gate --profile P --inject F`` exits 1 with detector D failed. The
 mutation matrix (``mutation/matrix.py``) runs exactly these rows through
@@ -35,6 +35,20 @@ CATCHES: dict[str, Catch] = {
     "session-blob-retention": Catch("rl-rollout", "heap"),
     "stale-slot-entry": Catch("slot-cache", "slot-table"),
 }
+
+HISTORY_TIER = "histories"  # ``kvwatch histories``: generated histories, in process
+# The faults only the history tier reaches: a conversation or a cache hit gone wrong
+# without a page leaked, which no gate detector reads. The "detector" is the
+# history check (``histories/checks.py``) that must fail on it.
+HISTORY_CATCHES: dict[str, Catch] = {
+    "session-keeps-unrun-turn": Catch(HISTORY_TIER, "content"),
+    "prefix-match-first-page-only": Catch(HISTORY_TIER, "content"),
+}
+
+
+def catch_of(fault: str) -> Catch:
+    """What reaches ``fault`` and what must catch it: a gate row or the history tier."""
+    return CATCHES[fault] if fault in CATCHES else HISTORY_CATCHES[fault]
 
 
 def exposed_by(profile: str) -> tuple[str, ...]:

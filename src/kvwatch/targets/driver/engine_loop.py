@@ -3,7 +3,7 @@
 An engine whose own scheduling loop kvwatch steps itself (SGLang's
 ``Scheduler``, LightLLM's infer loop, vLLM's scheduler in its driver process)
 is seen through five operations, the only ways a client history can change
-its state, and two reads::
+its state, and its reads::
 
     submit(rid, prompt, max_new, **options) -> handle   a client sends a request
     abort(rid)                                         a client gives up on one
@@ -14,9 +14,15 @@ its state, and two reads::
     idle() -> bool                                     nothing live, nothing waiting to be sent
     steps: int                                         steps taken so far
     outcomes: list[Outcome]                            what ended, how and at which step
+    stage(rid) / admitted(rid)                         where a request is; whether it ran
+    input_of(rid) / output_of(rid)                     what it computed over; what it gave
+    hit_of(rid)                                        what it found cached at admission
 
-and ``close()`` once the run is over. After every step and abort the loop calls
-its ``observers`` (the probe notes who holds what). What a client would count of
+and ``close()`` once the run is over. An operation the engine turns down at
+once raises ``Refused`` (a client reads a 4xx); the last four reads answer
+None, or nothing, where a loop cannot tell (the history tier checks what it
+can). After every step and abort the loop calls its ``observers`` (the probe
+notes who holds what). What a client would count of
 the outcomes is the engine's to say: ``FINISHED`` is answered, the statuses in
 ``on_purpose`` are what the load provoked (answered 4xx), ``unasked`` is a
 request the engine ended without being asked (failed), described by ``failure``.
@@ -41,6 +47,11 @@ FINISHED = "finished"  # ran to its end: answered
 ABORTED = "aborted"  # its client aborted it
 
 
+class Refused(Exception):
+    """The engine turned an operation down at once (a client reads a 4xx): a
+    session busy or unknown, a prompt it cannot take. Nothing changed."""
+
+
 class Outcome(NamedTuple):
     """What became of one request, as its client would hear it."""
 
@@ -60,6 +71,10 @@ class EngineLoop(ABC):
     # the requests counted up to there)
     judged_where_it_broke: ClassVar[bool] = False
     steps: int  # steps taken so far (what ``Outcome.step`` counts): each loop keeps it
+    # what a session keeps of a turn that did not finish: "finished" (nothing: only
+    # finished turns are committed) or "ran" (a turn cut after it was admitted keeps
+    # its prompt and the output so far; one that never ran, nothing)
+    session_keeps: ClassVar[str] = "finished"
 
     def __init__(self) -> None:
         self.outcomes: list[Outcome] = []
@@ -106,6 +121,30 @@ class EngineLoop(ABC):
     def session_open(self, session_id: str) -> bool:
         """Whether the engine still holds ``session_id`` open (False: no sessions)."""
         return False
+
+    def stage(self, rid: Any) -> str | None:
+        """Where a live request is now (``queued``, ``prefilling``, ``decoding``,
+        ``retracted``, ``paused``, or the engine's own word); None once it ended,
+        or where the loop cannot tell."""
+        return None
+
+    def input_of(self, rid: Any) -> tuple[int, ...] | None:
+        """The tokens the engine computes the request over (a session turn: the
+        session's so far and the turn's own); None where the loop cannot read them."""
+        return None
+
+    def admitted(self, rid: Any) -> bool:
+        """Whether the engine ever admitted the request (it ran, at least a chunk)."""
+        return False
+
+    def hit_of(self, rid: Any) -> int | None:
+        """Prompt tokens the engine found cached when it first admitted the request
+        (the tokens its matched pages are taken to hold); None where it cannot tell."""
+        return None
+
+    def output_of(self, rid: Any) -> tuple[int, ...]:
+        """The tokens the request generated (so far, or in all once it ended)."""
+        return ()
 
     def failure(self, ended: Outcome) -> dict:
         """How a client reports a request the engine ended unasked (``first_failures``)."""

@@ -1,0 +1,188 @@
+"""The history checkers: what a played history must show, each its own finding kind.
+
+Each checker reads a ``Played`` (``play.py``) and nothing else, and returns
+``HistoryFinding``s of its own ``check``:
+
+``content``      every request the engine computed over exactly what its client
+                 sent: a prompt as sent; a session turn over its session's
+                 committed turns and its own new tokens, nothing of a turn
+                 that was aborted, refused or never committed. And every cache
+                 hit holds the request's own tokens: the cache holds only what
+                 requests computed, so the first ``hit`` tokens of a request
+                 found cached must begin some other request's input and output
+``equivalence``  every finished request gave the tokens a cache-off engine gives
+                 for the same input (where the target has one)
+``audit``        no probe report with a finding: after every step (the first
+                 few), at every barrier, after the final flush
+``ended``        no request the engine ended without being asked
+``drained``      after the sessions closed, the loop drained and the cache
+                 flushed, every page of every group is free
+``raised``       the engine raised nothing
+
+A checker that cannot run on a target (no cache-off engine, inputs the loop
+cannot read) is listed in ``HistoryVerdict.skipped`` with the reason, never
+counted as a pass.
+
+Invariant: a checker only reads; the same ``Played`` gives the same findings.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import NamedTuple
+
+from kvwatch.harness.run_record import Candidate
+from kvwatch.histories.play import Played
+from kvwatch.targets.driver.engine_loop import FINISHED
+from kvwatch.targets.driver.history_target import Reference
+
+CONTENT, EQUIVALENCE, AUDIT, ENDED, DRAINED, RAISED = (
+    "content", "equivalence", "audit", "ended", "drained", "raised"
+)  # fmt: skip
+CHECKS = (CONTENT, EQUIVALENCE, AUDIT, ENDED, DRAINED, RAISED)
+
+
+class HistoryFinding(NamedTuple):
+    check: str  # one of CHECKS
+    detail: str
+    rid: str = ""  # the request it is about, where it is about one
+
+
+class HistoryVerdict(NamedTuple):
+    findings: tuple[HistoryFinding, ...]
+    skipped: tuple[tuple[str, str], ...]  # (check, why it could not run)
+
+    @property
+    def failed(self) -> frozenset[str]:
+        return frozenset(f.check for f in self.findings)
+
+
+def _parts(a: Sequence[int], b: Sequence[int]) -> int:
+    return next(
+        (i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b))
+    )
+
+
+def content(played: Played) -> list[HistoryFinding]:
+    out = []
+    for rid, end in played.ended.items():
+        sent = played.sent.get(rid)
+        if sent is None or end.input is None or end.input == sent.expected:
+            continue
+        where = f"turn of session {sent.session}" if sent.session else "request"
+        out.append(
+            HistoryFinding(
+                CONTENT,
+                f"{rid} ({where}) was computed over {len(end.input)} tokens where its client "
+                f"expects {len(sent.expected)}; they part at token "
+                f"{_parts(end.input, sent.expected)}",
+                rid,
+            )
+        )
+    return out
+
+
+def _computed(played: Played) -> list[tuple[str, tuple[int, ...]]]:
+    return [(rid, e.input + e.output) for rid, e in played.ended.items() if e.input is not None]
+
+
+def hits(played: Played) -> list[HistoryFinding]:
+    """Every request's cache hit against what the other requests computed."""
+    out, computed = [], _computed(played)
+    for rid, e in played.ended.items():
+        if not e.hit or e.input is None:
+            continue
+        want = e.input[: e.hit]
+        best = max((_parts(seq, want) for other, seq in computed if other != rid), default=0)
+        if best < e.hit:
+            out.append(
+                HistoryFinding(
+                    CONTENT,
+                    f"{rid} found {e.hit} prompt tokens cached, but no request computed more "
+                    f"than its first {best}: the cache gave it pages of other tokens",
+                    rid,
+                )
+            )
+    return out
+
+
+def equivalence(played: Played, reference: Reference) -> list[HistoryFinding]:
+    finished = [
+        (
+            rid,
+            Candidate(
+                turn=played.sent[rid].turn,
+                prompt=e.input,
+                output=e.output,
+                max_tokens=played.sent[rid].max_new,
+            ),
+        )
+        for rid, e in played.ended.items()
+        if e.status == FINISHED and e.input is not None and rid in played.sent
+    ]
+    replays = reference([c for _, c in finished])
+    return [
+        HistoryFinding(
+            EQUIVALENCE,
+            f"{rid} gave {len(r.cached)} tokens that part from a cache-off engine's at token "
+            f"{_parts(r.cached, r.reference)} (prompt {len(r.prompt)} tokens)",
+            rid,
+        )
+        for (rid, _), r in zip(finished, replays, strict=True)
+        if r.cached != r.reference
+    ]
+
+
+def audit(played: Played) -> list[HistoryFinding]:
+    out, seen = [], set()
+    reports = [*played.reports, *([("final", played.final)] if played.final else [])]
+    for where, report in reports:
+        for f in report.findings:
+            key = (f.kind, f.group, f.key or f.detail)
+            if key not in seen:
+                seen.add(key)
+                out.append(HistoryFinding(AUDIT, f"{where}: {f.kind} {f.group or ''}: {f.detail}"))
+    return out
+
+
+def ended(played: Played, unasked: str) -> list[HistoryFinding]:
+    return [
+        HistoryFinding(ENDED, f"{rid} ended by the engine unasked at step {e.step}: {e.why}", rid)
+        for rid, e in played.ended.items()
+        if e.status == unasked
+    ]
+
+
+def drained(played: Played) -> list[HistoryFinding]:
+    if played.final is None:
+        return []
+    return [
+        HistoryFinding(
+            DRAINED,
+            f"after the close and the flush {name} holds {g.capacity - g.free} of "
+            f"{g.capacity} pages (by owner {g.by_owner})",
+        )
+        for name, g in played.final.stats.groups.items()
+        if g.free != g.capacity
+    ]
+
+
+def judge(played: Played, unasked: str, reference: Reference | None) -> HistoryVerdict:
+    """Every checker over ``played``; equivalence only with a ``reference``."""
+    findings = [
+        *content(played),
+        *hits(played),
+        *audit(played),
+        *ended(played, unasked),
+        *drained(played),
+    ]
+    skipped = []
+    if played.error:
+        findings.append(HistoryFinding(RAISED, played.error))
+    if reference is None:
+        skipped.append((EQUIVALENCE, "the target has no cache-off engine"))
+    else:
+        findings.extend(equivalence(played, reference))
+    if any(e.input is None for e in played.ended.values()):
+        skipped.append((CONTENT, "the loop cannot read what some requests computed over"))
+    return HistoryVerdict(tuple(findings), tuple(skipped))

@@ -1,0 +1,132 @@
+"""The history tier: generated histories played on a target, judged, shrunk and saved.
+
+``hunt(target, seeds, plan, out)`` plays one generated history per seed on a
+fresh loop (``play.py``), judges it (``checks.py``) and, for each history
+that fails, shrinks it to a small one that fails a check the original
+failed (``shrink.py``) and writes it as ``<out>/history-<seed>.json``::
+
+    {"format": 1, "target": {...describe()}, "seed": 3,
+     "failed": ["content"], "findings": [[check, detail, rid], ...],
+     "history": {...History.to_json()}, "replay": "kvwatch histories --replay <file>"}
+
+``replay_file(path)`` plays a saved history again on the target it names and
+judges it: what a maintainer runs to see the finding.
+
+Invariant: every history is played on a loop made for it alone, so a
+history's verdict depends on its seed, plan and target only.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import NamedTuple
+
+from kvwatch.histories.checks import HistoryVerdict, judge
+from kvwatch.histories.generate import Plan, generate
+from kvwatch.histories.ops import History
+from kvwatch.histories.play import Played, play
+from kvwatch.histories.shrink import shrink
+from kvwatch.histories.targets import target_from
+from kvwatch.targets.driver.history_target import HistoryTarget
+
+FORMAT = 1
+
+
+class HistoryRun(NamedTuple):
+    seed: int
+    ops: int
+    steps: int
+    verdict: HistoryVerdict
+    seconds: float
+    shrunk: History | None = None  # the smallest failing history found (failures only)
+    shrunk_verdict: HistoryVerdict | None = None
+    plays: int = 0  # histories played to shrink it
+    saved: Path | None = None
+
+
+def run_history(target: HistoryTarget, history: History) -> tuple[Played, HistoryVerdict]:
+    """``history`` on a fresh loop of ``target``, judged."""
+    loop = target.make_loop()
+    try:
+        played = play(loop, target.make_probe(loop), history)
+    finally:
+        loop.close()
+    return played, judge(played, loop.unasked, target.reference())
+
+
+def _save(path: Path, target: HistoryTarget, run: HistoryRun) -> None:
+    assert run.shrunk is not None and run.shrunk_verdict is not None
+    data = {
+        "format": FORMAT,
+        "target": target.describe(),
+        "seed": run.seed,
+        "failed": sorted(run.shrunk_verdict.failed),
+        "findings": [list(f) for f in run.shrunk_verdict.findings],
+        "history": run.shrunk.to_json(),
+        "steps": [op.describe() for op in run.shrunk.ops],
+        "replay": f"kvwatch histories --replay {path.name}",
+    }
+    path.write_text(json.dumps(data, indent=1) + "\n")
+
+
+def hunt(
+    target: HistoryTarget,
+    seeds: Sequence[int],
+    plan: Plan,
+    out: Path | None = None,
+    shrink_budget: int = 200,
+    say: Callable[[str], None] = lambda line: None,
+) -> list[HistoryRun]:
+    """One generated history per seed; failures shrunk, and saved under ``out``."""
+    runs = []
+    for seed in seeds:
+        start = time.perf_counter()
+        history = generate(target.shape, seed, plan)
+        played, verdict = run_history(target, history)
+        run = HistoryRun(
+            seed=seed, ops=len(history.ops), steps=played.steps, verdict=verdict, seconds=0.0
+        )
+        if verdict.findings:
+            failed = verdict.failed
+
+            def fails(h: History, failed: frozenset[str] = failed) -> bool:
+                return bool(run_history(target, h)[1].failed & failed)
+
+            shrunk, plays = shrink(history, fails, shrink_budget)
+            run = run._replace(
+                shrunk=shrunk, shrunk_verdict=run_history(target, shrunk)[1], plays=plays
+            )
+            if out is not None:
+                out.mkdir(parents=True, exist_ok=True)
+                path = out / f"history-{seed}.json"
+                _save(path, target, run)
+                run = run._replace(saved=path)
+        run = run._replace(seconds=time.perf_counter() - start)
+        say(_line(run))
+        runs.append(run)
+    return runs
+
+
+def _line(run: HistoryRun) -> str:
+    head = f"seed {run.seed}: {run.ops} operations, {run.steps} steps"
+    if not run.verdict.findings:
+        return f"{head}: every check passed ({run.seconds:.1f} s)"
+    small = f"shrunk to {len(run.shrunk.ops)} operations in {run.plays} plays" if run.shrunk else ""
+    return (
+        f"{head}: FAIL {', '.join(sorted(run.verdict.failed))}; {small} ({run.seconds:.1f} s)"
+        + (f" -> {run.saved}" if run.saved else "")
+    )
+
+
+def replay_file(path: Path) -> tuple[History, Played, HistoryVerdict]:
+    """A saved history played again on the target it names, judged."""
+    data = json.loads(Path(path).read_text())
+    if data.get("format") != FORMAT:
+        raise ValueError(f"{path}: not a saved history of format {FORMAT}")
+    history = History.from_json(data["history"])
+    target = target_from(data["target"])
+    played, verdict = run_history(target, history)
+    return history, played, verdict

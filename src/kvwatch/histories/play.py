@@ -1,0 +1,210 @@
+"""Play a ``History`` on an ``EngineLoop``: what each request was sent, computed and gave.
+
+``play(loop, probe, history)`` runs each turn's operations at their steps
+(``driver/workload.Schedule``), the loop to idle after each turn, then
+closes what is still open, flushes and probes once more. Beside the loop it
+keeps the clients' own account, the one the checks (``checks.py``) hold the
+engine to:
+
+* ``sent``: every request that reached the engine, and the input its client
+  expects the engine to compute over: the prompt, or for a session turn the
+  session's committed turns and the turn's new tokens. What a session
+  commits is the loop's rule (``session_keeps``): a finished turn's input
+  and output; with ``"ran"``, also a turn cut after it ran, to where it got;
+* ``ended``: how and when each request ended, what it was computed over
+  (``input_of``), what it found cached (``hit_of``) and what it generated;
+* ``refused``: operations the engine turned down at once (a 4xx);
+* ``reports``: the probe's reports with findings, after every step (the
+  first few, ``StepProbe``), at every barrier and after the final flush.
+
+An exception the engine raises ends the history there (``error``, naming
+the frame); what was recorded until then is still checked.
+
+Invariant: the loop is changed only by the history's operations, in their
+order, and the closing ones every history ends with (close, drain, flush).
+"""
+
+from __future__ import annotations
+
+import traceback
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any, NamedTuple
+
+from kvwatch.contracts import ProbeReport
+from kvwatch.histories.ops import ABORT, CLOSE, FLUSH, OPEN, SUBMIT, TURN, History, Op
+from kvwatch.targets.driver.engine_loop import FINISHED, EngineLoop, Refused
+from kvwatch.targets.driver.step_probe import StepProbe
+from kvwatch.targets.driver.workload import IdleRule, Schedule, run_until_idle
+
+RULE = IdleRule(max_steps=5_000, stuck="the engine did not get idle in {n} steps", give_up=True)
+
+
+class Sent(NamedTuple):
+    rid: str
+    turn: int
+    session: str  # "" outside a session
+    expected: tuple[int, ...]  # the input its client expects the engine to compute over
+    max_new: int
+
+
+class Ended(NamedTuple):
+    rid: str
+    status: str  # FINISHED, ABORTED or the engine's own
+    step: int
+    input: tuple[int, ...] | None  # what the engine computed it over (None: unread)
+    output: tuple[int, ...]
+    why: str = ""
+    hit: int | None = None  # prompt tokens found cached at admission (None: unread, or never)
+
+
+@dataclass
+class Played:
+    history: History
+    sent: dict[str, Sent] = field(default_factory=dict)
+    ended: dict[str, Ended] = field(default_factory=dict)
+    refused: list[tuple[Op, str]] = field(default_factory=list)
+    reports: list[tuple[str, ProbeReport]] = field(default_factory=list)  # (where, report)
+    final: ProbeReport | None = None
+    error: str = ""
+    steps: int = 0
+
+
+class _Clients:
+    """The clients' side: their operations on the loop and their account of it."""
+
+    def __init__(self, loop: EngineLoop, played: Played) -> None:
+        self.loop, self.played = loop, played
+        self.committed: dict[str, tuple[int, ...]] = {}  # open sessions' committed tokens
+        self.seen = 0  # outcomes taken into the account so far
+
+    def apply(self, op: Op, schedule: Schedule) -> None:
+        """Run ``op`` now, or once the request it waits for (``after``) ended."""
+        waits = op.after and op.after in self.played.sent and op.after not in self.played.ended
+        if waits:
+            due = partial(lambda rid: rid in self.played.ended, op.after)
+            schedule.once(due, partial(self.apply, op._replace(after=""), schedule))
+            return
+        loop, sent = self.loop, self.played.sent
+        try:
+            if op.kind == SUBMIT:
+                options = {} if op.priority is None else {"priority": op.priority}
+                loop.submit(op.rid, list(op.tokens), op.max_new, **options)
+                sent[op.rid] = Sent(
+                    rid=op.rid, turn=op.turn, session="", expected=op.tokens, max_new=op.max_new
+                )
+            elif op.kind == TURN:
+                loop.submit(op.rid, list(op.tokens), op.max_new, session_id=op.session)
+                base = self.committed.get(op.session, ())
+                sent[op.rid] = Sent(
+                    rid=op.rid,
+                    turn=op.turn,
+                    session=op.session,
+                    expected=base + op.tokens,
+                    max_new=op.max_new,
+                )
+            elif op.kind == OPEN:
+                loop.open_session(op.session)
+                self.committed[op.session] = ()
+            elif op.kind == CLOSE:
+                loop.close_session(op.session)
+                self.committed.pop(op.session, None)
+            elif op.kind == FLUSH:
+                loop.flush()
+            elif op.kind == ABORT and op.rid in sent and op.rid not in self.played.ended:
+                due = partial(lambda rid, stage: loop.stage(rid) == stage, op.rid, op.stage)
+                if not op.stage or due():  # at once, or already where it waits for it
+                    self.abort(op.rid)
+                else:
+                    schedule.once(due, partial(self.abort, op.rid))
+        except Refused as exc:
+            self.played.refused.append((op, str(exc)))
+        self.take_outcomes()
+
+    def abort(self, rid: str) -> None:
+        if rid not in self.played.ended:
+            self.loop.abort(rid)
+            self.take_outcomes()
+
+    def take_outcomes(self) -> None:
+        """Each request that ended since the last look: into ``ended``, and its
+        session's committed tokens moved on where the loop's rule says so."""
+        loop = self.loop
+        for out in loop.outcomes[self.seen :]:
+            rid = str(out.rid)
+            output = tuple(loop.output_of(out.rid))
+            self.played.ended[rid] = Ended(
+                rid=rid,
+                status=out.status,
+                step=out.step,
+                input=loop.input_of(out.rid),
+                output=output,
+                why=out.why,
+                hit=loop.hit_of(out.rid),
+            )
+            sent = self.played.sent.get(rid)
+            if sent is None or not sent.session or sent.session not in self.committed:
+                continue
+            kept = out.status == FINISHED or (
+                loop.session_keeps == "ran" and loop.admitted(out.rid)
+            )
+            if kept:
+                self.committed[sent.session] = sent.expected + output
+        self.seen = len(loop.outcomes)
+
+
+def _where(exc: BaseException) -> str:
+    frame = traceback.extract_tb(exc.__traceback__)[-1]
+    return f"{type(exc).__name__}: {exc} (at {frame.filename}:{frame.lineno} in {frame.name})"
+
+
+def _turn(clients: _Clients, probe: StepProbe, ops: list[Op], label: str) -> None:
+    schedule = Schedule()
+    for op in ops:
+        schedule.before_step(op.at, partial(clients.apply, op, schedule))
+    loop = clients.loop
+    run_until_idle(_Observed(loop, clients), schedule, RULE)
+    clients.take_outcomes()
+    played = clients.played
+    played.reports.extend((f"{label}, mid-turn", r) for r in probe.latched())
+    report = probe.report()
+    if report.findings:
+        played.reports.append((f"{label}, barrier", report))
+
+
+class _Observed:
+    """The loop as ``run_until_idle`` steps it, the clients' account taken after
+    every step (a request may end inside any)."""
+
+    def __init__(self, loop: EngineLoop, clients: _Clients) -> None:
+        self._loop, self._clients = loop, clients
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._loop, name)
+
+    def step(self) -> Any:
+        out = self._loop.step()
+        self._clients.take_outcomes()
+        return out
+
+
+def play(loop: EngineLoop, probe: StepProbe, history: History) -> Played:
+    """Every turn of ``history`` on ``loop``, then the close: sessions closed, the loop
+    drained and flushed, a final probe."""
+    played = Played(history=history)
+    clients = _Clients(loop, played)
+    probe.watch()
+    try:
+        for t in range(history.turns):
+            _turn(clients, probe, history.of_turn(t), f"turn {t}")
+        closing = [
+            Op(turn=history.turns, at=0, kind=CLOSE, session=sid) for sid in list(clients.committed)
+        ]
+        _turn(clients, probe, closing, "close")
+        if not loop.flush():
+            played.error = "the cache flush was refused with nothing live"
+        played.final = probe.report()
+    except Exception as exc:  # the engine broke: check what was recorded
+        played.error = _where(exc)
+    played.steps = loop.steps
+    return played

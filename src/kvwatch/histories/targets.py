@@ -1,0 +1,21 @@
+"""The engines the history tier can play on, by name: a saved history's target built again."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kvwatch.targets.driver.history_target import HistoryTarget
+
+ENGINES = ("kvwatch",)
+
+
+def target_from(data: dict[str, Any]) -> HistoryTarget:
+    """The target ``data`` (a target's ``describe()``) names, built again."""
+    engine = data.get("engine")
+    if engine == "kvwatch":
+        from kvwatch.targets.kvwatch.histories import KvwatchHistoryTarget
+
+        return KvwatchHistoryTarget(
+            sets=tuple(data.get("sets", ())), faults=tuple(data.get("faults", ()))
+        )
+    raise ValueError(f"no history target for engine {engine!r}; engines: {', '.join(ENGINES)}")
