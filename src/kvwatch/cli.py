@@ -345,6 +345,8 @@ def _histories(args: argparse.Namespace) -> int:
             return replay(args.replay)
         options = HistoryOptions(
             engine=args.engine,
+            version=args.sglang_version,
+            setup=args.sglang_setup,
             seeds=parse_seeds(args.seeds),
             turns=args.turns,
             ops=args.ops,
@@ -357,6 +359,9 @@ def _histories(args: argparse.Namespace) -> int:
     except (ValueError, OSError) as exc:
         streams.err(f"kvwatch histories: {exc}")
         return 2
+    except RuntimeError as exc:  # an engine release that cannot be had or driven here
+        streams.err(f"kvwatch histories: {exc}")
+        return 3
 
 
 HANDLERS = {

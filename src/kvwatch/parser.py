@@ -147,7 +147,17 @@ def _add_histories(sub: argparse._SubParsersAction) -> None:
         "histories",
         help="play generated client histories on an engine in process, judge, shrink failures",
     )
-    histories.add_argument("--engine", choices=["kvwatch"], default="kvwatch")
+    histories.add_argument("--engine", choices=["kvwatch", "sglang"], default="kvwatch")
+    histories.add_argument(
+        "--sglang-version", default=None, metavar="V", help="with --engine sglang (default: 0.5.23)"
+    )
+    histories.add_argument(
+        "--sglang-setup",
+        default=None,
+        metavar="NAME",
+        help="with --engine sglang: sessions-retract (default), sessions-pressure, "
+        "mamba-sessions, mamba-priority",
+    )
     histories.add_argument(
         "--seeds", default="0-2", help="one history per seed: 0-9, 3 or 1,4,7 (default: 0-2)"
     )

@@ -63,4 +63,5 @@ def test_an_unasked_end_and_a_raise_are_findings_and_a_missing_reference_is_a_sk
 def test_content_is_skipped_not_passed_where_the_loop_cannot_read_inputs():
     unread = _req("d", (5,), None, (3,))
     verdict = judge(_played(unread), "failed", lambda cs: ())
-    assert [c for c, _ in verdict.skipped] == [CONTENT]
+    assert [c for c, _ in verdict.skipped] == [CONTENT, CONTENT]  # inputs, and hits
+    assert "cache hits" in verdict.skipped[1][1]

@@ -29,7 +29,7 @@ def test_a_clean_engine_passes_and_a_fault_fails_with_a_file_that_replays(tmp_pa
     assert "FAIL content:" in bad.stdout
     summary = json.loads((out / "summary.json").read_text())
     saved = [h["saved"] for h in summary["histories"] if h["saved"]]
-    assert saved and summary["faults"] == ["session-keeps-unrun-turn"]
+    assert saved and summary["target"]["faults"] == ["session-keeps-unrun-turn"]
     replay = kvwatch("--replay", str(out / saved[0]))
     assert replay.returncode == 1 and "FAIL content:" in replay.stdout
 
@@ -41,6 +41,8 @@ def test_a_clean_engine_passes_and_a_fault_fails_with_a_file_that_replays(tmp_pa
         (("--inject", "nope"), "unknown fault 'nope'"),
         (("--engine-set", "cache.nope=1"), "nope"),
         (("--turns", "0"), "--turns"),
+        (("--sglang-setup", "mamba-sessions"), "go with --engine sglang"),
+        (("--engine", "sglang", "--inject", "session-tail-leak"), "go with --engine kvwatch"),
     ],
 )
 def test_a_usage_error_is_one_line_and_exit_2(args, words, tmp_path):

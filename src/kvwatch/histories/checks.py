@@ -67,8 +67,8 @@ def content(played: Played) -> list[HistoryFinding]:
     out = []
     for rid, end in played.ended.items():
         sent = played.sent.get(rid)
-        if sent is None or end.input is None or end.input == sent.expected:
-            continue
+        if sent is None or end.input is None or not end.admitted or end.input == sent.expected:
+            continue  # a request the engine never ran computed over nothing
         where = f"turn of session {sent.session}" if sent.session else "request"
         out.append(
             HistoryFinding(
@@ -185,4 +185,6 @@ def judge(played: Played, unasked: str, reference: Reference | None) -> HistoryV
         findings.extend(equivalence(played, reference))
     if any(e.input is None for e in played.ended.values()):
         skipped.append((CONTENT, "the loop cannot read what some requests computed over"))
+    if played.ended and all(e.hit is None for e in played.ended.values()):
+        skipped.append((CONTENT, "cache hits: the loop cannot read what a request found cached"))
     return HistoryVerdict(tuple(findings), tuple(skipped))

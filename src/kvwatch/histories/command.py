@@ -19,11 +19,14 @@ from kvwatch import streams
 from kvwatch.histories.generate import Plan
 from kvwatch.histories.hunt import HistoryRun, hunt, replay_file
 from kvwatch.histories.targets import target_from
+from kvwatch.targets.driver.history_target import HistoryTarget
 
 
 @dataclass(frozen=True)
 class HistoryOptions:
     engine: str = "kvwatch"
+    version: str | None = None  # an SGLang release (--engine sglang)
+    setup: str | None = None  # an SGLang setup (targets/sglang/histories.SETUPS)
     seeds: tuple[int, ...] = (0, 1, 2)
     turns: int = 4
     ops: int = 12  # operations per turn
@@ -47,11 +50,11 @@ def parse_seeds(text: str) -> tuple[int, ...]:
     return tuple(seeds)
 
 
-def _summary(options: HistoryOptions, runs: list[HistoryRun], seconds: float) -> dict:
+def _summary(
+    options: HistoryOptions, target: HistoryTarget, runs: list[HistoryRun], seconds: float
+) -> dict:
     return {
-        "engine": options.engine,
-        "sets": list(options.sets),
-        "faults": list(options.faults),
+        "target": target.describe(),
         "plan": {"turns": options.turns, "ops_per_turn": options.ops},
         "verdict": "fail" if any(r.verdict.findings for r in runs) else "pass",
         "seconds": round(seconds, 1),
@@ -71,8 +74,25 @@ def _summary(options: HistoryOptions, runs: list[HistoryRun], seconds: float) ->
     }
 
 
+def _target(options: HistoryOptions) -> HistoryTarget:
+    """The engine the options name; ValueError for flags that do not go with it."""
+    if options.engine == "kvwatch" and (options.version or options.setup):
+        raise ValueError("--sglang-version and --sglang-setup go with --engine sglang")
+    if options.engine == "sglang" and (options.sets or options.faults):
+        raise ValueError("--engine-set and --inject go with --engine kvwatch")
+    return target_from(
+        {
+            "engine": options.engine,
+            "sets": options.sets,
+            "faults": options.faults,
+            "version": options.version,
+            "setup": options.setup,
+        }
+    )
+
+
 def run(options: HistoryOptions) -> int:
-    target = target_from({"engine": options.engine, "sets": options.sets, "faults": options.faults})
+    target = _target(options)
     plan = Plan(turns=options.turns, ops_per_turn=options.ops)
     start = time.perf_counter()
     runs = hunt(target, options.seeds, plan, options.out, options.shrink_budget, streams.out)
@@ -83,7 +103,7 @@ def run(options: HistoryOptions) -> int:
                 streams.out(f"    {op.describe()}")
             for f in r.shrunk_verdict.findings:
                 streams.out(f"    FAIL {f.check}: {f.detail}")
-    summary = _summary(options, runs, time.perf_counter() - start)
+    summary = _summary(options, target, runs, time.perf_counter() - start)
     options.out.mkdir(parents=True, exist_ok=True)
     (options.out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     failed = sum(1 for r in runs if r.verdict.findings)

@@ -81,33 +81,43 @@ def hunt(
     say: Callable[[str], None] = lambda line: None,
 ) -> list[HistoryRun]:
     """One generated history per seed; failures shrunk, and saved under ``out``."""
-    runs = []
-    for seed in seeds:
-        start = time.perf_counter()
-        history = generate(target.shape, seed, plan)
-        played, verdict = run_history(target, history)
-        run = HistoryRun(
-            seed=seed, ops=len(history.ops), steps=played.steps, verdict=verdict, seconds=0.0
+    with target.opened():
+        return [_hunt_one(target, seed, plan, out, shrink_budget, say) for seed in seeds]
+
+
+def _hunt_one(
+    target: HistoryTarget,
+    seed: int,
+    plan: Plan,
+    out: Path | None,
+    shrink_budget: int,
+    say: Callable[[str], None],
+) -> HistoryRun:
+    """One history: generated, played, judged; a failure shrunk and saved."""
+    start = time.perf_counter()
+    history = generate(target.shape, seed, plan)
+    played, verdict = run_history(target, history)
+    run = HistoryRun(
+        seed=seed, ops=len(history.ops), steps=played.steps, verdict=verdict, seconds=0.0
+    )
+    if verdict.findings:
+        failed = verdict.failed
+
+        def fails(h: History, failed: frozenset[str] = failed) -> bool:
+            return bool(run_history(target, h)[1].failed & failed)
+
+        shrunk, plays = shrink(history, fails, shrink_budget)
+        run = run._replace(
+            shrunk=shrunk, shrunk_verdict=run_history(target, shrunk)[1], plays=plays
         )
-        if verdict.findings:
-            failed = verdict.failed
-
-            def fails(h: History, failed: frozenset[str] = failed) -> bool:
-                return bool(run_history(target, h)[1].failed & failed)
-
-            shrunk, plays = shrink(history, fails, shrink_budget)
-            run = run._replace(
-                shrunk=shrunk, shrunk_verdict=run_history(target, shrunk)[1], plays=plays
-            )
-            if out is not None:
-                out.mkdir(parents=True, exist_ok=True)
-                path = out / f"history-{seed}.json"
-                _save(path, target, run)
-                run = run._replace(saved=path)
-        run = run._replace(seconds=time.perf_counter() - start)
-        say(_line(run))
-        runs.append(run)
-    return runs
+        if out is not None:
+            out.mkdir(parents=True, exist_ok=True)
+            path = out / f"history-{seed}.json"
+            _save(path, target, run)
+            run = run._replace(saved=path)
+    run = run._replace(seconds=time.perf_counter() - start)
+    say(_line(run))
+    return run
 
 
 def _line(run: HistoryRun) -> str:
@@ -128,5 +138,6 @@ def replay_file(path: Path) -> tuple[History, Played, HistoryVerdict]:
         raise ValueError(f"{path}: not a saved history of format {FORMAT}")
     history = History.from_json(data["history"])
     target = target_from(data["target"])
-    played, verdict = run_history(target, history)
+    with target.opened():
+        played, verdict = run_history(target, history)
     return history, played, verdict

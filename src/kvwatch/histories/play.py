@@ -56,6 +56,7 @@ class Ended(NamedTuple):
     output: tuple[int, ...]
     why: str = ""
     hit: int | None = None  # prompt tokens found cached at admission (None: unread, or never)
+    admitted: bool = True  # the engine ran it (a step computed some of it)
 
 
 @dataclass
@@ -141,6 +142,7 @@ class _Clients:
                 output=output,
                 why=out.why,
                 hit=loop.hit_of(out.rid),
+                admitted=loop.admitted(out.rid),
             )
             sent = self.played.sent.get(rid)
             if sent is None or not sent.session or sent.session not in self.committed:

@@ -6,7 +6,7 @@ from typing import Any
 
 from kvwatch.targets.driver.history_target import HistoryTarget
 
-ENGINES = ("kvwatch",)
+ENGINES = ("kvwatch", "sglang")
 
 
 def target_from(data: dict[str, Any]) -> HistoryTarget:
@@ -17,5 +17,11 @@ def target_from(data: dict[str, Any]) -> HistoryTarget:
 
         return KvwatchHistoryTarget(
             sets=tuple(data.get("sets", ())), faults=tuple(data.get("faults", ()))
+        )
+    if engine == "sglang":
+        from kvwatch.targets.sglang.histories import SglangHistoryTarget
+
+        return SglangHistoryTarget(
+            version=data.get("version") or "0.5.23", setup=data.get("setup") or "sessions-retract"
         )
     raise ValueError(f"no history target for engine {engine!r}; engines: {', '.join(ENGINES)}")

@@ -10,8 +10,9 @@ keeps, from which the history tier builds the same target again for a replay.
 
 from __future__ import annotations
 
+import contextlib
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -48,6 +49,11 @@ class HistoryTarget(ABC):
     @abstractmethod
     def make_probe(self, loop: EngineLoop) -> StepProbe:
         """The probe over ``loop``, observing it after every step."""
+
+    @contextlib.contextmanager
+    def opened(self) -> Iterator[None]:
+        """What must hold while histories play (an engine's modules, its environment)."""
+        yield
 
     def reference(self) -> Reference | None:
         """Replays finished requests on a cache-off engine; None where there is none."""

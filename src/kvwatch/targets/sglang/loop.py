@@ -56,7 +56,12 @@ from kvwatch.targets.sglang.release_import import Release
 from kvwatch.targets.sglang.stand_in_worker import TokenModel
 
 TIMEOUT_WORDS = ("waiting timeout",)  # _abort_on_waiting_timeout's message
-REJECT_WORDS = ("queue is full", "higher priority")  # _abort_on_queued_limit's messages
+# _abort_on_queued_limit's messages, the session controller's refusals of a turn it
+# cannot take (a turn while one is active, an unknown or closing session, an unfinished
+# parent) and the scheduler's of a prompt longer than the context
+REJECT_WORDS = ("queue is full", "higher priority", "active request", "invalid request session")
+REJECT_WORDS += ("hasn't finished", "does not exist", "close was requested")
+REJECT_WORDS += ("exceeds the maximum allowed length",)  # a prompt longer than the context
 
 
 def environment(config: LoopConfig) -> dict[str, str]:
@@ -85,6 +90,7 @@ class SchedulerLoop(EngineLoop):
         self.sched, self.worker = scheduler_setup.build(release, config, self.clock, self.model)
         self.pools = self.worker.pools
         self.handles: dict[str, RequestHandle] = {}
+        self.ran: set[str] = set()  # requests seen in a batch
         self.where_asked: dict[str, str] = {}  # rid -> "queue" or "running" at its abort
         self.read_upto: dict[int, int] = {}  # id(outbox) -> messages read
         self.array_ids = messages.tokenizer_sends_arrays(release)
@@ -162,6 +168,31 @@ class SchedulerLoop(EngineLoop):
         """Whether the scheduler stopped admitting with requests waiting."""
         return self.watch.stalled
 
+    # -- what the history tier reads ------------------------------------------------------
+    def stage(self, rid: Any) -> str | None:
+        """``queued`` or ``retracted`` (in the waiting queue), ``prefilling`` or
+        ``decoding`` (in a batch); None once it ended or before the scheduler has it."""
+        for req in self.waiting_queue:
+            if req.rid == rid:
+                return "retracted" if getattr(req, "is_retracted", False) else "queued"
+        for req in self.running_requests():
+            if req.rid == rid:
+                return "decoding" if req.output_ids else "prefilling"
+        return None
+
+    def admitted(self, rid: Any) -> bool:
+        return rid in self.ran
+
+    def input_of(self, rid: Any) -> tuple[int, ...] | None:
+        """The request's ``origin_input_ids`` as they are now (a session turn's: the
+        session's tokens and its own, as the session controller built them)."""
+        handle = self.handles.get(rid)
+        return None if handle is None else tuple(int(t) for t in handle.origin_input_ids)
+
+    def output_of(self, rid: Any) -> tuple[int, ...]:
+        handle = self.handles.get(rid)
+        return () if handle is None else tuple(int(t) for t in handle.output_ids)
+
     def checks(self) -> list[Finding]:
         """The loop's own findings for the probe (``admission_watch``)."""
         return self.watch.findings()
@@ -222,6 +253,7 @@ class SchedulerLoop(EngineLoop):
         self.clock.advance()
         self.loop.step()
         ran = self.sched.last_batch is not None
+        self.ran.update(req.rid for req in self.running_requests())
         self._read_outputs()
         self.watch.observe(self, ran)
         self.notify()

@@ -1,0 +1,58 @@
+"""The history tier on SGLang's own scheduler (the release's wheel, downloaded at test time
+and skipped, saying why, when PyPI cannot be reached): no finding where nothing is wrong,
+and the crash docs/real-bugs.json's sglang-same-iteration-session-turns row describes,
+found from a generated history alone and shrunk to the operations that make it."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from paths import REPO
+from sglang_drive import load
+
+from kvwatch.histories.checks import RAISED
+from kvwatch.histories.generate import Plan
+from kvwatch.histories.hunt import hunt
+from kvwatch.histories.ops import TURN
+from kvwatch.targets.sglang.histories import SglangHistoryTarget
+
+pytestmark = pytest.mark.e2e
+NEWEST = "0.5.23"
+PLAN = Plan(turns=4, ops_per_turn=12)
+
+
+def _target(setup: str) -> SglangHistoryTarget:
+    load(NEWEST)  # skips when the wheel cannot be had
+    return SglangHistoryTarget(version=NEWEST, setup=setup)
+
+
+def test_the_radix_cache_alone_passes_every_check_it_can_run():
+    runs = hunt(_target("plain"), [0, 1, 2], PLAN)
+    for run in runs:
+        assert not run.verdict.findings, (run.seed, run.verdict.findings)
+        skipped = {check for check, _ in run.verdict.skipped}
+        assert skipped == {"equivalence", "content"}  # no reference; hits are not read
+
+
+def test_two_turns_of_a_new_streaming_session_at_once_crash_the_scheduler(tmp_path):
+    (run,) = hunt(_target("sessions-retract"), [0], PLAN, tmp_path, shrink_budget=60)
+    assert RAISED in run.verdict.failed
+    assert run.shrunk is not None and run.shrunk_verdict is not None
+    (crash,) = [f for f in run.shrunk_verdict.findings if f.check == RAISED]
+    assert "already has a slot" in crash.detail and "streaming_session.py" in crash.detail
+    turns = [op for op in run.shrunk.ops if op.kind == TURN]
+    first = turns[0]
+    assert len(run.shrunk.ops) <= 4
+    assert any(op.session == first.session and op.at == first.at for op in turns[1:])
+
+
+def test_the_rows_reproduction_shows_it_on_the_newest_release():
+    load(NEWEST)
+    script = REPO / "docs" / "real-bugs" / "sglang_same_iteration_session_turns.py"
+    done = subprocess.run(
+        [sys.executable, str(script), NEWEST], capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "AssertionError: session_id='s' already has a slot" in done.stdout
