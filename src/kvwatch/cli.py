@@ -350,6 +350,7 @@ def _histories(args: argparse.Namespace) -> int:
             seeds=parse_seeds(args.seeds),
             turns=args.turns,
             ops=args.ops,
+            turns_apart=args.turns_apart,
             sets=tuple(args.engine_set),
             faults=tuple(args.inject),
             out=args.out,

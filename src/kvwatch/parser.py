@@ -170,6 +170,11 @@ def _add_histories(sub: argparse._SubParsersAction) -> None:
     histories.add_argument(
         "--inject", action="append", default=[], metavar="FAULT", help="switch a fault on"
     )
+    histories.add_argument(
+        "--turns-apart",
+        action="store_true",
+        help="never place two turns of one session at one step (keeps that crash out of the way)",
+    )
     histories.add_argument("--out", type=Path, default=Path("kvwatch-histories"))
     histories.add_argument(
         "--shrink-budget", type=_positive, default=200, help="plays spent shrinking one failure"

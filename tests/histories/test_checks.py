@@ -65,3 +65,17 @@ def test_content_is_skipped_not_passed_where_the_loop_cannot_read_inputs():
     verdict = judge(_played(unread), "failed", lambda cs: ())
     assert [c for c, _ in verdict.skipped] == [CONTENT, CONTENT]  # inputs, and hits
     assert "cache hits" in verdict.skipped[1][1]
+
+
+def test_a_shrink_keeps_the_first_raise_its_place_not_its_line_number():
+    from kvwatch.histories.checks import AUDIT, HistoryFinding, HistoryVerdict, signature
+
+    take = "AssertionError: session_id='s2' already has a slot (at /x/streaming_session.py:215 in take)"
+    moved = take.replace(":215", ":207").replace("s2", "s0")
+    other = "AssertionError: prefix shrank (at /x/streaming_session.py:132 in try_match_prefix)"
+    leak = HistoryFinding(AUDIT, "turn 0, mid-turn: orphan sglang.kv: sglang.kv: 1 units ...")
+    verdict = HistoryVerdict((leak, HistoryFinding(RAISED, take)), ())
+    assert verdict.primary == signature(HistoryFinding(RAISED, moved))  # the raise first
+    assert not verdict.shows(signature(HistoryFinding(RAISED, other)))
+    assert signature(leak) == "audit orphan sglang.kv"
+    assert HistoryVerdict((leak,), ()).primary == signature(leak)

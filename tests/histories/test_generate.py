@@ -76,3 +76,13 @@ def test_an_unknown_operation_in_a_file_is_refused():
         assert "explode" in str(exc)
     else:
         raise AssertionError("an unknown operation was read")
+
+
+def test_turns_apart_keeps_a_sessions_turns_off_one_step():
+    plan = Plan(turns=4, ops_per_turn=16, same_step_turns=False)
+    for seed in range(10):
+        seen = set()
+        for op in generate(SHAPE, seed, plan).ops:
+            if op.kind == TURN:
+                assert (op.turn, op.at, op.session) not in seen, op
+                seen.add((op.turn, op.at, op.session))

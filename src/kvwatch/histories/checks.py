@@ -28,6 +28,7 @@ Invariant: a checker only reads; the same ``Played`` gives the same findings.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import NamedTuple
 
@@ -48,6 +49,17 @@ class HistoryFinding(NamedTuple):
     rid: str = ""  # the request it is about, where it is about one
 
 
+def signature(finding: HistoryFinding) -> str:
+    """What makes two findings the same bug for the shrinker: the check, and for a raise
+    the exception and where (no line numbers), for an audit the finding's kind and group."""
+    if finding.check == RAISED:
+        what, _, where = finding.detail.partition(" (at ")
+        return f"{RAISED} {what.split(':')[0]} {re.sub(r':[0-9]+', '', where)}"
+    if finding.check == AUDIT:
+        return f"{AUDIT} {' '.join(finding.detail.split(': ', 2)[1].split()[:2])}"
+    return finding.check
+
+
 class HistoryVerdict(NamedTuple):
     findings: tuple[HistoryFinding, ...]
     skipped: tuple[tuple[str, str], ...]  # (check, why it could not run)
@@ -55,6 +67,16 @@ class HistoryVerdict(NamedTuple):
     @property
     def failed(self) -> frozenset[str]:
         return frozenset(f.check for f in self.findings)
+
+    @property
+    def primary(self) -> str | None:
+        """The bug a shrink keeps: the first raise's signature, else the first finding's."""
+        raised = [f for f in self.findings if f.check == RAISED]
+        first = (raised or list(self.findings))[:1]
+        return signature(first[0]) if first else None
+
+    def shows(self, wanted: str) -> bool:
+        return any(signature(f) == wanted for f in self.findings)
 
 
 def _parts(a: Sequence[int], b: Sequence[int]) -> int:

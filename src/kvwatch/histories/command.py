@@ -30,6 +30,7 @@ class HistoryOptions:
     seeds: tuple[int, ...] = (0, 1, 2)
     turns: int = 4
     ops: int = 12  # operations per turn
+    turns_apart: bool = False  # never two turns of one session at the same step
     sets: tuple[str, ...] = ()
     faults: tuple[str, ...] = ()
     out: Path = Path("kvwatch-histories")
@@ -55,7 +56,11 @@ def _summary(
 ) -> dict:
     return {
         "target": target.describe(),
-        "plan": {"turns": options.turns, "ops_per_turn": options.ops},
+        "plan": {
+            "turns": options.turns,
+            "ops_per_turn": options.ops,
+            "turns_apart": options.turns_apart,
+        },
         "verdict": "fail" if any(r.verdict.findings for r in runs) else "pass",
         "seconds": round(seconds, 1),
         "histories": [
@@ -93,7 +98,9 @@ def _target(options: HistoryOptions) -> HistoryTarget:
 
 def run(options: HistoryOptions) -> int:
     target = _target(options)
-    plan = Plan(turns=options.turns, ops_per_turn=options.ops)
+    plan = Plan(
+        turns=options.turns, ops_per_turn=options.ops, same_step_turns=not options.turns_apart
+    )
     start = time.perf_counter()
     runs = hunt(target, options.seeds, plan, options.out, options.shrink_budget, streams.out)
     for r in runs:

@@ -41,6 +41,16 @@ class Plan:
     families: int = 2  # shared prefixes prompts start from
     fill_context: float = 0.05  # the share of requests that exactly fill the context
     waits: float = 0.75  # the share of next turns sent once the previous one ended
+    # whether two turns of one session may reach the engine at the same step; False
+    # keeps a crash that pattern already found out of a hunt's way
+    same_step_turns: bool = True
+
+    def allows(self, history: History) -> bool:
+        """Whether ``history`` keeps this plan's rules (a shrunk one may not)."""
+        if self.same_step_turns:
+            return True
+        placed = [(op.turn, op.at, op.session) for op in history.ops if op.kind == TURN]
+        return len(placed) == len(set(placed))
 
 
 # operation kinds and their weights
@@ -149,20 +159,21 @@ def generate(shape: Shape, seed: int, plan: Plan | None = None) -> History:
         while len(turn) < plan.ops_per_turn:
             if (op := draw.op(t)) is not None:
                 turn.append(op)
-        ops.extend(_ordered(turn))
+        ops.extend(_ordered(turn, plan.same_step_turns))
     return History(engine=shape.engine, seed=seed, ops=tuple(ops))
 
 
-def _ordered(turn: list[Op]) -> list[Op]:
+def _ordered(turn: list[Op], same_step_turns: bool = True) -> list[Op]:
     """By step; an abort no earlier than the request it aborts, and a session's turn
-    or close no earlier than its open and its previous turn, where those were drawn
-    before it in the turn."""
+    or close no earlier than its open and its previous turn (later, without
+    ``same_step_turns``), where those were drawn before it in the turn."""
     sent_at: dict[str, int] = {}
     session_at: dict[str, int] = {}  # its open's or its last turn's step
     placed = []
     for op in turn:
         if op.kind in (OPEN, TURN, CLOSE):
-            op = op._replace(at=max(op.at, session_at.get(op.session, 0)))
+            apart = op.kind == TURN and not same_step_turns and op.session in session_at
+            op = op._replace(at=max(op.at, session_at.get(op.session, 0) + apart))
             session_at[op.session] = op.at
         if op.kind in (SUBMIT, TURN):
             sent_at[op.rid] = op.at

@@ -2,8 +2,9 @@
 
 ``hunt(target, seeds, plan, out)`` plays one generated history per seed on a
 fresh loop (``play.py``), judges it (``checks.py``) and, for each history
-that fails, shrinks it to a small one that fails a check the original
-failed (``shrink.py``) and writes it as ``<out>/history-<seed>.json``::
+that fails, shrinks it to a small one that shows the same bug (the first
+raise, else the first finding: ``HistoryVerdict.primary``) and that the plan
+allows (``shrink.py``), and writes it as ``<out>/history-<seed>.json``::
 
     {"format": 1, "target": {...describe()}, "seed": 3,
      "failed": ["content"], "findings": [[check, detail, rid], ...],
@@ -101,10 +102,11 @@ def _hunt_one(
         seed=seed, ops=len(history.ops), steps=played.steps, verdict=verdict, seconds=0.0
     )
     if verdict.findings:
-        failed = verdict.failed
+        wanted = verdict.primary or ""
 
-        def fails(h: History, failed: frozenset[str] = failed) -> bool:
-            return bool(run_history(target, h)[1].failed & failed)
+        def fails(h: History) -> bool:
+            """The same bug (``HistoryVerdict.primary``), in a history the plan allows."""
+            return plan.allows(h) and run_history(target, h)[1].shows(wanted)
 
         shrunk, plays = shrink(history, fails, shrink_budget)
         run = run._replace(
