@@ -13,6 +13,7 @@ from kvwatch.histories.generate import Plan, generate
 from kvwatch.histories.hunt import hunt, replay_file, run_history
 from kvwatch.targets.kvwatch.histories import KvwatchHistoryTarget
 
+pytestmark = pytest.mark.slow  # tens of seconds: histories played and shrunk
 PLAN = Plan(turns=4, ops_per_turn=12)
 SEEDS = range(8)
 
