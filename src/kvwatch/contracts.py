@@ -51,6 +51,14 @@ OWNERSHIP = frozenset({FindingKind.ORPHAN, FindingKind.DOUBLE_OWNED, FindingKind
 MAX_PAGES = 32  # a finding keeps the first page ids only; its detail says how many
 
 
+SEVERE = "error"  # a broken invariant the detectors judge: the gate fails on it
+# a broken invariant the engine's own maintainers hold harmless today: reported with
+# the run (summary.json's ``notices``), never counted as a pass, but no detector
+# fails on it: the user decides (a CI script reads ``notices``)
+NOTICE = "notice"
+SEVERITIES = (SEVERE, NOTICE)
+
+
 class Finding(NamedTuple):
     kind: FindingKind
     group: str | None  # None: not about one pool group
@@ -60,6 +68,7 @@ class Finding(NamedTuple):
     # carries counts that move (an audit's rule and the requests it names);
     # empty: the kind, group, pages and detail do
     key: str = ""
+    severity: str = SEVERE  # SEVERE or NOTICE
 
     @property
     def identity(self) -> tuple:
@@ -74,7 +83,11 @@ class Finding(NamedTuple):
             "pages": list(self.pages),
             "detail": self.detail,
         }
-        return {**out, "key": self.key} if self.key else out
+        if self.key:
+            out["key"] = self.key
+        if self.severity != SEVERE:
+            out["severity"] = self.severity
+        return out
 
     @classmethod
     def from_json(cls, data: dict) -> Finding:
@@ -84,13 +97,26 @@ class Finding(NamedTuple):
             pages=tuple(data["pages"]),
             detail=data["detail"],
             key=data.get("key", ""),
+            severity=data.get("severity", SEVERE),
         )
 
 
 def finding(
-    kind: FindingKind, group: str | None, pages: list[int], detail: str, key: str = ""
+    kind: FindingKind,
+    group: str | None,
+    pages: list[int],
+    detail: str,
+    key: str = "",
+    severity: str = SEVERE,
 ) -> Finding:
-    return Finding(kind=kind, group=group, pages=tuple(pages[:MAX_PAGES]), detail=detail, key=key)
+    return Finding(
+        kind=kind,
+        group=group,
+        pages=tuple(pages[:MAX_PAGES]),
+        detail=detail,
+        key=key,
+        severity=severity,
+    )
 
 
 class GroupReport(NamedTuple):

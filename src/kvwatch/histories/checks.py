@@ -12,8 +12,8 @@ Each checker reads a ``Played`` (``play.py``) and nothing else, and returns
                  found cached must begin some other request's input and output
 ``equivalence``  every finished request gave the tokens a cache-off engine gives
                  for the same input (where the target has one)
-``audit``        no probe report with a finding: after every step (the first
-                 few), at every barrier, after the final flush
+``audit``        no probe report with a finding (notices aside): after every
+                 step (the first few), at every barrier, after the final flush
 ``ended``        no request the engine ended without being asked
 ``drained``      after the sessions closed, the loop drained and the cache
                  flushed, every page of every group is free
@@ -32,6 +32,7 @@ import re
 from collections.abc import Sequence
 from typing import NamedTuple
 
+from kvwatch.contracts import SEVERE
 from kvwatch.harness.run_record import Candidate
 from kvwatch.histories.play import Played
 from kvwatch.targets.driver.engine_loop import FINISHED
@@ -160,6 +161,8 @@ def audit(played: Played) -> list[HistoryFinding]:
     reports = [*played.reports, *([("final", played.final)] if played.final else [])]
     for where, report in reports:
         for f in report.findings:
+            if f.severity != SEVERE:  # a notice: its engine holds it harmless
+                continue
             key = (f.kind, f.group, f.key or f.detail)
             if key not in seen:
                 seen.add(key)

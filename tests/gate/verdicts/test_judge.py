@@ -78,3 +78,38 @@ def test_evidence_names_the_group_once():
     assert Verdict(
         detector="allocator", verdict="fail", first_turn=0, evidence=(named, bare)
     ).summary() == ("turn 0: full.kv (host): 1 pages held twice (+1 more)")
+
+
+def test_a_notice_fails_no_detector_and_is_reported_with_the_run():
+    """A broken invariant its engine holds harmless (``contracts.NOTICE``) is never
+    a pass and never a failure: the judged run carries it, summary.json and the
+    console say it, and the same broken count as an error fails refcount."""
+    from kvwatch.contracts import NOTICE
+    from kvwatch.gate.outputs.console import result_lines
+    from kvwatch.gate.verdicts.judge import RunResult
+
+    drift = Finding(
+        kind=FindingKind.REF_MISMATCH,
+        group="lightllm.kv",
+        pages=(),
+        detail="lightllm.kv: the root's ref_counter 9 is above 1 + 1 anchored",
+        key="root-drift",
+        severity=NOTICE,
+    )
+    turns = tuple(Turn(turn=t, probes=(make_probe(findings=(drift,)),)) for t in (0, 1))
+    result = judge("prefix-share", 2, RunRecord(turns=turns, warmup=0), requests=8)
+    assert result.verdicts["refcount"].verdict == "pass"
+    assert summarize([result]).verdict == "pass"
+    assert result.notices == ((0, drift),)  # once, at the first turn that showed it
+    data = result.as_dict()
+    assert data["notices"] == [{"turn": 0, **drift.to_json()}]
+    assert data["notices"][0]["severity"] == "notice"
+    assert RunResult.from_json(data).notices == result.notices
+    assert f"NOTICE ref_mismatch at turn 0: {drift.detail}" in result_lines(result)
+    severe = drift._replace(severity="error")
+    judged = judge(
+        "prefix-share",
+        2,
+        RunRecord(turns=(Turn(turn=0, probes=(make_probe(findings=(severe,)),)),), warmup=0),
+    )
+    assert judged.verdicts["refcount"].failed and judged.notices == ()

@@ -3,6 +3,7 @@
     agentic-trie c=4: 159 requests, 0 failed
         FAIL allocator at turn 3: full.kv: 12 pinned pages, live holders (4) justify 9
         FAIL heap after the drain: engine/records.py:125: ...
+        NOTICE ref_mismatch at turn 0: lightllm.kv: the root's ref_counter ... (by design)
 
 ``Progress.run_finished`` (``harness/progress.py``) prints them under the run's
 name; the verdict side writes them, since only it knows what a verdict is.
@@ -25,7 +26,8 @@ def told(progress: Progress | Lane, result: RunResult) -> None:
 
 def result_lines(result: RunResult) -> list[str]:
     """A judged run: its requests, then each failed detector with its evidence,
-    and each detector that raised."""
+    each detector that raised, and each notice (a broken invariant its engine holds
+    harmless: reported, no detector fails on it)."""
     if result.error and not result.verdicts:
         return [f"ERROR: {result.error}"]
     head = f"{result.requests} requests, {result.errors} failed"
@@ -33,9 +35,10 @@ def result_lines(result: RunResult) -> list[str]:
     failed = [line for name, v in result.failed().items() for line in _failure(name, v)]
     crashed = [f"ERROR {name} raised: {_evidence(v)}" for name, v in result.errored().items()]
     broke = [f"ERROR: {result.error}"] if result.error else []
+    noted = [f"NOTICE {f.kind} at turn {t}: {f.detail}" for t, f in result.notices]
     if not (failed or crashed or broke):
-        return [f"{head}; every detector passed", *filter(None, numbers)]
-    return [head, *filter(None, numbers), *failed, *crashed, *broke]
+        return [f"{head}; every detector passed", *filter(None, numbers), *noted]
+    return [head, *filter(None, numbers), *failed, *crashed, *broke, *noted]
 
 
 def _failure(name: str, verdict) -> list[str]:

@@ -11,8 +11,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import NamedTuple
 
+from kvwatch.contracts import Finding
 from kvwatch.gate.verdicts.detectors import DetectorSet, RunRecord, Verdict, detector_set
 from kvwatch.gate.verdicts.detectors.heap import bytes_per_held_token
+from kvwatch.gate.verdicts.detectors.verdict import notices
 from kvwatch.gate.verdicts.performance import Performance
 from kvwatch.harness.time_spent import TimeSpent
 
@@ -32,6 +34,8 @@ class RunResult(NamedTuple):
     record: RunRecord | None = None  # what the detectors judged (None: the run never recorded)
     performance: Performance | None = None  # what the answered completions cost their clients
     spent: TimeSpent | None = None  # where the run's time went (``harness/time_spent.py``)
+    # (first turn, finding) of each notice the run's probes carried (``verdict.notices``)
+    notices: tuple[tuple[int, Finding], ...] = ()
 
     @property
     def name(self) -> str:
@@ -64,6 +68,8 @@ class RunResult(NamedTuple):
             out["performance"] = self.performance.as_dict()
         if self.spent is not None:
             out["time"] = self.spent.to_json()
+        if self.notices:
+            out["notices"] = [{"turn": t, **f.to_json()} for t, f in self.notices]
         if self.error:
             out["error"] = self.error
         return out
@@ -88,6 +94,7 @@ class RunResult(NamedTuple):
             record=record,
             performance=Performance.from_json(data.get("performance")),
             spent=TimeSpent.from_json(data.get("time")),
+            notices=tuple((n["turn"], Finding.from_json(n)) for n in data.get("notices", ())),
         )
 
 
@@ -123,6 +130,7 @@ def judge(
         record=record,
         performance=Performance.of(record.timings) if record.timings is not None else None,
         spent=record.spent,
+        notices=notices(record),
     )
 
 

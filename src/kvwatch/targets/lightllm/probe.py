@@ -11,7 +11,9 @@
 * ``root_refs``: for the plain ``RadixCache`` the root's ``ref_counter``
   against 1 + the live requests (its ``match_prefix`` releases the root on
   a miss, so that is its contract). For the ``LinearAttPagedRadixCache``
-  the root's counter is *not judged* (``RootRefs(0, 0)``): its
+  the root's counter is not a ``RootRefs`` (``RootRefs(0, 0)``) but a
+  notice (``contracts.NOTICE``, reported with the run, no detector fails on
+  it) when it is above its pin and anchors: its
   ``match_prefix`` keeps the root ref it took on a miss or a trim to
   nothing, and ``deref_to_first_big_page_node`` when it reaches the root, by
   design: the counter is a pin (it starts at 1), no code reads it for a
@@ -129,12 +131,14 @@ class InferProbe(StepProbe):
         out = slot_audit.audit_refs(KV, tree_read.node_refs(nodes, anchored))
         root = nodes[0]
         out += slot_audit.audit_root_floor(KV, int(root.ref_counter), anchored[id(root)])
+        if self.loop.linear:  # its drift above the pin is by design: a notice
+            out += slot_audit.notice_root_drift(KV, int(root.ref_counter), anchored[id(root)])
         problems = tree_read.eviction_problems(parts.radix, nodes, linear=self.loop.linear)
         out += slot_audit.audit_tree(KV, tree_read.tree_counts(parts.radix, nodes), problems)
         return out
 
     def root_refs(self, nodes: list[Any]) -> RootRefs:
-        if self.loop.linear:  # not judged: a pin, by design (the module's docstring)
+        if self.loop.linear:  # a notice instead (``_findings``; the module's docstring)
             return RootRefs(actual=0, expected=0)
         expected = 1 + state_read.anchors(self.loop.live())[id(nodes[0])]
         return RootRefs(actual=int(nodes[0].ref_counter), expected=expected)

@@ -30,7 +30,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
-from kvwatch.contracts import Finding, FindingKind, finding
+from kvwatch.contracts import NOTICE, Finding, FindingKind, finding
 from kvwatch.targets.lightllm.state_read import STATE, Holding, PoolView
 from kvwatch.targets.unit_audit import SHOWN, UnitRules, audit_units
 
@@ -93,6 +93,21 @@ def audit_root_floor(group: str, ref_counter: int, anchored: int) -> list[Findin
         return []
     detail = f"{group}: the root's ref_counter {ref_counter} is below 1 + {anchored} anchored"
     return [finding(FindingKind.REF_MISMATCH, group, [], detail)]
+
+
+def notice_root_drift(group: str, ref_counter: int, anchored: int) -> list[Finding]:
+    """The linear cache's root counter above its pin plus its anchors: the refs its
+    ``match_prefix`` keeps on a miss or a trim to nothing, by design (``probe.py``).
+    Harmless today, so a notice (``contracts.NOTICE``), never a pass: a drift whose
+    release its maintainers took out of a fix is what a user may want to hear of."""
+    if ref_counter <= anchored + 1:
+        return []
+    detail = (
+        f"{group}: the root's ref_counter {ref_counter} is above 1 + {anchored} anchored: "
+        f"{ref_counter - anchored - 1} refs taken on the root and never given back "
+        "(LightLLM's linear cache keeps them by design; nothing reads the count)"
+    )
+    return [finding(FindingKind.REF_MISMATCH, group, [], detail, key="root-drift", severity=NOTICE)]
 
 
 class TreeCounts(NamedTuple):

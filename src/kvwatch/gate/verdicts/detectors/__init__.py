@@ -102,6 +102,17 @@ def for_signals(signals: Collection[Signal]) -> tuple[str, ...]:
     return detector_set(signals).ids
 
 
+def skipped_for(signals: Collection[Signal]) -> dict[str, tuple[str, ...]]:
+    """Each detector ``signals`` do not cover, and the signals it lacks (what a target
+    with those signals never judges, and why), in ``IDS`` order."""
+    have = frozenset(signals)
+    return {
+        d.id: tuple(sorted(s.value for s in d.needs - have))
+        for d in REGISTRY.values()
+        if not d.needs <= have
+    }
+
+
 def judge_one(detector: Detector, run: RunRecord) -> Verdict:
     try:
         return detector.detect(run)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping
 from typing import NamedTuple
 
-from kvwatch.contracts import Finding, FindingKind, ProbeReport
+from kvwatch.contracts import NOTICE, SEVERE, Finding, FindingKind, ProbeReport
 from kvwatch.harness.run_record import RunRecord
 
 PASS, FAIL, SKIPPED = "pass", "fail", "skipped"
@@ -164,10 +164,26 @@ def new_findings(run: RunRecord, probe: ProbeReport) -> tuple[Finding, ...]:
     ``key``: an audit's rule and the requests it names). An engine that had
     not stepped before the run (``inherited`` is False) served no earlier
     run: what it carried from its start is this run's to report."""
+    judged = tuple(f for f in probe.findings if f.severity == SEVERE)  # notices: ``notices``
     if not inherited(run) or not run.baseline.findings:
-        return probe.findings
+        return judged
     before = {f.identity for f in run.baseline.findings}
-    return tuple(f for f in probe.findings if f.identity not in before)
+    return tuple(f for f in judged if f.identity not in before)
+
+
+def notices(run: RunRecord) -> tuple[tuple[int, Finding], ...]:
+    """Every notice the run's probes carried (``contracts.NOTICE``: a broken invariant
+    its engine holds harmless), once each, with the first turn that showed it (the
+    check after the drain counts as the turn after the last)."""
+    seen: dict[tuple, tuple[int, Finding]] = {}
+    probes = [(t.turn, p) for t in run.turns for p in t.probes]
+    if run.drained is not None:
+        probes.append((len(run.turns), run.drained))
+    for turn, probe in probes:
+        for f in probe.findings:
+            if f.severity == NOTICE and f.identity not in seen:
+                seen[f.identity] = (turn, f)
+    return tuple(seen.values())
 
 
 def inherited(run: RunRecord) -> bool:
