@@ -79,3 +79,11 @@ def test_a_shrink_keeps_the_first_raise_its_place_not_its_line_number():
     assert not verdict.shows(signature(HistoryFinding(RAISED, other)))
     assert signature(leak) == "audit orphan sglang.kv"
     assert HistoryVerdict((leak,), ()).primary == signature(leak)
+
+
+def test_an_engine_that_never_gets_idle_is_stuck_not_a_raise_of_kvwatch():
+    from kvwatch.histories.checks import STUCK
+
+    played = Played(history=EMPTY, stuck="the engine did not get idle in 5000 steps (r0001)")
+    verdict = judge(played, "failed", lambda cs: ())
+    assert verdict.failed == {STUCK} and verdict.primary == STUCK

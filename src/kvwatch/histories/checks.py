@@ -18,6 +18,7 @@ Each checker reads a ``Played`` (``play.py``) and nothing else, and returns
 ``drained``      after the sessions closed, the loop drained and the cache
                  flushed, every page of every group is free
 ``raised``       the engine raised nothing
+``stuck``        the engine got idle: no request lives on after its clients gave up
 
 A checker that cannot run on a target (no cache-off engine, inputs the loop
 cannot read) is listed in ``HistoryVerdict.skipped`` with the reason, never
@@ -38,10 +39,10 @@ from kvwatch.histories.play import Played
 from kvwatch.targets.driver.engine_loop import FINISHED
 from kvwatch.targets.driver.history_target import Reference
 
-CONTENT, EQUIVALENCE, AUDIT, ENDED, DRAINED, RAISED = (
-    "content", "equivalence", "audit", "ended", "drained", "raised"
+CONTENT, EQUIVALENCE, AUDIT, ENDED, DRAINED, RAISED, STUCK = (
+    "content", "equivalence", "audit", "ended", "drained", "raised", "stuck"
 )  # fmt: skip
-CHECKS = (CONTENT, EQUIVALENCE, AUDIT, ENDED, DRAINED, RAISED)
+CHECKS = (CONTENT, EQUIVALENCE, AUDIT, ENDED, DRAINED, RAISED, STUCK)
 
 
 class HistoryFinding(NamedTuple):
@@ -204,6 +205,8 @@ def judge(played: Played, unasked: str, reference: Reference | None) -> HistoryV
     skipped = []
     if played.error:
         findings.append(HistoryFinding(RAISED, played.error))
+    if played.stuck:
+        findings.append(HistoryFinding(STUCK, played.stuck))
     if reference is None:
         skipped.append((EQUIVALENCE, "the target has no cache-off engine"))
     else:

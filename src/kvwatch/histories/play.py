@@ -18,7 +18,8 @@ engine to:
   first few, ``StepProbe``), at every barrier and after the final flush.
 
 An exception the engine raises ends the history there (``error``, naming
-the frame); what was recorded until then is still checked.
+the frame), and so does an engine that never gets idle though its clients
+gave up (``stuck``); what was recorded until then is still checked.
 
 Invariant: the loop is changed only by the history's operations, in their
 order, and the closing ones every history ends with (close, drain, flush).
@@ -35,7 +36,7 @@ from kvwatch.contracts import ProbeReport
 from kvwatch.histories.ops import ABORT, CLOSE, FLUSH, OPEN, SUBMIT, TURN, History, Op
 from kvwatch.targets.driver.engine_loop import FINISHED, EngineLoop, Refused
 from kvwatch.targets.driver.step_probe import StepProbe
-from kvwatch.targets.driver.workload import IdleRule, Schedule, run_until_idle
+from kvwatch.targets.driver.workload import IdleRule, Schedule, Stuck, run_until_idle
 
 RULE = IdleRule(max_steps=5_000, stuck="the engine did not get idle in {n} steps", give_up=True)
 
@@ -68,6 +69,7 @@ class Played:
     reports: list[tuple[str, ProbeReport]] = field(default_factory=list)  # (where, report)
     final: ProbeReport | None = None
     error: str = ""
+    stuck: str = ""  # the engine never got idle (``driver.workload.Stuck``)
     steps: int = 0
 
 
@@ -206,6 +208,9 @@ def play(loop: EngineLoop, probe: StepProbe, history: History) -> Played:
         if not loop.flush():
             played.error = "the cache flush was refused with nothing live"
         played.final = probe.report()
+    except Stuck as exc:  # requests that never end, though their clients gave up
+        live = ", ".join(str(rid) for rid in loop.live_rids()[:4])
+        played.stuck = f"{exc} (still live after its clients gave up: {live or 'none'})"
     except Exception as exc:  # the engine broke: check what was recorded
         played.error = _where(exc)
     played.steps = loop.steps

@@ -72,6 +72,10 @@ class IdleRule:
     idle_step: bool = False
 
 
+class Stuck(RuntimeError):
+    """The loop did not get idle in the steps its ``IdleRule`` allows."""
+
+
 def _fire(schedule: Schedule) -> None:
     for trigger in list(schedule.when):
         if trigger.due():
@@ -85,13 +89,14 @@ def run_until_idle(loop: EngineLoop, schedule: Schedule | None, rule: IdleRule) 
     Before each step: the triggers that are due fire; the loop stops once idle with
     no operation left for a later step; with ``give_up``, a stalled loop's clients
     abort every live request, once; then the operations scheduled for this step run.
-    ``RuntimeError(rule.stuck)`` once ``rule.max_steps`` steps did not get it idle.
+    ``Stuck(rule.stuck)`` (a ``RuntimeError``) once ``rule.max_steps`` steps did not
+    get it idle.
     """
     schedule = schedule or Schedule()
     at, k, gave_up = dict(schedule.at), 0, False
     while True:
         if k >= rule.max_steps:
-            raise RuntimeError(rule.stuck.format(n=rule.max_steps))
+            raise Stuck(rule.stuck.format(n=rule.max_steps))
         _fire(schedule)
         if loop.idle() and not any(i >= k for i in at):
             schedule.when.clear()
