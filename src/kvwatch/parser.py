@@ -155,8 +155,8 @@ def _add_histories(sub: argparse._SubParsersAction) -> None:
         "--sglang-setup",
         default=None,
         metavar="NAME",
-        help="with --engine sglang: sessions-retract (default), sessions-pressure, "
-        "mamba-sessions, mamba-priority",
+        help="with --engine sglang: sessions-retract (default), plain, mamba, "
+        "sessions-pressure, mamba-sessions, mamba-priority",
     )
     histories.add_argument(
         "--seeds", default="0-2", help="one history per seed: 0-9, 3 or 1,4,7 (default: 0-2)"

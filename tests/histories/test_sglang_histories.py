@@ -63,3 +63,22 @@ def test_the_rows_reproduction_shows_it_on_the_newest_release():
     )
     assert done.returncode == 1, done.stdout + done.stderr
     assert "AssertionError: session_id='s' already has a slot" in done.stdout
+
+
+def test_a_fixed_corpus_row_is_found_on_its_buggy_release_and_not_on_its_fix():
+    """sglang-pr-21404 (docs/real-bugs.json): on 0.5.9 a queued request that times out
+    on the mamba cache leaves its mamba slot behind; 0.5.10 frees it. Generated
+    histories alone find it on 0.5.9, and the same seeds pass on 0.5.10."""
+    seeds = range(12)
+    load("0.5.9")
+    load("0.5.10")
+    buggy = hunt(SglangHistoryTarget(version="0.5.9", setup="mamba"), seeds, PLAN)
+    fixed = hunt(SglangHistoryTarget(version="0.5.10", setup="mamba"), seeds, PLAN)
+    found = [
+        f.detail
+        for run in buggy
+        for f in run.verdict.findings
+        if "sglang.mamba" in f.detail and "timed-out" in f.detail
+    ]
+    assert found, [run.verdict.findings for run in buggy]
+    assert all(not run.verdict.findings for run in fixed), [r.verdict.findings for r in fixed]

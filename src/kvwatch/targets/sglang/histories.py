@@ -5,6 +5,9 @@ with one of ``SETUPS``, each a set of server options users turn on, sized so
 that generated histories run into what the options are about:
 
 ``plain``             the radix cache alone, no sessions, a small KV pool
+``mamba``             a hybrid SSM model's mamba radix cache, no sessions, a small KV
+                      pool, 4 requests running at most, queued ones timing out after
+                      4 steps
 ``sessions-retract``  streaming sessions, SGLang's own test switch retracting a
                       decode every 3 steps (``SGLANG_TEST_RETRACT``)
 ``sessions-pressure`` streaming sessions on a KV pool too small for the load:
@@ -48,6 +51,12 @@ def _pools(kv: int, mamba: bool = False) -> PoolConfig:
 
 SETUPS: dict[str, LoopConfig] = {
     "plain": LoopConfig(pools=_pools(300), chunked_prefill_size=CHUNK),
+    "mamba": LoopConfig(
+        pools=_pools(300, mamba=True),
+        chunked_prefill_size=CHUNK,
+        waiting_timeout_steps=4,
+        max_running_requests=4,
+    ),
     "sessions-retract": LoopConfig(
         pools=_pools(1024), streaming=True, retract_every=3, chunked_prefill_size=CHUNK
     ),
