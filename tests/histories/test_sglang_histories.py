@@ -65,20 +65,29 @@ def test_the_rows_reproduction_shows_it_on_the_newest_release():
     assert "AssertionError: session_id='s' already has a slot" in done.stdout
 
 
-def test_a_fixed_corpus_row_is_found_on_its_buggy_release_and_not_on_its_fix():
-    """sglang-pr-21404 (docs/real-bugs.json): on 0.5.9 a queued request that times out
-    on the mamba cache leaves its mamba slot behind; 0.5.10 frees it. Generated
-    histories alone find it on 0.5.9, and the same seeds pass on 0.5.10."""
+@pytest.mark.parametrize(
+    "row,buggy,fixed,how",
+    [
+        ("sglang-pr-12693", "0.5.4.post3", "0.5.5", "aborted-in-queue"),
+        ("sglang-pr-21404", "0.5.9", "0.5.10", "timed-out"),
+    ],
+)
+def test_a_fixed_corpus_row_is_found_on_its_buggy_release_and_not_on_its_fix(
+    row, buggy, fixed, how
+):
+    """docs/real-bugs.json's two mamba-slot rows: a request that leaves the queue (its
+    client's abort; its waiting timeout) keeps its mamba slot on the release with the
+    bug. Generated histories alone find it there, and the same seeds pass on the fix."""
     seeds = range(12)
-    load("0.5.9")
-    load("0.5.10")
-    buggy = hunt(SglangHistoryTarget(version="0.5.9", setup="mamba"), seeds, PLAN)
-    fixed = hunt(SglangHistoryTarget(version="0.5.10", setup="mamba"), seeds, PLAN)
+    load(buggy)
+    load(fixed)
+    with_bug = hunt(SglangHistoryTarget(version=buggy, setup="mamba"), seeds, PLAN)
+    with_fix = hunt(SglangHistoryTarget(version=fixed, setup="mamba"), seeds, PLAN)
     found = [
         f.detail
-        for run in buggy
+        for run in with_bug
         for f in run.verdict.findings
-        if "sglang.mamba" in f.detail and "timed-out" in f.detail
+        if "sglang.mamba" in f.detail and how in f.detail
     ]
-    assert found, [run.verdict.findings for run in buggy]
-    assert all(not run.verdict.findings for run in fixed), [r.verdict.findings for r in fixed]
+    assert found, (row, [run.verdict.findings for run in with_bug])
+    assert all(not run.verdict.findings for run in with_fix), [r.verdict.findings for r in with_fix]

@@ -5,8 +5,8 @@ with one of ``SETUPS``, each a set of server options users turn on, sized so
 that generated histories run into what the options are about:
 
 ``plain``             the radix cache alone, no sessions, a small KV pool
-``mamba``             a hybrid SSM model's mamba radix cache, no sessions, a small KV
-                      pool, 4 requests running at most, queued ones timing out after
+``mamba``             a hybrid SSM model's mamba radix cache, no sessions, a 200-token
+                      KV pool, 4 requests running at most, queued ones timing out after
                       4 steps
 ``sessions-retract``  streaming sessions, SGLang's own test switch retracting a
                       decode every 3 steps (``SGLANG_TEST_RETRACT``)
@@ -52,7 +52,7 @@ def _pools(kv: int, mamba: bool = False) -> PoolConfig:
 SETUPS: dict[str, LoopConfig] = {
     "plain": LoopConfig(pools=_pools(300), chunked_prefill_size=CHUNK),
     "mamba": LoopConfig(
-        pools=_pools(300, mamba=True),
+        pools=_pools(200, mamba=True),
         chunked_prefill_size=CHUNK,
         waiting_timeout_steps=4,
         max_running_requests=4,
