@@ -357,12 +357,9 @@ def _histories(args: argparse.Namespace) -> int:
             shrink_budget=args.shrink_budget,
         )
         return run(options)
-    except (ValueError, OSError) as exc:
+    except (ValueError, OSError, RuntimeError) as exc:  # RuntimeError: a release not had here
         streams.err(f"kvwatch histories: {exc}")
-        return 2
-    except RuntimeError as exc:  # an engine release that cannot be had or driven here
-        streams.err(f"kvwatch histories: {exc}")
-        return 3
+        return 3 if isinstance(exc, RuntimeError) else 2
 
 
 HANDLERS = {

@@ -30,7 +30,7 @@ from __future__ import annotations
 import traceback
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 from kvwatch.contracts import ProbeReport
 from kvwatch.histories.ops import ABORT, CLOSE, FLUSH, OPEN, SUBMIT, TURN, History, Op
@@ -80,6 +80,8 @@ class _Clients:
         self.loop, self.played = loop, played
         self.committed: dict[str, tuple[int, ...]] = {}  # open sessions' committed tokens
         self.seen = 0  # outcomes taken into the account so far
+        # a loop calls its observers after every step and abort: a request may end in either
+        loop.observers.append(self.take_outcomes)
 
     def apply(self, op: Op, schedule: Schedule) -> None:
         """Run ``op`` now, or once the request it waits for (``after``) ended."""
@@ -122,15 +124,13 @@ class _Clients:
                     schedule.once(due, partial(self.abort, op.rid))
         except Refused as exc:
             self.played.refused.append((op, str(exc)))
-        self.take_outcomes()
 
     def abort(self, rid: str) -> None:
         if rid not in self.played.ended:
             self.loop.abort(rid)
-            self.take_outcomes()
 
     def take_outcomes(self) -> None:
-        """Each request that ended since the last look: into ``ended``, and its
+        """(A loop observer.) Each request that ended since the last look: into ``ended``, and its
         session's committed tokens moved on where the loop's rule says so."""
         loop = self.loop
         for out in loop.outcomes[self.seen :]:
@@ -166,30 +166,12 @@ def _turn(clients: _Clients, probe: StepProbe, ops: list[Op], label: str) -> Non
     schedule = Schedule()
     for op in ops:
         schedule.before_step(op.at, partial(clients.apply, op, schedule))
-    loop = clients.loop
-    run_until_idle(_Observed(loop, clients), schedule, RULE)
-    clients.take_outcomes()
+    run_until_idle(clients.loop, schedule, RULE)
     played = clients.played
     played.reports.extend((f"{label}, mid-turn", r) for r in probe.latched())
     report = probe.report()
     if report.findings:
         played.reports.append((f"{label}, barrier", report))
-
-
-class _Observed:
-    """The loop as ``run_until_idle`` steps it, the clients' account taken after
-    every step (a request may end inside any)."""
-
-    def __init__(self, loop: EngineLoop, clients: _Clients) -> None:
-        self._loop, self._clients = loop, clients
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._loop, name)
-
-    def step(self) -> Any:
-        out = self._loop.step()
-        self._clients.take_outcomes()
-        return out
 
 
 def play(loop: EngineLoop, probe: StepProbe, history: History) -> Played:
