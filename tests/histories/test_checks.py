@@ -67,18 +67,47 @@ def test_content_is_skipped_not_passed_where_the_loop_cannot_read_inputs():
     assert "cache hits" in verdict.skipped[1][1]
 
 
-def test_a_shrink_keeps_the_first_raise_its_place_not_its_line_number():
-    from kvwatch.histories.checks import AUDIT, HistoryFinding, HistoryVerdict, signature
+def _take(sid: str, late: bool) -> None:
+    """Raises from one function at one of two lines."""
+    if late:
+        raise AssertionError(f"session_id={sid!r} already has a slot")
+    raise AssertionError(f"session_id={sid!r} already has a slot")
 
-    take = "AssertionError: session_id='s2' already has a slot (at /x/streaming_session.py:215 in take)"
-    moved = take.replace(":215", ":207").replace("s2", "s0")
-    other = "AssertionError: prefix shrank (at /x/streaming_session.py:132 in try_match_prefix)"
-    leak = HistoryFinding(AUDIT, "turn 0, mid-turn: orphan sglang.kv: sglang.kv: 1 units ...")
-    verdict = HistoryVerdict((leak, HistoryFinding(RAISED, take)), ())
-    assert verdict.primary == signature(HistoryFinding(RAISED, moved))  # the raise first
-    assert not verdict.shows(signature(HistoryFinding(RAISED, other)))
+
+def _prefix() -> None:
+    raise AssertionError("prefix shrank")
+
+
+def _raised(fn, *args) -> Played:
+    from kvwatch.histories.play import _where
+
+    try:
+        fn(*args)
+    except AssertionError as exc:
+        error, at = _where(exc)
+    return Played(history=EMPTY, error=error, error_at=at)
+
+
+def test_a_shrink_keeps_the_first_raise_its_place_not_its_line_number():
+    from probes import make_probe
+
+    from kvwatch.contracts import Finding, FindingKind
+    from kvwatch.histories.checks import signature
+    from kvwatch.histories.play import Played as P
+
+    orphan = Finding(kind=FindingKind.ORPHAN, group="sglang.kv", pages=(1,), detail="1 units")
+    leaking = P(history=EMPTY, reports=[("turn 0, mid-turn", make_probe(findings=(orphan,)))])
+    (leak,) = judge(leaking, "failed", lambda cs: ()).findings
+    take = _raised(_take, "s2", False)
+    take.reports = leaking.reports
+    verdict = judge(take, "failed", lambda cs: ())
+    moved = judge(_raised(_take, "s0", True), "failed", lambda cs: ())
+    other = judge(_raised(_prefix), "failed", lambda cs: ())
+    assert verdict.primary == moved.primary  # the raise first, wherever its line
+    assert ":" in take.error and take.error != moved.findings[0].detail
+    assert not verdict.shows(other.primary)
     assert signature(leak) == "audit orphan sglang.kv"
-    assert HistoryVerdict((leak,), ()).primary == signature(leak)
+    assert judge(leaking, "failed", lambda cs: ()).primary == signature(leak)
 
 
 def test_an_engine_that_never_gets_idle_is_stuck_not_a_raise_of_kvwatch():

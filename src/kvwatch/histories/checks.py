@@ -29,7 +29,6 @@ Invariant: a checker only reads; the same ``Played`` gives the same findings.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from typing import NamedTuple
 
@@ -49,17 +48,14 @@ class HistoryFinding(NamedTuple):
     check: str  # one of CHECKS
     detail: str
     rid: str = ""  # the request it is about, where it is about one
+    # what makes two findings of the check the same bug for the shrinker: an audit
+    # finding's kind and group; a raise's exception and where (no line number)
+    key: str = ""
 
 
 def signature(finding: HistoryFinding) -> str:
-    """What makes two findings the same bug for the shrinker: the check, and for a raise
-    the exception and where (no line numbers), for an audit the finding's kind and group."""
-    if finding.check == RAISED:
-        what, _, where = finding.detail.partition(" (at ")
-        return f"{RAISED} {what.split(':')[0]} {re.sub(r':[0-9]+', '', where)}"
-    if finding.check == AUDIT:
-        return f"{AUDIT} {' '.join(finding.detail.split(': ', 2)[1].split()[:2])}"
-    return finding.check
+    """The check and its ``key``: equal for the same bug in two histories."""
+    return f"{finding.check} {finding.key}".rstrip()
 
 
 class HistoryVerdict(NamedTuple):
@@ -96,11 +92,11 @@ def content(played: Played) -> list[HistoryFinding]:
         where = f"turn of session {sent.session}" if sent.session else "request"
         out.append(
             HistoryFinding(
-                CONTENT,
-                f"{rid} ({where}) was computed over {len(end.input)} tokens where its client "
+                check=CONTENT,
+                detail=f"{rid} ({where}) was computed over {len(end.input)} tokens where its client "
                 f"expects {len(sent.expected)}; they part at token "
                 f"{_parts(end.input, sent.expected)}",
-                rid,
+                rid=rid,
             )
         )
     return out
@@ -121,10 +117,10 @@ def hits(played: Played) -> list[HistoryFinding]:
         if best < e.hit:
             out.append(
                 HistoryFinding(
-                    CONTENT,
-                    f"{rid} found {e.hit} prompt tokens cached, but no request computed more "
+                    check=CONTENT,
+                    detail=f"{rid} found {e.hit} prompt tokens cached, but no request computed more "
                     f"than its first {best}: the cache gave it pages of other tokens",
-                    rid,
+                    rid=rid,
                 )
             )
     return out
@@ -147,10 +143,10 @@ def equivalence(played: Played, reference: Reference) -> list[HistoryFinding]:
     replays = reference([c for _, c in finished])
     return [
         HistoryFinding(
-            EQUIVALENCE,
-            f"{rid} gave {len(r.cached)} tokens that part from a cache-off engine's at token "
+            check=EQUIVALENCE,
+            detail=f"{rid} gave {len(r.cached)} tokens that part from a cache-off engine's at token "
             f"{_parts(r.cached, r.reference)} (prompt {len(r.prompt)} tokens)",
-            rid,
+            rid=rid,
         )
         for (rid, _), r in zip(finished, replays, strict=True)
         if r.cached != r.reference
@@ -167,13 +163,20 @@ def audit(played: Played) -> list[HistoryFinding]:
             key = (f.kind, f.group, f.key or f.detail)
             if key not in seen:
                 seen.add(key)
-                out.append(HistoryFinding(AUDIT, f"{where}: {f.kind} {f.group or ''}: {f.detail}"))
+                detail = f"{where}: {f.kind} {f.group or ''}: {f.detail}"
+                out.append(
+                    HistoryFinding(check=AUDIT, detail=detail, key=f"{f.kind} {f.group or ''}")
+                )
     return out
 
 
 def ended(played: Played, unasked: str) -> list[HistoryFinding]:
     return [
-        HistoryFinding(ENDED, f"{rid} ended by the engine unasked at step {e.step}: {e.why}", rid)
+        HistoryFinding(
+            check=ENDED,
+            detail=f"{rid} ended by the engine unasked at step {e.step}: {e.why}",
+            rid=rid,
+        )
         for rid, e in played.ended.items()
         if e.status == unasked
     ]
@@ -184,8 +187,8 @@ def drained(played: Played) -> list[HistoryFinding]:
         return []
     return [
         HistoryFinding(
-            DRAINED,
-            f"after the close and the flush {name} holds {g.capacity - g.free} of "
+            check=DRAINED,
+            detail=f"after the close and the flush {name} holds {g.capacity - g.free} of "
             f"{g.capacity} pages (by owner {g.by_owner})",
         )
         for name, g in played.final.stats.groups.items()
@@ -204,9 +207,9 @@ def judge(played: Played, unasked: str, reference: Reference | None) -> HistoryV
     ]
     skipped = []
     if played.error:
-        findings.append(HistoryFinding(RAISED, played.error))
+        findings.append(HistoryFinding(check=RAISED, detail=played.error, key=played.error_at))
     if played.stuck:
-        findings.append(HistoryFinding(STUCK, played.stuck))
+        findings.append(HistoryFinding(check=STUCK, detail=played.stuck))
     if reference is None:
         skipped.append((EQUIVALENCE, "the target has no cache-off engine"))
     else:

@@ -69,6 +69,7 @@ class Played:
     reports: list[tuple[str, ProbeReport]] = field(default_factory=list)  # (where, report)
     final: ProbeReport | None = None
     error: str = ""
+    error_at: str = ""  # the exception and where it was raised, without a line number
     stuck: str = ""  # the engine never got idle (``driver.workload.Stuck``)
     steps: int = 0
 
@@ -157,9 +158,11 @@ class _Clients:
         self.seen = len(loop.outcomes)
 
 
-def _where(exc: BaseException) -> str:
+def _where(exc: BaseException) -> tuple[str, str]:
+    """The exception with the frame it came from, and the same without a line number."""
     frame = traceback.extract_tb(exc.__traceback__)[-1]
-    return f"{type(exc).__name__}: {exc} (at {frame.filename}:{frame.lineno} in {frame.name})"
+    at = f"{type(exc).__name__} {frame.filename} in {frame.name}"
+    return f"{type(exc).__name__}: {exc} (at {frame.filename}:{frame.lineno} in {frame.name})", at
 
 
 def _turn(clients: _Clients, probe: StepProbe, ops: list[Op], label: str) -> None:
@@ -194,6 +197,6 @@ def play(loop: EngineLoop, probe: StepProbe, history: History) -> Played:
         live = ", ".join(str(rid) for rid in loop.live_rids()[:4])
         played.stuck = f"{exc} (still live after its clients gave up: {live or 'none'})"
     except Exception as exc:  # the engine broke: check what was recorded
-        played.error = _where(exc)
+        played.error, played.error_at = _where(exc)
     played.steps = loop.steps
     return played
