@@ -3,7 +3,7 @@ passes what is right (``histories/checks.py``)."""
 
 from __future__ import annotations
 
-from kvwatch.histories.checks import CONTENT, ENDED, RAISED, content, hits, judge
+from kvwatch.histories.checks import CONTENT, ENDED, INDEX, RAISED, REFERENCES, content, hits, judge
 from kvwatch.histories.ops import History
 from kvwatch.histories.play import Ended, Played, Sent
 
@@ -63,8 +63,9 @@ def test_an_unasked_end_and_a_raise_are_findings_and_a_missing_reference_is_a_sk
 def test_content_is_skipped_not_passed_where_the_loop_cannot_read_inputs():
     unread = _req("d", (5,), None, (3,))
     verdict = judge(_played(unread), "failed", lambda cs: ())
-    assert [c for c, _ in verdict.skipped] == [CONTENT, CONTENT]  # inputs, and hits
-    assert "cache hits" in verdict.skipped[1][1]
+    skipped = [c for c, _ in verdict.skipped]
+    assert skipped == [INDEX, REFERENCES, CONTENT, CONTENT]  # no cache log; inputs, and hits
+    assert "cache hits" in verdict.skipped[-1][1]
 
 
 def _take(sid: str, late: bool) -> None:

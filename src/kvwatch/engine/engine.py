@@ -29,6 +29,7 @@ import torch
 
 from kvwatch.engine.cache.backends import build_cache
 from kvwatch.engine.cache.failpoints import parse_sites
+from kvwatch.engine.cache.view import CacheView
 from kvwatch.engine.config import MAX_ROLLBACK, EngineConfig
 from kvwatch.engine.errors import (
     EngineError,
@@ -428,6 +429,11 @@ class Engine:
         return [self.take(rid) for rid in ids]
 
     # -- observation ---------------------------------------------------------------------
+    @property
+    def cache_view(self) -> CacheView:
+        """The cache, read-only (tree, pools, holders): for readers between steps."""
+        return self._cache.view
+
     def probe(self) -> ProbeReport:
         """The full report at a step boundary: usage, audit findings, bounds.
 

@@ -35,6 +35,37 @@ class NodeEvicted(NamedTuple):
     path_key: int = 0  # its path's first page (``paths.path_key``), as RequestAdded's
 
 
+class PagesStored(NamedTuple):
+    """A node joined the radix tree: its pages, each under its block key."""
+
+    node_id: int
+    keys: tuple[int, ...]  # ``paths.block_keys``: one per page, in order
+    page_ids: tuple[int, ...]
+
+
+class PagesRemoved(NamedTuple):
+    """A node left the radix tree (evicted or flushed): its pages' keys are gone."""
+
+    node_id: int
+    keys: tuple[int, ...]
+    page_ids: tuple[int, ...]
+
+
+class RefsMoved(NamedTuple):
+    """``node.refs`` of each node changed by ``delta``, for ``holder`` ("" for none)."""
+
+    holder: str
+    node_ids: tuple[int, ...]
+    delta: int
+
+
+class NodeSplit(NamedTuple):
+    """A split made ``upper_id`` the top of ``node_id``, with ``node_id``'s refs."""
+
+    node_id: int
+    upper_id: int
+
+
 class SnapshotTaken(NamedTuple):
     node_id: int
     depth: int

@@ -36,6 +36,8 @@ class Fault(StrEnum):
     STALE_SLOT_ENTRY = "stale-slot-entry"
     SESSION_KEEPS_UNRUN_TURN = "session-keeps-unrun-turn"
     PREFIX_MATCH_FIRST_PAGE_ONLY = "prefix-match-first-page-only"
+    EVICT_PARENT_UNANNOUNCED = "evict-parent-unannounced"
+    ABORTED_HOLDER_PARKED = "aborted-holder-parked"
 
 
 @dataclass(frozen=True)
@@ -144,6 +146,22 @@ REGISTRY: Mapping[Fault, FaultInfo] = {
             layer="cache.radix",
             summary="a lookup takes a whole cached node after comparing only its first page, so "
             "a prompt that parts from the node later reuses KV of another conversation",
+        ),
+        FaultInfo(
+            name=Fault.EVICT_PARENT_UNANNOUNCED,
+            seed="004",
+            layer="cache.radix",
+            summary="a flush tells listeners of the leaves it evicts but not of the parents "
+            "that become leaves and go in the same call: the index events still name pages "
+            "the tree gave back",
+        ),
+        FaultInfo(
+            name=Fault.ABORTED_HOLDER_PARKED,
+            seed="002",
+            layer="cache",
+            summary="an aborted request's holder is parked like a session's slot instead of "
+            "released: its path stays locked and its pages held after its request ended, "
+            "until pressure drops the slot",
         ),
     )
 }

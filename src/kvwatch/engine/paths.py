@@ -39,3 +39,21 @@ def path_key(tokens: Sequence[int], extra_key: str | None, page_size: int) -> in
 def prompt_key(tokens: Sequence[int], extra_key: str | None) -> int:
     """A digest of the whole sequence: equal prompts have equal keys."""
     return _digest(tokens, extra_key)
+
+
+def key_base(extra_key: str | None) -> int:
+    """The key a sequence's first block chains from: its extra key's digest."""
+    return _digest((), extra_key)
+
+
+def block_keys(prev: int, tokens: Sequence[int], page_size: int) -> tuple[int, ...]:
+    """The block key of each full page of ``tokens``, chained from ``prev``: a page's key
+    names every token up to its end, so two pages share a key only on the same prefix."""
+    keys = []
+    for at in range(0, len(tokens) - page_size + 1, page_size):
+        h = hashlib.blake2b(digest_size=8)
+        h.update(prev.to_bytes(8, "big"))
+        h.update(array("q", tokens[at : at + page_size]).tobytes())
+        prev = (int.from_bytes(h.digest(), "big") >> 1) or 1
+        keys.append(prev)
+    return tuple(keys)

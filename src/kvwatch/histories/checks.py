@@ -17,6 +17,11 @@ Each checker reads a ``Played`` (``play.py``) and nothing else, and returns
 ``ended``        no request the engine ended without being asked
 ``drained``      after the sessions closed, the loop drained and the cache
                  flushed, every page of every group is free
+``index``        the cache index's events agree with a model of the index and with
+                 the index itself after every step (``cache_checks.py``)
+``references``   every reference taken for a holder is given back by the time its
+                 request ends, and every node's count is what the log implies
+                 (``cache_checks.py``)
 ``raised``       the engine raised nothing
 ``stuck``        the engine got idle: no request lives on after its clients gave up
 
@@ -34,6 +39,8 @@ from typing import NamedTuple
 
 from kvwatch.contracts import SEVERE
 from kvwatch.harness.run_record import Candidate
+from kvwatch.histories import cache_checks
+from kvwatch.histories.cache_checks import INDEX, REFERENCES
 from kvwatch.histories.play import Played
 from kvwatch.targets.driver.engine_loop import FINISHED
 from kvwatch.targets.driver.history_target import Reference
@@ -41,7 +48,7 @@ from kvwatch.targets.driver.history_target import Reference
 CONTENT, EQUIVALENCE, AUDIT, ENDED, DRAINED, RAISED, STUCK = (
     "content", "equivalence", "audit", "ended", "drained", "raised", "stuck"
 )  # fmt: skip
-CHECKS = (CONTENT, EQUIVALENCE, AUDIT, ENDED, DRAINED, RAISED, STUCK)
+CHECKS = (CONTENT, EQUIVALENCE, INDEX, REFERENCES, AUDIT, ENDED, DRAINED, RAISED, STUCK)
 
 
 class HistoryFinding(NamedTuple):
@@ -196,11 +203,23 @@ def drained(played: Played) -> list[HistoryFinding]:
     ]
 
 
+def from_log(played: Played) -> list[HistoryFinding]:
+    """The ``index`` and ``references`` checks over the target's cache log."""
+    log = played.cache_log or ()
+    sessions = {rid: s.session for rid, s in played.sent.items() if s.session}
+    return [
+        HistoryFinding(check=f.check, detail=f.detail, rid=f.rid, key=f.key)
+        for f in [*cache_checks.index(log), *cache_checks.references(log, sessions)]
+    ]
+
+
 def judge(played: Played, unasked: str, reference: Reference | None) -> HistoryVerdict:
-    """Every checker over ``played``; equivalence only with a ``reference``."""
+    """Every checker over ``played``; equivalence only with a ``reference``, index and
+    references only with a cache log."""
     findings = [
         *content(played),
         *hits(played),
+        *from_log(played),
         *audit(played),
         *ended(played, unasked),
         *drained(played),
@@ -210,6 +229,9 @@ def judge(played: Played, unasked: str, reference: Reference | None) -> HistoryV
         findings.append(HistoryFinding(check=RAISED, detail=played.error, key=played.error_at))
     if played.stuck:
         findings.append(HistoryFinding(check=STUCK, detail=played.stuck))
+    if played.cache_log is None:
+        why = "the target tells neither its cache index's events nor its references"
+        skipped.extend([(INDEX, why), (REFERENCES, why)])
     if reference is None:
         skipped.append((EQUIVALENCE, "the target has no cache-off engine"))
     else:

@@ -52,7 +52,7 @@ def run_history(target: HistoryTarget, history: History) -> tuple[Played, Histor
     """``history`` on a fresh loop of ``target``, judged."""
     loop = target.make_loop()
     try:
-        played = play(loop, target.make_probe(loop), history)
+        played = play(loop, target.make_probe(loop), history, target.make_watch(loop))
     finally:
         loop.close()
     return played, judge(played, loop.unasked, target.reference())

@@ -15,7 +15,10 @@ engine to:
   (``input_of``), what it found cached (``hit_of``) and what it generated;
 * ``refused``: operations the engine turned down at once (a 4xx);
 * ``reports``: the probe's reports with findings, after every step (the
-  first few, ``StepProbe``), at every barrier and after the final flush.
+  first few, ``StepProbe``), at every barrier and after the final flush;
+* ``cache_log``: where the target gives a ``CacheWatch``, its log (the
+  index's events, the references taken and given, the index and refs after
+  every step and after the final flush).
 
 An exception the engine raises ends the history there (``error``, naming
 the frame), and so does an engine that never gets idle though its clients
@@ -34,6 +37,7 @@ from typing import NamedTuple
 
 from kvwatch.contracts import ProbeReport
 from kvwatch.histories.ops import ABORT, CLOSE, FLUSH, OPEN, SUBMIT, TURN, History, Op
+from kvwatch.targets.driver.cache_watch import CacheWatch, Entry
 from kvwatch.targets.driver.engine_loop import FINISHED, EngineLoop, Refused
 from kvwatch.targets.driver.step_probe import StepProbe
 from kvwatch.targets.driver.workload import IdleRule, Schedule, Stuck, run_until_idle
@@ -72,6 +76,7 @@ class Played:
     error_at: str = ""  # the exception and where it was raised, without a line number
     stuck: str = ""  # the engine never got idle (``driver.workload.Stuck``)
     steps: int = 0
+    cache_log: tuple[Entry, ...] | None = None  # None: the target keeps no cache watch
 
 
 class _Clients:
@@ -177,9 +182,11 @@ def _turn(clients: _Clients, probe: StepProbe, ops: list[Op], label: str) -> Non
         played.reports.append((f"{label}, barrier", report))
 
 
-def play(loop: EngineLoop, probe: StepProbe, history: History) -> Played:
+def play(
+    loop: EngineLoop, probe: StepProbe, history: History, watch: CacheWatch | None = None
+) -> Played:
     """Every turn of ``history`` on ``loop``, then the close: sessions closed, the loop
-    drained and flushed, a final probe."""
+    drained and flushed, a final probe (and a final look of the ``watch``)."""
     played = Played(history=history)
     clients = _Clients(loop, played)
     probe.watch()
@@ -193,10 +200,13 @@ def play(loop: EngineLoop, probe: StepProbe, history: History) -> Played:
         if not loop.flush():
             played.error = "the cache flush was refused with nothing live"
         played.final = probe.report()
+        if watch is not None:
+            watch.look("the end")
     except Stuck as exc:  # requests that never end, though their clients gave up
         live = ", ".join(str(rid) for rid in loop.live_rids()[:4])
         played.stuck = f"{exc} (still live after its clients gave up: {live or 'none'})"
     except Exception as exc:  # the engine broke: check what was recorded
         played.error, played.error_at = _where(exc)
     played.steps = loop.steps
+    played.cache_log = tuple(watch.log) if watch is not None else None
     return played

@@ -290,7 +290,7 @@ def event_trace(workload: Workload) -> tuple[list[tuple], FailpointRun]:
     for kind in (v for v in vars(events).values() if isinstance(v, type) and hasattr(v, "_fields")):
         run.engine.events.subscribe(kind, trace.append)
     run.run()
-    flushed = (NodeEvicted, SnapshotReleased)
+    flushed = (NodeEvicted, SnapshotReleased, events.PagesRemoved)
     cut = max(i for i, e in enumerate(trace) if not isinstance(e, flushed)) + 1
     return trace[:cut] + sorted(trace[cut:], key=repr), run
 

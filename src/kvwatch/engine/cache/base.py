@@ -239,6 +239,10 @@ class CacheBase(ServedCache):
         and still holds must be freed here (seed 002's big-page buffers).
         """
         holder = holder_of(h)
+        parked = not commit and Fault.ABORTED_HOLDER_PARKED in self._faults
+        if parked and holder.status is HolderStatus.ACTIVE:  # kept as if a session resumed it
+            self._sessions.park(holder)
+            return
         if holder.status in (HolderStatus.ACTIVE, HolderStatus.PARKED):
             holder.status = HolderStatus.ACTIVE
             if commit:  # a finished request, or a closing session

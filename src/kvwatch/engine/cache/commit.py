@@ -33,6 +33,7 @@ from kvwatch.engine.cache.node import Node, Tier
 from kvwatch.engine.cache.owner import OwnerKind
 from kvwatch.engine.cache.promises import Promises
 from kvwatch.engine.cache.storage import CacheStorage
+from kvwatch.engine.cache.tree_events import acting
 from kvwatch.engine.events import EventBus, SnapshotTaken
 from kvwatch.engine.faults import Fault
 
@@ -72,6 +73,10 @@ class Commits:
     def insert(self, holder: Holder, terminal: bool) -> int:
         if holder.status is not HolderStatus.ACTIVE:
             return 0
+        with acting(self.tree, holder.id, holder.label):
+            return self._insert(holder, terminal)
+
+    def _insert(self, holder: Holder, terminal: bool) -> int:
         before = holder.cached_len
         if terminal and (track := holder.track()) is not None:
             track.kind = PendingKind.TERMINAL

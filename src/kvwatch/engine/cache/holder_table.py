@@ -24,6 +24,7 @@ from kvwatch.engine.cache.holder_pages import HolderPages
 from kvwatch.engine.cache.node import Node, Tier
 from kvwatch.engine.cache.owner import Owner, OwnerKind
 from kvwatch.engine.cache.storage import CacheStorage
+from kvwatch.engine.cache.tree_events import acting
 
 
 class HolderTable:
@@ -69,7 +70,8 @@ class HolderTable:
         """Unlock the path and free every page the holder owns."""
         path = list(holder.lock_node.path()) if holder.lock_node is not None else []
         if holder.lock_node is not None:
-            self.store.tree.unlock(holder.lock_node)
+            with acting(self.store.tree, holder.id, holder.label):
+                self.store.tree.unlock(holder.lock_node)
         self.pages.free_all(holder)
         for pend in holder.pending.values() if free_pending else ():
             self.store.free_groups(pend.pages, holder.owner, Tier.DEVICE)

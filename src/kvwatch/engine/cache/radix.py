@@ -30,6 +30,8 @@ import numpy as np
 
 from kvwatch.engine.cache.node import EMPTY_PAGES, Node, Snapshot, Tier
 from kvwatch.engine.cache.owner import Owner, OwnerKind
+from kvwatch.engine.cache.tree_events import TreeEvents
+from kvwatch.engine.events import EventBus
 from kvwatch.engine.faults import Fault
 from kvwatch.engine.paths import path_key
 
@@ -53,9 +55,13 @@ class Walk(NamedTuple):
 
 
 class RadixTree:
-    def __init__(self, page_size: int, faults: frozenset[Fault] = frozenset()) -> None:
+    def __init__(
+        self, page_size: int, faults: frozenset[Fault] = frozenset(), events: EventBus | None = None
+    ) -> None:
         self.page_size = page_size
         self.faults = faults
+        # what the index and the refs do, told to listeners (``tree_events.py``)
+        self.tell = TreeEvents(events, page_size) if events is not None else None
         self._ids = itertools.count(1)
         self._clock = itertools.count(1)
         self.root = Node(0, None, [], EMPTY_PAGES, None, 0)
@@ -199,6 +205,8 @@ class RadixTree:
         self.page_count += len(pages)
         self._refresh(node)
         self._refresh(parent)
+        if self.tell is not None:
+            self.tell.stored(node)
         return node
 
     def split(self, node: Node, n_pages: int) -> Node:
@@ -228,6 +236,8 @@ class RadixTree:
         node.pages = node.pages[n_pages:].copy()
         self.link(upper, node)
         self.node_count += 1
+        if self.tell is not None:
+            self.tell.split(node, upper)
         return upper
 
     def link(self, parent: Node, node: Node) -> None:
@@ -252,6 +262,8 @@ class RadixTree:
         assert not (node.children or node.refs or node.host_refs or (snap and snap.pages)), (
             "only an unreferenced leaf whose state was freed is unlinked"
         )
+        if self.tell is not None:
+            self.tell.removed(node)
         del parent.children[node.key]
         evictable = self.evictable
         evictable.discard(node)
@@ -268,18 +280,31 @@ class RadixTree:
 
     # -- refs -------------------------------------------------------------------
     def inc(self, node: Node) -> None:
+        self._inc(node)
+        if self.tell is not None:
+            self.tell.refs((node,), 1)
+
+    def dec(self, node: Node) -> None:
+        self._dec(node)
+        if self.tell is not None:
+            self.tell.refs((node,), -1)
+
+    def _inc(self, node: Node) -> None:
         node.refs += 1
         self.evictable.discard(node)  # a referenced node is never evictable
 
-    def dec(self, node: Node) -> None:
+    def _dec(self, node: Node) -> None:
         if node.refs <= 0:
             raise CacheInvariantError(f"ref count of {node} would drop below zero")
         node.refs -= 1
         self._refresh(node)
 
     def lock(self, node: Node) -> None:
-        for n in node.path():
-            self.inc(n)
+        path = list(node.path())
+        for n in path:
+            self._inc(n)
+        if self.tell is not None:
+            self.tell.refs(path, 1)
 
     def lock_used(self, path: list[Node]) -> None:
         """``lock`` then ``touch`` the last node of ``path`` (root-down, root
@@ -289,10 +314,15 @@ class RadixTree:
             node.refs += 1
             node.last_access = now
             evictable.discard(node)  # a referenced node is never evictable
+        if self.tell is not None:
+            self.tell.refs((self.root, *path), 1)
 
     def unlock(self, node: Node) -> None:
-        for n in node.path():
-            self.dec(n)
+        path = list(node.path())
+        for n in path:
+            self._dec(n)
+        if self.tell is not None:
+            self.tell.refs(path, -1)
 
     def add_host_ref(self, node: Node) -> None:
         node.host_refs += 1
@@ -380,6 +410,8 @@ class RadixTree:
         evictable = self.evictable
         work, got, nodes, pages = list(evictable), 0, 0, 0
         root_fault = Fault.ROOT_IN_EVICT_SET in self.faults
+        # the evict-parent-unannounced fault tells only of the leaves the call began with
+        tell, told = self.tell, set(work) if Fault.EVICT_PARENT_UNANNOUNCED in self.faults else None
         try:
             while work:
                 node = work.pop()
@@ -391,6 +423,8 @@ class RadixTree:
                 assert not (
                     node.children or node.refs or node.host_refs or (snap and snap.pages)
                 ), "only an unreferenced leaf whose state was freed is unlinked"
+                if tell is not None and (told is None or node in told):
+                    tell.removed(node)
                 del parent.children[node.key]
                 evictable.discard(node)
                 node.parent = None

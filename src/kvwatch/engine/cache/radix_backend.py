@@ -31,6 +31,7 @@ from kvwatch.engine.cache.pressure import RecoveryNodes
 from kvwatch.engine.cache.promises import Promises
 from kvwatch.engine.cache.protocol import Handle, Match, holder_of
 from kvwatch.engine.cache.radix import Walk
+from kvwatch.engine.cache.tree_events import acting
 from kvwatch.engine.cache.view import StoredReads
 from kvwatch.engine.faults import Fault
 
@@ -65,6 +66,10 @@ class RadixPrefixCache(CacheBase):
         the working pages cannot be allocated.
         """
         holder = self._matchable(h)
+        with acting(self._store.tree, holder.id, holder.label):
+            return self._match(holder)
+
+    def _match(self, holder: Holder) -> Match:
         tree = self._store.tree
         walk = self._walk(holder)
         anchor = self._lock_on_descent(walk)

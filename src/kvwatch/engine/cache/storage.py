@@ -95,7 +95,7 @@ class CacheStorage:
         self.host_pools = {
             spec.name: pool(spec, Tier.HOST) for spec in config.groups if spec.host_capacity
         }
-        self.tree = RadixTree(self.page_size, faults)
+        self.tree = RadixTree(self.page_size, faults, self.events)
         self.failpoints = Failpoints(config.failpoints, self.events)
         self.reclaimers: list[Reclaimer] = []  # after prune and evict, in order
         # eviction left these parents (group): returns the group's pages freed

@@ -43,6 +43,8 @@ HISTORY_TIER = "histories"  # ``kvwatch histories``: generated histories, in pro
 HISTORY_CATCHES: dict[str, Catch] = {
     "session-keeps-unrun-turn": Catch(HISTORY_TIER, "content"),
     "prefix-match-first-page-only": Catch(HISTORY_TIER, "content"),
+    "evict-parent-unannounced": Catch(HISTORY_TIER, "index"),
+    "aborted-holder-parked": Catch(HISTORY_TIER, "references"),
 }
 
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from kvwatch.harness.run_record import Candidate, Replay
+from kvwatch.targets.driver.cache_watch import CacheWatch
 from kvwatch.targets.driver.engine_loop import EngineLoop
 from kvwatch.targets.driver.step_probe import StepProbe
 
@@ -54,6 +55,11 @@ class HistoryTarget(ABC):
     def opened(self) -> Iterator[None]:
         """What must hold while histories play (an engine's modules, its environment)."""
         yield
+
+    def make_watch(self, loop: EngineLoop) -> CacheWatch | None:
+        """The recorder of ``loop``'s cache index and references; None where the engine
+        tells neither (the ``index`` and ``references`` checks are then skipped)."""
+        return None
 
     def reference(self) -> Reference | None:
         """Replays finished requests on a cache-off engine; None where there is none."""

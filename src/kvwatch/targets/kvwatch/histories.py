@@ -21,6 +21,7 @@ from kvwatch.engine import EngineConfig
 from kvwatch.engine.overrides import apply_overrides, assignment
 from kvwatch.harness.profiles import merge
 from kvwatch.targets.driver.history_target import HistoryTarget, Reference, Shape
+from kvwatch.targets.kvwatch.cache_watch import EngineCacheWatch
 from kvwatch.targets.kvwatch.loop import KvwatchLoop
 from kvwatch.targets.kvwatch.probe import EngineProbe
 from kvwatch.targets.kvwatch.replay import Reference as CacheOff
@@ -68,6 +69,9 @@ class KvwatchHistoryTarget(HistoryTarget):
 
     def make_probe(self, loop: KvwatchLoop) -> EngineProbe:  # type: ignore[override]
         return EngineProbe(loop)
+
+    def make_watch(self, loop: KvwatchLoop) -> EngineCacheWatch:  # type: ignore[override]
+        return EngineCacheWatch(loop)
 
     def reference(self) -> Reference:
         return CacheOff(self.config).replay
