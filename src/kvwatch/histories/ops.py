@@ -14,7 +14,8 @@ before the next turn starts::
 
 An abort with a ``stage`` waits, from its step on, until its request is in
 that stage (``STAGES``) and fires then; one whose request never gets there
-does nothing. An operation ``after`` a request waits, from its step on, for
+does nothing. ``waiting`` is the queue once a step went by without admitting
+the request (the engine looked at it and held it back: memory, a full batch). An operation ``after`` a request waits, from its step on, for
 that request to end (a client sends its next turn once it has the answer). A ``turn`` carries the turn's new tokens only: the engine's
 session adds what it committed (and the content check holds it to that).
 
@@ -37,7 +38,8 @@ CLOSE = "close"  # a session closed
 FLUSH = "flush"  # the cache flushed (refused while requests run)
 KINDS = (SUBMIT, TURN, ABORT, OPEN, CLOSE, FLUSH)
 # where an abort may wait for its request to be ("": at its step, wherever it is)
-STAGES = ("queued", "prefilling", "decoding", "retracted", "paused")
+STAGES = ("queued", "prefilling", "decoding", "retracted", "paused", "waiting")
+WAITING = "waiting"  # queued, and passed over by at least one step
 
 
 class Op(NamedTuple):

@@ -14,6 +14,11 @@ engine to:
 * ``ended``: how and when each request ended, what it was computed over
   (``input_of``), what it found cached (``hit_of``) and what it generated;
 * ``refused``: operations the engine turned down at once (a 4xx);
+* ``stages``: where each request was after each step, as the loop names it
+  (``stage``: queued, prefilling, decoding, retracted, ...), each change once;
+  the stage a request was in when its client aborted it (``aborted_in``), and
+  for a session turn, where the session's previous turn was when it was sent
+  (``Sent.beside``: "" when that one had ended);
 * ``reports``: the probe's reports with findings, after every step (the
   first few, ``StepProbe``), at every barrier and after the final flush;
 * ``cache_log``: where the target gives a ``CacheWatch``, its log (the
@@ -36,7 +41,7 @@ from functools import partial
 from typing import NamedTuple
 
 from kvwatch.contracts import ProbeReport
-from kvwatch.histories.ops import ABORT, CLOSE, FLUSH, OPEN, SUBMIT, TURN, History, Op
+from kvwatch.histories.ops import ABORT, CLOSE, FLUSH, OPEN, SUBMIT, TURN, WAITING, History, Op
 from kvwatch.targets.driver.cache_watch import CacheWatch, Entry
 from kvwatch.targets.driver.engine_loop import FINISHED, EngineLoop, Refused
 from kvwatch.targets.driver.step_probe import StepProbe
@@ -51,6 +56,7 @@ class Sent(NamedTuple):
     session: str  # "" outside a session
     expected: tuple[int, ...]  # the input its client expects the engine to compute over
     max_new: int
+    beside: str = ""  # a session turn: the stage its session's previous turn was in ("": ended)
 
 
 class Ended(NamedTuple):
@@ -70,6 +76,8 @@ class Played:
     sent: dict[str, Sent] = field(default_factory=dict)
     ended: dict[str, Ended] = field(default_factory=dict)
     refused: list[tuple[Op, str]] = field(default_factory=list)
+    stages: dict[str, list[str]] = field(default_factory=dict)  # rid -> stages, in order
+    aborted_in: dict[str, str] = field(default_factory=dict)  # rid -> its stage at the abort
     reports: list[tuple[str, ProbeReport]] = field(default_factory=list)  # (where, report)
     final: ProbeReport | None = None
     error: str = ""
@@ -86,26 +94,32 @@ class _Clients:
         self.loop, self.played = loop, played
         self.committed: dict[str, tuple[int, ...]] = {}  # open sessions' committed tokens
         self.seen = 0  # outcomes taken into the account so far
+        self.rids = {op.rid for op in played.history.ops if op.kind in (SUBMIT, TURN)}
+        self.sent_at: dict[str, int] = {}  # the loop's steps when each request was sent
         # a loop calls its observers after every step and abort: a request may end in either
         loop.observers.append(self.take_outcomes)
+        loop.observers.append(self.take_stages)
 
     def apply(self, op: Op, schedule: Schedule) -> None:
-        """Run ``op`` now, or once the request it waits for (``after``) ended."""
-        waits = op.after and op.after in self.played.sent and op.after not in self.played.ended
-        if waits:
-            due = partial(lambda rid: rid in self.played.ended, op.after)
+        """Run ``op`` now, or once the request it waits for (``after``) ended or was
+        refused: a request of this history, sent already or itself still waiting."""
+        if op.after and op.after in self.rids and not self.settled(op.after):
+            due = partial(self.settled, op.after)
             schedule.once(due, partial(self.apply, op._replace(after=""), schedule))
             return
         loop, sent = self.loop, self.played.sent
+        if op.kind in (SUBMIT, TURN):
+            self.sent_at[op.rid] = loop.steps
         try:
+            options = {} if op.priority is None else {"priority": op.priority}
             if op.kind == SUBMIT:
-                options = {} if op.priority is None else {"priority": op.priority}
                 loop.submit(op.rid, list(op.tokens), op.max_new, **options)
                 sent[op.rid] = Sent(
                     rid=op.rid, turn=op.turn, session="", expected=op.tokens, max_new=op.max_new
                 )
             elif op.kind == TURN:
-                loop.submit(op.rid, list(op.tokens), op.max_new, session_id=op.session)
+                beside = self.stage_of_previous(op.session)
+                loop.submit(op.rid, list(op.tokens), op.max_new, session_id=op.session, **options)
                 base = self.committed.get(op.session, ())
                 sent[op.rid] = Sent(
                     rid=op.rid,
@@ -113,6 +127,7 @@ class _Clients:
                     session=op.session,
                     expected=base + op.tokens,
                     max_new=op.max_new,
+                    beside=beside,
                 )
             elif op.kind == OPEN:
                 loop.open_session(op.session)
@@ -123,7 +138,7 @@ class _Clients:
             elif op.kind == FLUSH:
                 loop.flush()
             elif op.kind == ABORT and op.rid in sent and op.rid not in self.played.ended:
-                due = partial(lambda rid, stage: loop.stage(rid) == stage, op.rid, op.stage)
+                due = partial(self.reached, op.rid, op.stage)
                 if not op.stage or due():  # at once, or already where it waits for it
                     self.abort(op.rid)
                 else:
@@ -131,9 +146,38 @@ class _Clients:
         except Refused as exc:
             self.played.refused.append((op, str(exc)))
 
+    def settled(self, rid: str) -> bool:
+        """Whether the request ``rid`` ended, or was refused when sent."""
+        return rid in self.played.ended or any(op.rid == rid for op, _ in self.played.refused)
+
     def abort(self, rid: str) -> None:
         if rid not in self.played.ended:
+            self.played.aborted_in[rid] = self.loop.stage(rid) or ""
             self.loop.abort(rid)
+
+    def reached(self, rid: str, stage: str) -> bool:
+        """Whether ``rid`` is in ``stage`` now (``waiting``: still queued after a step
+        since it was sent, so the engine looked at it and held it back)."""
+        now = self.loop.stage(rid)
+        if stage == WAITING:
+            return now == "queued" and self.loop.steps > self.sent_at.get(rid, self.loop.steps)
+        return now == stage
+
+    def stage_of_previous(self, session: str) -> str:
+        """Where the session's last turn sent before now is, "" once it ended."""
+        turns = [s.rid for s in self.played.sent.values() if s.session == session]
+        if not turns or turns[-1] in self.played.ended:
+            return ""
+        return self.loop.stage(turns[-1]) or ""
+
+    def take_stages(self) -> None:
+        """(A loop observer.) Where each live request is now, where that changed."""
+        stages, ended = self.played.stages, self.played.ended
+        for rid in self.played.sent:
+            if rid not in ended and (now := self.loop.stage(rid)):
+                trail = stages.setdefault(rid, [])
+                if not trail or trail[-1] != now:
+                    trail.append(now)
 
     def take_outcomes(self) -> None:
         """(A loop observer.) Each request that ended since the last look: into ``ended``, and its
