@@ -280,7 +280,8 @@ class RadixTree:
 
     # -- refs -------------------------------------------------------------------
     def inc(self, node: Node) -> None:
-        self._inc(node)
+        node.refs += 1
+        self.evictable.discard(node)  # a referenced node is never evictable
         if self.tell is not None:
             self.tell.refs((node,), 1)
 

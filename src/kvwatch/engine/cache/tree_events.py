@@ -53,12 +53,16 @@ def node_keys(node: Node, page_size: int) -> tuple[int, ...]:
     return keys
 
 
+_UNHEARD = contextlib.nullcontext()  # reusable: what ``acting`` gives where nobody listens
+
+
 def acting(tree: _Tree, holder_id: int, label: object) -> contextlib.AbstractContextManager:
     """A block whose ref changes are made for the holder (``"ID:LABEL"``, a label being
-    a request or session id); nothing at all where nobody is told."""
-    if tree.tell is None:
-        return contextlib.nullcontext()
-    return tree.tell.acting(f"{holder_id}:{label}")
+    a request or session id); nothing at all where nobody listens to ref changes."""
+    tell = tree.tell
+    if tell is None or not tell.bus.listens(RefsMoved):
+        return _UNHEARD
+    return tell.acting(f"{holder_id}:{label}")
 
 
 def index(tree: _Tree) -> dict[int, int]:
