@@ -100,6 +100,15 @@ SGLANG_HUNT_ARGS ?=
 sglang-hunt: $(STAMP)
 	$(PY) -m hunts.sglang $(SGLANG_HUNT_ARGS) --out docs/sglang-hunt --corpus docs/real-bugs.json
 
+# Generated histories on SGLang's own scheduler: the live corpus rows found on the newest
+# release within SGLANG_HISTORY_MINUTES, the fixed rows on their buggy releases and not on
+# their fixes, one shrunk history per row; docs/sglang-history-hunt.{json,md} and
+# docs/sglang-history-hunt/<row>.json (hunts/sglang_histories.py)
+SGLANG_HISTORY_MINUTES ?= 30
+.PHONY: sglang-history-hunt
+sglang-history-hunt: $(STAMP)
+	$(PY) -m hunts.sglang_histories --budget-minutes $(SGLANG_HISTORY_MINUTES) --out docs/sglang-history-hunt
+
 # LightLLM's caches at the checkout LIGHTLLM_SRC (or KVWATCH_LIGHTLLM_SRC) x caches x seeds,
 # every profile at c = 2, 4 and 8, written to docs/lightllm-hunt.{json,md}
 # (hunts/lightllm.py; 192 runs on one checkout, 236 s here on 2 cores)
