@@ -33,8 +33,8 @@ def test_the_radix_cache_alone_passes_every_check_it_can_run():
     for run in runs:
         assert not run.verdict.findings, (run.seed, run.verdict.findings)
         skipped = {check for check, _ in run.verdict.skipped}
-        # no reference; hits are not read; the tree's events and lock refs are not recorded
-        assert skipped == {"equivalence", "content", "index", "references"}
+        # no reference; hits are not read; lock refs are taken for no named request
+        assert skipped == {"equivalence", "content", "references"}
 
 
 def test_two_turns_of_a_new_streaming_session_at_once_crash_the_scheduler(tmp_path):
@@ -91,3 +91,27 @@ def test_a_fixed_corpus_row_is_found_on_its_buggy_release_and_not_on_its_fix(
     ]
     assert found, (row, [run.verdict.findings for run in with_bug])
     assert all(not run.verdict.findings for run in with_fix), [r.verdict.findings for r in with_fix]
+
+
+def test_the_index_check_reads_sglangs_own_kv_events_and_fails_where_a_removal_goes_untold():
+    """The release's KV event recorder, switched on: its events agree with its tree on
+    clean histories, and a recorder that drops every removal (a planted bug, in this
+    test only) fails the index check at the step the tree lost the blocks."""
+    target = _target("plain")
+    history = generate(target.shape, 0, PLAN)
+    with target.opened():
+        played, verdict = run_history(target, history)
+        assert "index" not in verdict.failed
+        assert any(type(e).__name__ == "Stored" for e in played.cache_log)
+        assert any(type(e).__name__ == "Removed" for e in played.cache_log)
+
+        class Untold(SglangHistoryTarget):
+            def make_watch(self, loop):
+                watch = super().make_watch(loop)
+                watch.recorder.record_remove = lambda *a, **k: None
+                return watch
+
+        broken = Untold(version=NEWEST, setup="plain")
+        _, failed = run_history(broken, history)
+    (finding,) = [f for f in failed.findings if f.check == "index"]
+    assert finding.key == "disagrees" and "the index holds 0 key(s) never told" in finding.detail

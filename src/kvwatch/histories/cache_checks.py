@@ -30,6 +30,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import NamedTuple
 
 from kvwatch.targets.driver.cache_watch import (
+    INDEX,
+    REFERENCES,
     Cleared,
     Entry,
     RefsMoved,
@@ -39,8 +41,6 @@ from kvwatch.targets.driver.cache_watch import (
     Split,
     Stored,
 )
-
-INDEX, REFERENCES = "index", "references"
 
 
 class CacheFinding(NamedTuple):

@@ -205,12 +205,13 @@ def drained(played: Played) -> list[HistoryFinding]:
 
 def from_log(played: Played) -> list[HistoryFinding]:
     """The ``index`` and ``references`` checks over the target's cache log."""
-    log = played.cache_log or ()
+    log, tells = played.cache_log or (), played.cache_tells
     sessions = {rid: s.session for rid, s in played.sent.items() if s.session}
-    return [
-        HistoryFinding(check=f.check, detail=f.detail, rid=f.rid, key=f.key)
-        for f in [*cache_checks.index(log), *cache_checks.references(log, sessions)]
+    found = [
+        *(cache_checks.index(log) if INDEX in tells else ()),
+        *(cache_checks.references(log, sessions) if REFERENCES in tells else ()),
     ]
+    return [HistoryFinding(check=f.check, detail=f.detail, rid=f.rid, key=f.key) for f in found]
 
 
 def judge(played: Played, unasked: str, reference: Reference | None) -> HistoryVerdict:
@@ -232,6 +233,11 @@ def judge(played: Played, unasked: str, reference: Reference | None) -> HistoryV
     if played.cache_log is None:
         why = "the target tells neither its cache index's events nor its references"
         skipped.extend([(INDEX, why), (REFERENCES, why)])
+    elif REFERENCES not in played.cache_tells:
+        why = "the target's cache takes references without naming the request they are for"
+        skipped.append((REFERENCES, why))
+    elif INDEX not in played.cache_tells:
+        skipped.append((INDEX, "the target's cache tells no index events"))
     if reference is None:
         skipped.append((EQUIVALENCE, "the target has no cache-off engine"))
     else:

@@ -85,6 +85,7 @@ class Played:
     stuck: str = ""  # the engine never got idle (``driver.workload.Stuck``)
     steps: int = 0
     cache_log: tuple[Entry, ...] | None = None  # None: the target keeps no cache watch
+    cache_tells: frozenset[str] = frozenset()  # what the watch records (``CacheWatch.tells``)
 
 
 class _Clients:
@@ -253,4 +254,5 @@ def play(
         played.error, played.error_at = _where(exc)
     played.steps = loop.steps
     played.cache_log = tuple(watch.log) if watch is not None else None
+    played.cache_tells = watch.tells if watch is not None else frozenset()
     return played

@@ -22,7 +22,9 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
-from typing import NamedTuple
+from typing import ClassVar, NamedTuple
+
+INDEX, REFERENCES = "index", "references"  # what a watch can tell: its checks
 
 
 class Stored(NamedTuple):
@@ -64,7 +66,10 @@ Entry = Stored | Removed | Cleared | RefsMoved | Split | RequestEnded | Seen
 
 
 class CacheWatch(ABC):
-    """A target's recorder of its cache's index and references (``log``, in order)."""
+    """A target's recorder of its cache's index and references (``log``, in order).
+    ``tells``: which of the two it records (the other's check is skipped)."""
+
+    tells: ClassVar[frozenset[str]] = frozenset({INDEX, REFERENCES})
 
     def __init__(self) -> None:
         self.log: list[Entry] = []

@@ -34,6 +34,7 @@ from typing import Any
 
 from kvwatch.targets.driver.history_target import HistoryTarget, Shape
 from kvwatch.targets.sglang import loop_choice
+from kvwatch.targets.sglang.cache_watch import KvEventWatch, recorder_of
 from kvwatch.targets.sglang.loop import SchedulerLoop
 from kvwatch.targets.sglang.loop_parts import LoopConfig, PoolConfig
 from kvwatch.targets.sglang.probe import CacheProbe
@@ -106,6 +107,10 @@ class SglangHistoryTarget(HistoryTarget):
 
     def make_probe(self, loop: Any) -> CacheProbe:
         return CacheProbe(loop)
+
+    def make_watch(self, loop: Any) -> KvEventWatch | None:
+        recorder = recorder_of(loop)
+        return KvEventWatch(loop, recorder) if recorder is not None else None
 
     def describe(self) -> dict[str, Any]:
         return {"engine": self.engine, "version": self.version, "setup": self.setup}

@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
 
-from kvwatch.targets.sglang import host_modules, release_layout
+from kvwatch.targets.sglang import block_hash, host_modules, release_layout
 from kvwatch.targets.sglang.wheel_fetch import Unavailable, fetch
 from kvwatch.targets.stand_ins import StubModule
 
@@ -81,6 +81,8 @@ def _fixed_modules(root: Path, plan: ImportPlan = CACHES_ONLY) -> dict[str, type
         fixed[name] = host_modules.utils_module(name, plan.utils)
     fixed["sglang.srt.server_args"] = host_modules.server_args_module("sglang.srt.server_args")
     fixed["sgl_kernel"] = host_modules.sgl_kernel_module()
+    loader = "sglang.srt.utils.cpp_extension_loader"
+    fixed[loader] = block_hash.loader_module(loader)
     fixed["sglang.srt.platforms"] = host_modules.platforms_module("sglang.srt.platforms")
     fixed.update(plan.fixed() if plan.fixed is not None else {})
     for name in plan.unfixed:

@@ -72,6 +72,10 @@ REAL = (
     "sglang.srt.mem_cache.cache_init_params",
     "sglang.srt.mem_cache.utils",
     "sglang.srt.mem_cache.events",
+    # the KV events' records, and the page hash they name blocks by (0.5.2x; its C++
+    # loader is block_hash.py's)
+    "sglang.srt.disaggregation.kv_events",
+    "sglang.srt.mem_cache.cpp_utils.native_hash",
     "sglang.srt.mem_cache.unified_cache",
     # the paged allocator's triton kernels (launches run kv_pools' stand-ins): 0.5.13 ..
     # 0.5.19 in mem_cache, 0.5.20+ in sglang.kernels (0.5.22+ use them on CUDA only)
