@@ -47,7 +47,12 @@ from kvwatch.targets.driver.engine_loop import FINISHED, EngineLoop, Refused
 from kvwatch.targets.driver.step_probe import StepProbe
 from kvwatch.targets.driver.workload import IdleRule, Schedule, Stuck, run_until_idle
 
-RULE = IdleRule(max_steps=5_000, stuck="the engine did not get idle in {n} steps", give_up=True)
+RULE = IdleRule(
+    max_steps=5_000,
+    stuck="the engine did not get idle in {n} steps",
+    give_up=True,
+    give_up_each=True,  # a turn sent after the first give-up is given up on at its stall
+)
 
 
 class Sent(NamedTuple):

@@ -69,6 +69,9 @@ class IdleRule:
     max_steps: int
     stuck: str  # the error's text; ``{n}`` is ``max_steps``
     give_up: bool = False
+    # with give_up: at every stall, abort each live request not aborted so far (requests
+    # sent after an earlier stall too), not only those live at the first stall
+    give_up_each: bool = False
     idle_step: bool = False
 
 
@@ -88,12 +91,13 @@ def run_until_idle(loop: EngineLoop, schedule: Schedule | None, rule: IdleRule) 
 
     Before each step: the triggers that are due fire; the loop stops once idle with
     no operation left for a later step; with ``give_up``, a stalled loop's clients
-    abort every live request, once; then the operations scheduled for this step run.
+    abort every live request, once (``give_up_each``: at every stall, each request
+    once); then the operations scheduled for this step run.
     ``Stuck(rule.stuck)`` (a ``RuntimeError``) once ``rule.max_steps`` steps did not
     get it idle.
     """
     schedule = schedule or Schedule()
-    at, k, gave_up = dict(schedule.at), 0, False
+    at, k, gave_up, given_up = dict(schedule.at), 0, False, set()
     while True:
         if k >= rule.max_steps:
             raise Stuck(rule.stuck.format(n=rule.max_steps))
@@ -102,8 +106,9 @@ def run_until_idle(loop: EngineLoop, schedule: Schedule | None, rule: IdleRule) 
             schedule.when.clear()
             break
         if rule.give_up and not gave_up and loop.stalled():
-            gave_up = True
-            for rid in loop.live_rids():
+            gave_up = not rule.give_up_each
+            for rid in [r for r in loop.live_rids() if r not in given_up]:
+                given_up.add(rid)
                 loop.abort(rid)
         for operation in at.pop(k, []):
             operation()

@@ -62,6 +62,12 @@ SETUPS: dict[str, LoopConfig] = {
         pools=_pools(1024), streaming=True, retract_every=3, chunked_prefill_size=CHUNK
     ),
     "sessions-pressure": LoopConfig(pools=_pools(300), streaming=True, chunked_prefill_size=CHUNK),
+    # SGLang's default event loop (the others pass --disable-overlap-schedule): frees and
+    # reuses land one step late, while the next batch is already scheduled
+    "overlap": LoopConfig(pools=_pools(300), chunked_prefill_size=CHUNK, overlap=True),
+    "sessions-overlap": LoopConfig(
+        pools=_pools(300), streaming=True, chunked_prefill_size=CHUNK, overlap=True
+    ),
     "mamba-sessions": LoopConfig(
         pools=_pools(300, mamba=True), streaming=True, chunked_prefill_size=CHUNK
     ),

@@ -91,6 +91,7 @@ class SchedulerLoop(EngineLoop):
         self.pools = self.worker.pools
         self.handles: dict[str, RequestHandle] = {}
         self.ran: set[str] = set()  # requests seen in a batch
+        self.first_input: dict[str, tuple[int, ...]] = {}  # their input when first seen there
         self.where_asked: dict[str, str] = {}  # rid -> "queue" or "running" at its abort
         self.read_upto: dict[int, int] = {}  # id(outbox) -> messages read
         self.array_ids = messages.tokenizer_sends_arrays(release)
@@ -181,11 +182,15 @@ class SchedulerLoop(EngineLoop):
         return None
 
     def admitted(self, rid: Any) -> bool:
+        """Whether a step computed the request's own input (see ``step``)."""
         return rid in self.ran
 
     def input_of(self, rid: Any) -> tuple[int, ...] | None:
-        """The request's ``origin_input_ids`` as they are now (a session turn's: the
-        session's tokens and its own, as the session controller built them)."""
+        """The request's ``origin_input_ids`` when a batch first held it (a session turn's:
+        the session's tokens and its own, as the session controller built them); as they
+        are now for one never run. SGLang's abort path rewrites them to ``[0]``."""
+        if rid in self.first_input:
+            return self.first_input[rid]
         handle = self.handles.get(rid)
         return None if handle is None else tuple(int(t) for t in handle.origin_input_ids)
 
@@ -253,7 +258,12 @@ class SchedulerLoop(EngineLoop):
         self.clock.advance()
         self.loop.step()
         ran = self.sched.last_batch is not None
-        self.ran.update(req.rid for req in self.running_requests())
+        for req in self.running_requests():
+            # a request SGLang set to finish before it ever ran (turned down, or aborted
+            # while queued) runs a one-token stand-in over [0], not its prompt
+            if req.rid not in self.ran and getattr(req, "to_finish", None) is None:
+                self.ran.add(req.rid)
+                self.first_input[req.rid] = tuple(int(t) for t in req.origin_input_ids)
         self._read_outputs()
         self.watch.observe(self, ran)
         self.notify()
