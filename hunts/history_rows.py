@@ -170,25 +170,25 @@ def same_iteration_session_turns(played: Played, verdict: HistoryVerdict) -> str
 # the rows whose bug is live in the newest release (no fixed release yet)
 LIVE = (
     Row(
-        "sglang-retract-commits-session-turn",
-        ("sessions-retract",),
-        retract_commits_session_turn,
+        id="sglang-retract-commits-session-turn",
+        setups=("sessions-retract",),
+        explains=retract_commits_session_turn,
     ),
     Row(
-        "sglang-mamba-queued-abort-commits-turn",
-        ("mamba-sessions",),
-        mamba_queued_abort_commits_turn,
+        id="sglang-mamba-queued-abort-commits-turn",
+        setups=("mamba-sessions",),
+        explains=mamba_queued_abort_commits_turn,
     ),
     Row(
-        "sglang-mamba-session-first-turn-evict",
-        ("mamba-priority",),
-        mamba_session_first_turn_evict,
+        id="sglang-mamba-session-first-turn-evict",
+        setups=("mamba-priority",),
+        explains=mamba_session_first_turn_evict,
     ),
     Row(  # found with the default plan: next turns sent while the previous one runs
-        "sglang-same-iteration-session-turns",
-        ("sessions-retract",),
-        same_iteration_session_turns,
-        Plan(turns=4, ops_per_turn=12),
+        id="sglang-same-iteration-session-turns",
+        setups=("sessions-retract",),
+        explains=same_iteration_session_turns,
+        plan=Plan(turns=4, ops_per_turn=12),
     ),
 )
 
@@ -199,13 +199,19 @@ class FixedRow(NamedTuple):
     fixed: str  # the release with its fix
 
 
+def _fixed(row: str, setup: str, explains: Callable, buggy: str, fixed: str) -> FixedRow:
+    return FixedRow(Row(id=row, setups=(setup,), explains=explains), buggy, fixed)
+
+
 FIXED = (
-    FixedRow(Row("sglang-pr-12693", ("mamba",), pr_12693), "0.5.4.post3", "0.5.5"),
-    FixedRow(Row("sglang-pr-21404", ("mamba",), pr_21404), "0.5.9", "0.5.10"),
-    FixedRow(Row("sglang-pr-22862", ("sessions-retract",), pr_22862), "0.5.10.post1", "0.5.11"),
-    FixedRow(Row("sglang-pr-23496", ("mamba-sessions",), pr_23496), "0.5.10.post1", "0.5.11"),
-    FixedRow(
-        Row("sglang-admission-stall-empty-batch", ("sessions-pressure",), admission_stall),
+    _fixed("sglang-pr-12693", "mamba", pr_12693, "0.5.4.post3", "0.5.5"),
+    _fixed("sglang-pr-21404", "mamba", pr_21404, "0.5.9", "0.5.10"),
+    _fixed("sglang-pr-22862", "sessions-retract", pr_22862, "0.5.10.post1", "0.5.11"),
+    _fixed("sglang-pr-23496", "mamba-sessions", pr_23496, "0.5.10.post1", "0.5.11"),
+    _fixed(
+        "sglang-admission-stall-empty-batch",
+        "sessions-pressure",
+        admission_stall,
         "0.5.21",
         "0.5.22",
     ),

@@ -24,6 +24,14 @@ from kvwatch.histories.play import Ended, Played, Sent
 T1, T2 = (5, 6, 7, 8), (9, 10, 11)
 
 
+def _sent(rid: str, tokens: tuple[int, ...]) -> Sent:
+    return Sent(rid=rid, turn=0, session="s0", expected=tokens, max_new=2)
+
+
+def _ended(rid: str, status: str, input, output, **more) -> Ended:
+    return Ended(rid=rid, status=status, step=5, input=input, output=output, **more)
+
+
 def _session(
     *,
     first_status: str,
@@ -40,15 +48,15 @@ def _session(
            after="s0-t000"),
     )  # fmt: skip
     played = Played(history=History("sglang", 0, ops))
-    played.sent["s0-t000"] = Sent("s0-t000", 0, "s0", T1, 2)
-    played.sent["s0-t001"] = Sent("s0-t001", 0, "s0", T2, 2)  # t0 not committed: T2 alone
-    played.ended["s0-t000"] = Ended("s0-t000", first_status, 5, T1, (), admitted=first_admitted)
-    played.ended["s0-t001"] = Ended("s0-t001", "finished", 9, second_input, (1,))
+    played.sent["s0-t000"] = _sent("s0-t000", T1)
+    played.sent["s0-t001"] = _sent("s0-t001", T2)  # t0 not committed: T2 alone
+    played.ended["s0-t000"] = _ended("s0-t000", first_status, T1, (), admitted=first_admitted)
+    played.ended["s0-t001"] = _ended("s0-t001", "finished", second_input, (1,))
     played.stages["s0-t000"] = first_stages
     if aborted_in is not None:
         played.aborted_in["s0-t000"] = aborted_in
     wrong = second_input != T2
-    findings = (HistoryFinding(CONTENT, "differs", rid="s0-t001"),) if wrong else ()
+    findings = (HistoryFinding(check=CONTENT, detail="differs", rid="s0-t001"),) if wrong else ()
     return played, HistoryVerdict(findings, ())
 
 
@@ -94,21 +102,23 @@ def test_a_turn_over_a_turn_aborted_in_the_queue_is_the_mamba_queue_row():
 
 def test_a_next_turn_taken_beside_a_retracted_one_is_the_retraction_row_when_it_fails():
     played = Played(history=History("sglang", 0, ()))
-    played.sent["s0-t001"] = Sent("s0-t001", 0, "s0", T2, 2, beside="retracted")
-    failing = HistoryVerdict((HistoryFinding(AUDIT, "x", key="double_owned sglang.kv"),), ())
+    played.sent["s0-t001"] = _sent("s0-t001", T2)._replace(beside="retracted")
+    failing = HistoryVerdict(
+        (HistoryFinding(check=AUDIT, detail="x", key="double_owned sglang.kv"),), ()
+    )
     assert "retracted" in retract_commits_session_turn(played, failing)
     assert retract_commits_session_turn(played, HistoryVerdict((), ())) is None
 
 
 def _audit(key: str, detail: str) -> HistoryVerdict:
-    return HistoryVerdict((HistoryFinding(AUDIT, detail, key=key),), ())
+    return HistoryVerdict((HistoryFinding(check=AUDIT, detail=detail, key=key),), ())
 
 
 def test_an_evicted_first_turn_with_an_orphan_mamba_slot_is_the_eviction_row():
     played = Played(history=History("sglang", 0, ()))
-    played.sent["s0-t000"] = Sent("s0-t000", 0, "s0", T1, 2)
+    played.sent["s0-t000"] = _sent("s0-t000", T1)
     why = "The request is aborted by a higher priority request."
-    played.ended["s0-t000"] = Ended("s0-t000", "rejected", 4, T1, (), why=why, admitted=False)
+    played.ended["s0-t000"] = _ended("s0-t000", "rejected", T1, (), why=why, admitted=False)
     orphan = _audit("orphan sglang.mamba", "1 units ... held by no request")
     assert "higher priority" in mamba_session_first_turn_evict(played, orphan)
     assert mamba_session_first_turn_evict(played, _audit("orphan sglang.kv", "...")) is None
@@ -118,12 +128,12 @@ def test_an_evicted_first_turn_with_an_orphan_mamba_slot_is_the_eviction_row():
 
 def test_the_take_crash_and_the_fixed_rows_read_their_findings():
     crash = HistoryVerdict(
-        (HistoryFinding(RAISED, "already has a slot", key="AssertionError x/streaming_session.py in take"),),
+        (HistoryFinding(check=RAISED, detail="already has a slot", key="AssertionError x/streaming_session.py in take"),),
         (),
     )  # fmt: skip
     assert same_iteration_session_turns(Played(history=History("sglang", 0, ())), crash)
     played = Played(history=History("sglang", 0, ()))
-    played.sent["s0-t000"] = Sent("s0-t000", 0, "s0", T1, 2)
+    played.sent["s0-t000"] = _sent("s0-t000", T1)
     played.stages["s0-t000"] = ["decoding", "retracted", "decoding"]
     tail = _audit("orphan sglang.kv", "1 units (1 last held by session s0 SessionSlot row 3)")
     assert pr_22862(played, tail) and not pr_22862(Played(history=played.history), tail)
