@@ -72,6 +72,7 @@ def _batch_in_flight(tmp_path, settle: bool) -> tuple[int, Telemetry, HeldFile]:
 
 @pytest.fixture
 def tracing():
+    tracemalloc.stop()  # a fresh trace: nothing an earlier test in this process left traced
     tracemalloc.start(4)
     try:
         yield
