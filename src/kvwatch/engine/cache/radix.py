@@ -301,11 +301,10 @@ class RadixTree:
         self._refresh(node)
 
     def lock(self, node: Node) -> None:
-        path = list(node.path())
-        for n in path:
+        for n in node.path():
             self._inc(n)
-        if self.tell is not None:
-            self.tell.refs(path, 1)
+        if self.tell is not None:  # the path is walked again only for a listener
+            self.tell.refs(node.path(), 1)
 
     def lock_used(self, path: list[Node]) -> None:
         """``lock`` then ``touch`` the last node of ``path`` (root-down, root
@@ -316,14 +315,13 @@ class RadixTree:
             node.last_access = now
             evictable.discard(node)  # a referenced node is never evictable
         if self.tell is not None:
-            self.tell.refs((self.root, *path), 1)
+            self.tell.refs(itertools.chain((self.root,), path), 1)
 
     def unlock(self, node: Node) -> None:
-        path = list(node.path())
-        for n in path:
+        for n in node.path():
             self._dec(n)
         if self.tell is not None:
-            self.tell.refs(path, -1)
+            self.tell.refs(node.path(), -1)
 
     def add_host_ref(self, node: Node) -> None:
         node.host_refs += 1
