@@ -57,8 +57,8 @@ pytestmark = pytest.mark.e2e
 
 WAIT_S = 120  # bounds a hang; never judges speed
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
-# 1860 bytes: about thirty prefill chunks, so the long phase's TTFT is more than ten times
-# the short one's even on a busy machine (ten times crosses three buckets of the ladder)
+# 1860 bytes: about thirty prefill chunks, so the long phase's TTFT is near ten times the
+# short one's even on a busy machine (on the 1-2-5 ladder that is two buckets or more)
 FILLER = "The pool hands out pages; the tree keeps them until eviction. " * 30
 
 
@@ -413,9 +413,12 @@ def test_the_dashboard_p50_follows_a_change_in_real_latency(truth, histogram):
         order_statistic([bound(r, histogram) for r in w.replies], 0.5) for w in (short, long)
     ]
     shown = [dashboard_quantile(truth, w, 0.5, histogram) for w in (short, long)]
-    # the phases differ by several buckets, so one bucket's tolerance cannot hide a stuck panel
+    # Two buckets apart, the long phase's truth lies past the short window's one-bucket
+    # allowance: a short-window panel that read the long phase's requests fails ``agrees``.
+    # (The server's own ratio is larger, ~30 prefill steps against one; the client's short
+    # figure carries the machine's delays, 50 ms against 472 ms in a busy CI run.)
     moved = bucket(bounds, measured[1]) - bucket(bounds, measured[0])
-    assert moved >= 3, f"the phases' real p50s are too close to judge: {measured}"
+    assert moved >= 2, f"the phases' real p50s are too close to judge: {measured}"
     assert shown[1] > shown[0], f"the dashboard's p50 {shown} did not follow {measured}"
     for s, m in zip(shown, measured, strict=True):
         assert agrees(bounds, s, m), (shown, measured)
