@@ -118,7 +118,7 @@ def mamba_session_first_turn_evict(played: Played, verdict: HistoryVerdict) -> s
     return None
 
 
-def _audit(verdict: HistoryVerdict, key: str, *words: str) -> str | None:
+def audit_finding(verdict: HistoryVerdict, key: str, *words: str) -> str | None:
     """The first audit finding of ``key`` whose text has every one of ``words``."""
     for f in verdict.findings:
         if f.check == AUDIT and f.key.startswith(key) and all(w in f.detail for w in words):
@@ -128,12 +128,12 @@ def _audit(verdict: HistoryVerdict, key: str, *words: str) -> str | None:
 
 def pr_12693(played: Played, verdict: HistoryVerdict) -> str | None:
     """A request aborted while it waits keeps its mamba slot (fixed in 0.5.5)."""
-    return _audit(verdict, "orphan sglang.mamba", "aborted-in-queue")
+    return audit_finding(verdict, "orphan sglang.mamba", "aborted-in-queue")
 
 
 def pr_21404(played: Played, verdict: HistoryVerdict) -> str | None:
     """A request that times out in the queue keeps its mamba slot (fixed in 0.5.10)."""
-    return _audit(verdict, "orphan sglang.mamba", "timed-out")
+    return audit_finding(verdict, "orphan sglang.mamba", "timed-out")
 
 
 def pr_22862(played: Played, verdict: HistoryVerdict) -> str | None:
@@ -143,7 +143,7 @@ def pr_22862(played: Played, verdict: HistoryVerdict) -> str | None:
         for rid, trail in played.stages.items()
         if "retracted" in trail and played.sent[rid].session
     ]
-    orphan = _audit(verdict, "orphan sglang.kv", "SessionSlot row")
+    orphan = audit_finding(verdict, "orphan sglang.kv", "SessionSlot row")
     return (
         f"{orphan} (retracted session turns: {', '.join(retried)})" if orphan and retried else None
     )
@@ -151,12 +151,12 @@ def pr_22862(played: Played, verdict: HistoryVerdict) -> str | None:
 
 def pr_23496(played: Played, verdict: HistoryVerdict) -> str | None:
     """Closing a streaming session leaks its slot's mamba state (fixed in 0.5.11)."""
-    return _audit(verdict, "orphan sglang.mamba", "SessionSlot mamba slot")
+    return audit_finding(verdict, "orphan sglang.mamba", "SessionSlot mamba slot")
 
 
 def admission_stall(played: Played, verdict: HistoryVerdict) -> str | None:
     """Admission shut for good after a rejection with nothing running (fixed in 0.5.22)."""
-    return _audit(verdict, "starved", "batch_is_full=True", "running batch is empty")
+    return audit_finding(verdict, "starved", "batch_is_full=True", "running batch is empty")
 
 
 def same_iteration_session_turns(played: Played, verdict: HistoryVerdict) -> str | None:

@@ -41,36 +41,13 @@ from pathlib import Path
 from typing import Any
 
 from hunts import report
-from hunts.history_rows import FIXED, LIVE, Row
-from kvwatch.histories.checks import HistoryVerdict
+from hunts.history_fixes import COMPARED, SHRINK_BUDGET, fixed, save, shrunk
+from hunts.history_rows import FIXED, LIVE
 from kvwatch.histories.generate import Plan, generate
-from kvwatch.histories.hunt import run_history, save_history
-from kvwatch.histories.ops import History
-from kvwatch.histories.shrink import shrink
+from kvwatch.histories.hunt import run_history
 from kvwatch.targets.sglang.histories import SglangHistoryTarget
 
 ROUND = 10  # seeds per setup per turn of the live part
-COMPARED = 12  # seeds a fixed row is played with on both releases, at least
-SHRINK_BUDGET = 150
-
-
-def _shrunk(target: SglangHistoryTarget, history: History, row: Row) -> tuple[History, int]:
-    """``history`` shrunk while ``row`` still explains it (and its plan allows it)."""
-
-    def shows(h: History) -> bool:
-        return row.plan.allows(h) and row.explains(*run_history(target, h)) is not None
-
-    return shrink(history, shows, SHRINK_BUDGET)
-
-
-def _save(
-    out: Path, target: SglangHistoryTarget, seed: int, history: History, row: Row
-) -> tuple[Path, str, HistoryVerdict]:
-    played, verdict = run_history(target, history)
-    evidence = row.explains(played, verdict) or ""
-    path = out / f"{row.id}.json"
-    save_history(path, target, seed, history, verdict, row=row.id, evidence=evidence)
-    return path, evidence, verdict
 
 
 def live(release: str, budget_s: float, out: Path, say: Callable[[str], None]) -> dict[str, Any]:
@@ -101,8 +78,8 @@ def live(release: str, budget_s: float, out: Path, say: Callable[[str], None]) -
                     for row in rows:
                         if row.id in found:
                             continue
-                        small, plays = _shrunk(target, history, row)
-                        path, evidence, _ = _save(out, target, seed, small, row)
+                        small, plays = shrunk(target, history, row)
+                        path, evidence, _ = save(out, target, seed, small, row)
                         found[row.id] = {
                             "row": row.id, "setup": setup, "lane": lane, "plan": _plan(plan), "seed": seed,
                             "after_s": round(time.perf_counter() - start, 1),
@@ -125,48 +102,6 @@ def live(release: str, budget_s: float, out: Path, say: Callable[[str], None]) -
         "missed": [r.id for r in LIVE if r.id not in found],
         "unexplained": sorted(others.values(), key=lambda e: -e["count"]),
     }
-
-
-def _showing(target: SglangHistoryTarget, row: Row, histories: list[History]) -> list[int]:
-    """The seeds of ``histories`` that show ``row`` on ``target``."""
-    with target.opened():
-        return [h.seed for h in histories if row.explains(*run_history(target, h))]
-
-
-def fixed(max_seeds: int, out: Path, say: Callable[[str], None]) -> list[dict[str, Any]]:
-    """Each fixed row: the first seed that shows it on its buggy release, shrunk and saved;
-    then the same seeds (at least ``COMPARED``) on both releases, and the shrunk history on
-    the fix: re-found when some show it on the buggy release and none on the fix."""
-    rows = []
-    for fr in FIXED:
-        (setup,) = fr.row.setups
-        buggy = SglangHistoryTarget(version=fr.buggy, setup=setup)
-        start, hit, small = time.perf_counter(), None, None
-        with buggy.opened():
-            for seed in range(max_seeds):
-                history = generate(buggy.shape, seed, fr.row.plan)
-                if fr.row.explains(*run_history(buggy, history)):
-                    hit = seed
-                    small, _ = _shrunk(buggy, history, fr.row)
-                    _save(out, buggy, seed, small, fr.row)
-                    break
-        fix = SglangHistoryTarget(version=fr.fixed, setup=setup)
-        seeds = range(max(COMPARED, 0 if hit is None else hit + 1))
-        histories = [generate(fix.shape, seed, fr.row.plan) for seed in seeds]
-        on_buggy = _showing(buggy, fr.row, histories)
-        on_fix = _showing(fix, fr.row, [*histories, *([small] if small else [])])
-        rows.append({
-            "row": fr.row.id, "setup": setup, "buggy": fr.buggy, "fixed": fr.fixed,
-            "found_at_seed": hit, "shrunk_operations": len(small.ops) if small else None,
-            "seeds_compared": len(seeds), "shown_on_buggy": len(on_buggy),
-            "shown_on_fix": on_fix,
-            "verdict": "re-found" if hit is not None and not on_fix else "not re-found",
-            "seconds": round(time.perf_counter() - start, 1),
-            "saved": f"{fr.row.id}.json" if small else None,
-        })  # fmt: skip
-        say(f"{fr.row.id}: {rows[-1]['verdict']} (first seed {hit}; of seeds 0-{len(seeds) - 1} "
-            f"{len(on_buggy)} show it on {fr.buggy}, {len(on_fix)} on {fr.fixed})")  # fmt: skip
-    return rows
 
 
 def _plan(plan: Plan) -> dict[str, Any]:
@@ -263,7 +198,7 @@ def main(argv: Iterable[str] | None = None) -> int:
     args = parser.parse_args(list(argv) if argv is not None else None)
     say = print
     found = live(args.release, args.budget_minutes * 60, args.out, say)
-    fixes = fixed(args.max_seeds, args.out, say)
+    fixes = fixed(FIXED, SglangHistoryTarget, args.max_seeds, args.out, say)
     settings = {
         "plans": {row.id: _plan(row.plan) for row in (*LIVE, *(f.row for f in FIXED))},
         "budget_minutes": args.budget_minutes, "max_seeds": args.max_seeds,

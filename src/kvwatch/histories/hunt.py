@@ -28,7 +28,7 @@ from typing import NamedTuple
 from kvwatch.histories.checks import HistoryVerdict, judge
 from kvwatch.histories.generate import Plan, generate
 from kvwatch.histories.ops import History
-from kvwatch.histories.play import Played, play
+from kvwatch.histories.play import Played
 from kvwatch.histories.shrink import shrink
 from kvwatch.histories.targets import target_from
 from kvwatch.targets.driver.history_target import HistoryTarget
@@ -50,12 +50,8 @@ class HistoryRun(NamedTuple):
 
 def run_history(target: HistoryTarget, history: History) -> tuple[Played, HistoryVerdict]:
     """``history`` on a fresh loop of ``target``, judged."""
-    loop = target.make_loop()
-    try:
-        played = play(loop, target.make_probe(loop), history, target.make_watch(loop))
-    finally:
-        loop.close()
-    return played, judge(played, loop.unasked, target.reference())
+    played, unasked = target.play(history)
+    return played, judge(played, unasked, target.reference())
 
 
 def save_history(

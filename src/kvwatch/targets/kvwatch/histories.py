@@ -20,7 +20,7 @@ from typing import Any
 from kvwatch.engine import EngineConfig
 from kvwatch.engine.overrides import apply_overrides, assignment
 from kvwatch.harness.profiles import merge
-from kvwatch.targets.driver.history_target import HistoryTarget, Reference, Shape
+from kvwatch.targets.driver.history_target import LoopHistoryTarget, Reference, Shape
 from kvwatch.targets.kvwatch.cache_watch import EngineCacheWatch
 from kvwatch.targets.kvwatch.loop import KvwatchLoop
 from kvwatch.targets.kvwatch.probe import EngineProbe
@@ -45,7 +45,7 @@ HISTORY_ENGINE: dict[str, Any] = {
 }
 
 
-class KvwatchHistoryTarget(HistoryTarget):
+class KvwatchHistoryTarget(LoopHistoryTarget):
     engine = "kvwatch"
 
     def __init__(self, sets: Sequence[str] = (), faults: Sequence[str] = ()) -> None:

@@ -32,7 +32,7 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
-from kvwatch.targets.driver.history_target import HistoryTarget, Shape
+from kvwatch.targets.driver.history_target import LoopHistoryTarget, Shape
 from kvwatch.targets.sglang import loop_choice
 from kvwatch.targets.sglang.cache_watch import KvEventWatch, recorder_of
 from kvwatch.targets.sglang.loop import SchedulerLoop
@@ -81,7 +81,7 @@ SETUPS: dict[str, LoopConfig] = {
 }
 
 
-class SglangHistoryTarget(HistoryTarget):
+class SglangHistoryTarget(LoopHistoryTarget):
     engine = "sglang"
 
     def __init__(self, version: str = "0.5.23", setup: str = "sessions-retract") -> None:

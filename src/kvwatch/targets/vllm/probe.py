@@ -28,80 +28,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from kvwatch.contracts import (
-    EngineStats,
-    GroupReport,
-    ProbeReport,
-    QueueReport,
-    RootRefs,
-    TreeReport,
-    finding,
-)
+from kvwatch.contracts import ProbeReport
 from kvwatch.harness.run_record import HeapSample
 from kvwatch.harness.sources import TIMEOUT, HttpSource
-from kvwatch.targets.vllm.manager_audit import KINDS
+from kvwatch.targets.vllm.audit_report import GROUP, probe_report
+
+__all__ = ["GROUP", "VllmProbeSource", "probe_report"]
 
 if TYPE_CHECKING:
     from kvwatch.harness.plan import RunPlan
-
-GROUP = "vllm.kv"
-
-
-def probe_report(answer: dict) -> ProbeReport:
-    """A ``GET /audit`` answer as a probe: one group, the audit's findings, no bounds."""
-    audit = answer["audit"]
-    capacity = audit["blocks_total"] - audit.get("pools", 1)  # the null blocks are no one's
-    used = audit["blocks_referenced"]
-    group = GroupReport(
-        family="history",
-        capacity=capacity,
-        free=capacity - used,
-        by_owner={"request": used},
-        evictable=0,
-        host_capacity=0,
-    )
-    found = tuple(
-        finding(KINDS[f["rule"]], GROUP, list(f["blocks"]), _detail(f), key=_key(f))
-        for f in (*audit["findings"], *answer.get("checks", ()))
-    )
-    stats = EngineStats(
-        step=answer["step"],
-        live_requests=audit["live_requests"],
-        live_sessions=0,
-        groups={GROUP: group},
-        root_refs=RootRefs(0, 0),
-        tree=TreeReport(
-            nodes=audit["cached_hashes"], snapshots={}, host_snapshots=0, interior_snapshots={}
-        ),
-        queue=QueueReport(
-            waiting=answer.get("waiting", 0),
-            running=answer.get("running", 0),
-            retracted=0,
-            paused=0,
-        ),
-        record_bytes=0,
-    )
-    return ProbeReport(
-        stats=stats, findings=found, bounds={}, registries=answer.get("registries", {})
-    )
-
-
-def _key(f: dict) -> str:
-    """What makes it the same finding in a later probe: its rule and subject (the
-    request an orphan is, ...); empty where its detail says it."""
-    return f"{f['rule']}: {f['subject']}" if f.get("subject") else ""
-
-
-def _detail(f: dict) -> str:
-    """The audit's sentence, with the requests and the hash it names."""
-    parts = [f"{f['rule']}: {f['detail']}"]
-    if f.get("requests"):
-        parts.append(f"requests {', '.join(f['requests'])}")
-    if f.get("hash") and f["hash"] not in f["detail"]:
-        parts.append(f"hash {f['hash']}")
-    if f.get("pool"):
-        parts.append(f"pool {f['pool']}")
-    return "; ".join(parts)
 
 
 class VllmProbeSource(HttpSource):
