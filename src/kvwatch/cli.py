@@ -341,12 +341,30 @@ def _histories(args: argparse.Namespace) -> int:
     from kvwatch.histories.command import HistoryOptions, parse_seeds, replay, run
 
     try:
+        if args.export is not None:
+            if args.replay is None:
+                raise ValueError("--export goes with --replay FILE")
+            from kvwatch.targets.vllm.export import export
+
+            export(args.replay, args.export)
+            streams.out(f"wrote {args.export}: run it with the Python that has the vLLM release")
+            return 0
         if args.replay is not None:
             return replay(args.replay)
+        chosen = {
+            "sglang": (args.sglang_version, args.sglang_setup),
+            "vllm": (args.vllm_version, args.vllm_setup),
+        }
+        for engine, flags in chosen.items():
+            if any(flags) and args.engine != engine:
+                raise ValueError(
+                    f"--{engine}-version and --{engine}-setup go with --engine {engine}"
+                )
+        version, setup = chosen.get(args.engine, (None, None))
         options = HistoryOptions(
             engine=args.engine,
-            version=args.sglang_version,
-            setup=args.sglang_setup,
+            version=version,
+            setup=setup,
             seeds=parse_seeds(args.seeds),
             turns=args.turns,
             ops=args.ops,

@@ -147,7 +147,7 @@ def _add_histories(sub: argparse._SubParsersAction) -> None:
         "histories",
         help="play generated client histories on an engine in process, judge, shrink failures",
     )
-    histories.add_argument("--engine", choices=["kvwatch", "sglang"], default="kvwatch")
+    histories.add_argument("--engine", choices=["kvwatch", "sglang", "vllm"], default="kvwatch")
     histories.add_argument(
         "--sglang-version", default=None, metavar="V", help="with --engine sglang (default: 0.5.23)"
     )
@@ -156,7 +156,22 @@ def _add_histories(sub: argparse._SubParsersAction) -> None:
         default=None,
         metavar="NAME",
         help="with --engine sglang: sessions-retract (default), plain, mamba, "
-        "sessions-pressure, mamba-sessions, mamba-priority",
+        "sessions-pressure, overlap, sessions-overlap, mamba-sessions, mamba-priority",
+    )
+    histories.add_argument(
+        "--vllm-version",
+        default=None,
+        metavar="V",
+        help="with --engine vllm (default: 0.33.0): from $KVWATCH_VLLM_PYTHON or .venv-vllm, "
+        "or .vllm-releases/V unpacked over it",
+    )
+    histories.add_argument(
+        "--vllm-setup",
+        default=None,
+        metavar="NAME",
+        help="with --engine vllm: plain (default), async, priority, events, hybrid-swa, "
+        "mamba-align, streaming, streaming-async, streaming-mamba, long-prefill, watermark, "
+        "prefill-interval, active-seqs, no-full-isl",
     )
     histories.add_argument(
         "--seeds", default="0-2", help="one history per seed: 0-9, 3 or 1,4,7 (default: 0-2)"
@@ -181,6 +196,14 @@ def _add_histories(sub: argparse._SubParsersAction) -> None:
     )
     histories.add_argument(
         "--replay", type=Path, default=None, metavar="FILE", help="play a saved history again"
+    )
+    histories.add_argument(
+        "--export",
+        type=Path,
+        default=None,
+        metavar="OUT.py",
+        help="with --replay FILE (a vLLM history): write a script that replays it with vLLM "
+        "alone, instead of playing it",
     )
     histories.set_defaults(handler="histories")
 

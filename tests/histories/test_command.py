@@ -4,15 +4,16 @@ that ``--replay`` plays again, one-line usage errors."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
 import pytest
 
 
-def kvwatch(*args: str) -> subprocess.CompletedProcess:
+def kvwatch(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "kvwatch", "histories", *args]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
 
 
 @pytest.mark.e2e
@@ -43,6 +44,10 @@ def test_a_clean_engine_passes_and_a_fault_fails_with_a_file_that_replays(tmp_pa
         (("--turns", "0"), "--turns"),
         (("--sglang-setup", "mamba-sessions"), "go with --engine sglang"),
         (("--engine", "sglang", "--inject", "session-tail-leak"), "go with --engine kvwatch"),
+        (("--engine", "vllm", "--inject", "session-tail-leak"), "go with --engine kvwatch"),
+        (("--vllm-setup", "async"), "go with --engine vllm"),
+        (("--engine", "sglang", "--vllm-version", "0.33.0"), "go with --engine vllm"),
+        (("--engine", "vllm", "--vllm-setup", "nope"), "no vLLM setup 'nope'"),
     ],
 )
 def test_a_usage_error_is_one_line_and_exit_2(args, words, tmp_path):
@@ -57,3 +62,11 @@ def test_a_file_that_is_not_a_saved_history_is_a_usage_error(tmp_path):
     path.write_text('{"format": 9}')
     done = kvwatch("--replay", str(path))
     assert done.returncode == 2 and "not a saved history" in done.stderr
+
+
+def test_a_vllm_that_is_not_here_is_one_line_and_exit_3(tmp_path):
+    env = {**os.environ, "KVWATCH_VLLM_PYTHON": str(tmp_path / "no-python")}
+    done = kvwatch("--engine", "vllm", "--out", str(tmp_path), env=env)
+    assert done.returncode == 3
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "no vLLM Python at" in lines[0], done.stderr

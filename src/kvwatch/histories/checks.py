@@ -242,7 +242,7 @@ def judge(played: Played, unasked: str, reference: Reference | None) -> HistoryV
         skipped.append((EQUIVALENCE, "the target has no cache-off engine"))
     else:
         findings.extend(equivalence(played, reference))
-    if any(e.input is None for e in played.ended.values()):
+    if any(e.input is None and e.admitted for e in played.ended.values()):
         skipped.append((CONTENT, "the loop cannot read what some requests computed over"))
     if played.ended and all(e.hit is None for e in played.ended.values()):
         skipped.append((CONTENT, "cache hits: the loop cannot read what a request found cached"))

@@ -25,8 +25,8 @@ from kvwatch.targets.driver.history_target import HistoryTarget
 @dataclass(frozen=True)
 class HistoryOptions:
     engine: str = "kvwatch"
-    version: str | None = None  # an SGLang release (--engine sglang)
-    setup: str | None = None  # an SGLang setup (targets/sglang/histories.SETUPS)
+    version: str | None = None  # an SGLang or vLLM release (--engine sglang, vllm)
+    setup: str | None = None  # its setup (targets/{sglang,vllm}/histories.SETUPS)
     seeds: tuple[int, ...] = (0, 1, 2)
     turns: int = 4
     ops: int = 12  # operations per turn
@@ -82,8 +82,8 @@ def _summary(
 def _target(options: HistoryOptions) -> HistoryTarget:
     """The engine the options name; ValueError for flags that do not go with it."""
     if options.engine == "kvwatch" and (options.version or options.setup):
-        raise ValueError("--sglang-version and --sglang-setup go with --engine sglang")
-    if options.engine == "sglang" and (options.sets or options.faults):
+        raise ValueError("a release and a setup go with --engine sglang or vllm")
+    if options.engine != "kvwatch" and (options.sets or options.faults):
         raise ValueError("--engine-set and --inject go with --engine kvwatch")
     return target_from(
         {

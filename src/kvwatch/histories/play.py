@@ -11,6 +11,9 @@ engine to:
   session's committed turns and the turn's new tokens. What a session
   commits is the loop's rule (``session_keeps``): a finished turn's input
   and output; with ``"ran"``, also a turn cut after it ran, to where it got;
+  with ``"finished-less-last"``, a finished turn's but its last token. Where
+  the loop queues a next turn behind a live one (``session_queues_turns``),
+  that turn builds on what the session committed once the ones before ended;
 * ``ended``: how and when each request ended, what it was computed over
   (``input_of``), what it found cached (``hit_of``) and what it generated;
 * ``refused``: operations the engine turned down at once (a 4xx);
@@ -98,10 +101,15 @@ class _Clients:
 
     def __init__(self, loop: EngineLoop, played: Played) -> None:
         self.loop, self.played = loop, played
-        self.committed: dict[str, tuple[int, ...]] = {}  # open sessions' committed tokens
+        # sessions' committed tokens (kept past a close: turns still queued build on them)
+        self.committed: dict[str, tuple[int, ...]] = {}
+        self.closed: set[str] = set()
         self.seen = 0  # outcomes taken into the account so far
         self.rids = {op.rid for op in played.history.ops if op.kind in (SUBMIT, TURN)}
         self.sent_at: dict[str, int] = {}  # the loop's steps when each request was sent
+        # turns sent behind a live one of their session, where the loop queues them
+        # (``session_queues_turns``): their expected input waits for the ones before
+        self.behind: dict[str, tuple[int, ...]] = {}
         # a loop calls its observers after every step and abort: a request may end in either
         loop.observers.append(self.take_outcomes)
         loop.observers.append(self.take_stages)
@@ -126,7 +134,8 @@ class _Clients:
             elif op.kind == TURN:
                 beside = self.stage_of_previous(op.session)
                 loop.submit(op.rid, list(op.tokens), op.max_new, session_id=op.session, **options)
-                base = self.committed.get(op.session, ())
+                closed = op.session in self.closed  # a turn on a closed session: from nothing
+                base = () if closed else self.committed.get(op.session, ())
                 sent[op.rid] = Sent(
                     rid=op.rid,
                     turn=op.turn,
@@ -135,12 +144,15 @@ class _Clients:
                     max_new=op.max_new,
                     beside=beside,
                 )
+                if beside and loop.session_queues_turns:  # built on once those before end
+                    self.behind[op.rid] = op.tokens
             elif op.kind == OPEN:
                 loop.open_session(op.session)
                 self.committed[op.session] = ()
+                self.closed.discard(op.session)
             elif op.kind == CLOSE:
                 loop.close_session(op.session)
-                self.committed.pop(op.session, None)
+                self.closed.add(op.session)
             elif op.kind == FLUSH:
                 loop.flush()
             elif op.kind == ABORT and op.rid in sent and op.rid not in self.played.ended:
@@ -151,6 +163,9 @@ class _Clients:
                     schedule.once(due, partial(self.abort, op.rid))
         except Refused as exc:
             self.played.refused.append((op, str(exc)))
+
+    def open_sessions(self) -> list[str]:
+        return [sid for sid in self.committed if sid not in self.closed]
 
     def settled(self, rid: str) -> bool:
         """Whether the request ``rid`` ended, or was refused when sent."""
@@ -209,8 +224,23 @@ class _Clients:
                 loop.session_keeps == "ran" and loop.admitted(out.rid)
             )
             if kept:
-                self.committed[sent.session] = sent.expected + output
+                less_last = loop.session_keeps == "finished-less-last"
+                self.committed[sent.session] = sent.expected + (
+                    output[:-1] if less_last else output
+                )
+            self.move_up(sent.session)
         self.seen = len(loop.outcomes)
+
+    def move_up(self, session: str) -> None:
+        """A turn queued behind its session's previous ones, once every one of those
+        ended: it builds on what the session committed by then."""
+        sent, ended = self.played.sent, self.played.ended
+        for rid in [r for r in self.behind if sent[r].session == session]:
+            before = [s.rid for s in sent.values() if s.session == session]
+            if any(r not in ended for r in before[: before.index(rid)]):
+                return
+            expected = self.committed.get(session, ()) + self.behind.pop(rid)
+            sent[rid] = sent[rid]._replace(expected=expected)
 
 
 def _where(exc: BaseException) -> tuple[str, str]:
@@ -244,7 +274,7 @@ def play(
         for t in range(history.turns):
             _turn(clients, probe, history.of_turn(t), f"turn {t}")
         closing = [
-            Op(turn=history.turns, at=0, kind=CLOSE, session=sid) for sid in list(clients.committed)
+            Op(turn=history.turns, at=0, kind=CLOSE, session=sid) for sid in clients.open_sessions()
         ]
         _turn(clients, probe, closing, "close")
         if not loop.flush():

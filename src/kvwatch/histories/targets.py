@@ -6,7 +6,7 @@ from typing import Any
 
 from kvwatch.targets.driver.history_target import HistoryTarget
 
-ENGINES = ("kvwatch", "sglang")
+ENGINES = ("kvwatch", "sglang", "vllm")
 
 
 def target_from(data: dict[str, Any]) -> HistoryTarget:
@@ -23,5 +23,11 @@ def target_from(data: dict[str, Any]) -> HistoryTarget:
 
         return SglangHistoryTarget(
             version=data.get("version") or "0.5.23", setup=data.get("setup") or "sessions-retract"
+        )
+    if engine == "vllm":
+        from kvwatch.targets.vllm.histories import NEWEST, VllmHistoryTarget
+
+        return VllmHistoryTarget(
+            version=data.get("version") or NEWEST, setup=data.get("setup") or "plain"
         )
     raise ValueError(f"no history target for engine {engine!r}; engines: {', '.join(ENGINES)}")

@@ -71,10 +71,17 @@ class EngineLoop(ABC):
     # the requests counted up to there)
     judged_where_it_broke: ClassVar[bool] = False
     steps: int  # steps taken so far (what ``Outcome.step`` counts): each loop keeps it
-    # what a session keeps of a turn that did not finish: "finished" (nothing: only
-    # finished turns are committed) or "ran" (a turn cut after it was admitted keeps
-    # its prompt and the output so far; one that never ran, nothing)
+    # what a session keeps of a turn: "finished" (a finished turn's input and output;
+    # nothing of a turn that did not finish), "ran" (also a turn cut after it was
+    # admitted, its prompt and the output so far; one that never ran, nothing) or
+    # "finished-less-last" (a finished turn's input and output but its last token:
+    # vLLM's streaming input, whose next chunk drops the last sampled token, its KV
+    # never computed)
     session_keeps: ClassVar[str] = "finished"
+    # True: a next turn sent while its session's previous one is live waits behind it
+    # and builds on it (vLLM's streaming input queues the chunk); False: it builds on
+    # what the session had committed when it was sent
+    session_queues_turns: ClassVar[bool] = False
 
     def __init__(self) -> None:
         self.outcomes: list[Outcome] = []

@@ -68,8 +68,11 @@ liveness (``LivenessTracker``, ``liveness.py``: ``before`` and ``after`` each
                              requests and still left the index standing
 
     Known blind spots: a step may skip a request for reasons these objects do
-    not show (a multimodal encoder budget, Mamba's block-aligned splits); the
-    engine says which requests it held back itself through ``deferred``.
+    not show (a multimodal encoder budget); the engine says which requests it
+    held back itself through ``deferred``. Mamba's block-aligned splits are
+    recomputed from the budget the walk had left (``liveness.aligned_split``), and
+    the local prefill cadence's hold of running prefill chunks from the scheduler's
+    own counters before the step (``liveness.prefill_held``).
 
 Everything here only reads and imports nothing from vLLM (duck-typed, as
 ``manager_audit.py``), so it runs in vLLM's engine core between two steps, or in

@@ -2,7 +2,9 @@
 
 ``LivenessTracker`` wraps each ``schedule()`` (``before`` and ``after``):
 ``running-skipped`` and ``running-starved``, as ``checks.py`` describes
-them, with its known blind spots. ``stalled`` is the in-process driver's:
+them, with its known blind spots; a request Mamba's block-aligned prefill
+holds back (``aligned_split``), or a prefill chunk the local prefill cadence
+holds back (``prefill_held``), is not passed over. ``stalled`` is the in-process driver's:
 ``scheduler-stalled``, a run of steps that scheduled nothing, with nothing in
 flight, while requests had work left and no session paused for its client's
 input held blocks (no running request to preempt, and the waiting ones
@@ -47,6 +49,50 @@ def work_left(request) -> int:
     return max(0, pending)
 
 
+def prefill_held(scheduler) -> bool:
+    """Whether the next ``schedule()`` holds running prefill chunks back for the local
+    prefill cadence (``--prefill-schedule-interval N``): fewer than N executed steps
+    since the last one that carried prefill, decodes running, and the waiting queue
+    not backed up past what a release step drains (``prefill_capacity_bound``), read
+    as the scheduler reads it before it schedules."""
+    interval = getattr(scheduler, "local_prefill_interval", 1)
+    if interval <= 1 or getattr(scheduler, "prefill_capacity_bound", False):
+        return False
+    since = (getattr(scheduler, "num_executed_steps", 0) + 1) - getattr(
+        scheduler, "last_prefill_step", 0
+    )
+    decoding = any(not getattr(r, "is_prefill_chunk", False) for r in scheduler.running)
+    return since < interval and decoding
+
+
+def aligned_split(scheduler, out, order: list[str]) -> Callable | None:
+    """Mamba's block-aligned prefill (``mamba_cache_mode="align"``): a chunk must end
+    on a block boundary unless it ends the prompt, so the scheduler holds back a
+    running request whose budget, when its walk reached it, cannot reach the next
+    boundary. None where the scheduler does not split so. The budget then is the
+    step's less what the running requests before it in ``order`` took::
+
+        block:   |------- 64 -------|------- 64 -------|
+        request:  computed ..start^       ^start+spare: no boundary between, held back
+    """
+    if not getattr(scheduler, "need_mamba_block_aligned_split", False):
+        return None
+    budget = getattr(scheduler, "max_num_scheduled_tokens", 0)
+    block = scheduler.cache_config.block_size
+    took = out.num_scheduled_tokens
+    rank = {rid: i for i, rid in enumerate(order)}
+
+    def held(request) -> bool:
+        spare = budget - sum(took.get(r, 0) for r in order[: rank.get(request.request_id, 0)])
+        start = request.num_computed_tokens
+        prefill_end = max(request.num_prompt_tokens, request.num_tokens - 1)
+        if start >= prefill_end or start + spare >= prefill_end:
+            return False
+        return (start + spare) // block * block <= start
+
+    return held
+
+
 def _preempted(scheduler, out, order: list[str]) -> set[str]:
     """Who this step preempted: the output says so, or the request's status does."""
     named = set(getattr(out, "preempted_req_ids", None) or ())
@@ -70,8 +116,10 @@ class LivenessTracker:
         self.order: list[str] = []
         self.pending: dict[str, int] = {}
         self.holding: set[str] = set()
+        self.cadence = False  # this step holds running prefill chunks (``prefill_held``)
 
     def before(self, scheduler) -> None:
+        self.cadence = prefill_held(scheduler)
         self.order = [r.request_id for r in scheduler.running]
         self.pending = {r.request_id: work_left(r) for r in scheduler.running}
         self.holding = {rid for rid in self.order if holds_blocks(scheduler, rid)}
@@ -84,9 +132,14 @@ class LivenessTracker:
         budget = getattr(scheduler, "max_num_scheduled_tokens", None)
         spare = None if budget is None else budget - used
         found: list[Violation] = []
+        aligned = aligned_split(scheduler, out, self.order)
         for rid in self.order:
             passed_over = rid in running and rid not in scheduled and rid not in preempted
-            if passed_over and self._could_run(scheduler, rid, deferred) and spare:
+            request = scheduler.requests[rid]
+            held = (aligned is not None and aligned(request)) or (
+                self.cadence and getattr(request, "is_prefill_chunk", False)
+            )
+            if passed_over and not held and self._could_run(scheduler, rid, deferred) and spare:
                 found += self._missed(rid, scheduled, preempted, spare)
             else:
                 self.missed.pop(rid, None)

@@ -44,7 +44,7 @@ from kvwatch.targets.vllm.scratch import check_scratch
 
 LATCH = 8  # probes kept from the steps of one turn
 MAX_STEPS = 20_000  # a turn that needs more never ends: the run broke
-STALL = 64  # steps in a row that schedule nothing, nothing in flight: nothing will move
+STALL = 64  # steps in a row that schedule nothing, no work in flight: nothing will move
 
 
 class Core(EngineLoop):
@@ -61,7 +61,7 @@ class Core(EngineLoop):
         self.liveness, self.ledger = LivenessTracker(), HashLedger()
         self.events, self.coverage = EventTap.install(scheduler), Coverage()
         self.steps, self.sent, self.aborted = 0, 0, 0
-        self.quiet = 0  # steps in a row that scheduled nothing with nothing in flight
+        self.quiet = 0  # steps in a row that scheduled nothing with no work in flight
         self.latched: list[dict] = []
         self.seen: set[str] = set()
         self.applied: list = []  # the event findings of the outputs applied since the last look
@@ -103,6 +103,7 @@ class Core(EngineLoop):
         if request_id in self.scheduler.requests:
             self.aborted += 1
             self.scheduler.finish_requests([request_id], RequestStatus.FINISHED_ABORTED)
+            self.ended()
 
     def step(self) -> None:
         """``schedule()``, the checks, a model runner's output; with two steps in
@@ -111,6 +112,7 @@ class Core(EngineLoop):
         self.liveness.before(s)
         out = s.schedule()
         self.steps += 1
+        self.scheduled(out)
         self.coverage.step(s, out)
         found = check_hashes(s) + self.ledger.observe(s) + self.liveness.after(s, out)
         found += [f for f in check_scratch(s) if s.requests]  # idle: the barrier's to judge
@@ -124,11 +126,23 @@ class Core(EngineLoop):
         self.queue.append((out, output))
         if len(self.queue) >= self.depth:
             self._apply()
+        self.ended()
         self.notify()
+
+    def scheduled(self, out) -> None:
+        """(For a subclass.) Right after ``schedule()``: what it scheduled."""
+
+    def took(self, outputs) -> None:
+        """(For a subclass.) What ``update_from_output`` returned: the engine core's
+        outputs per client, what the callers receive."""
+
+    def ended(self) -> None:
+        """(For a subclass.) Before the observers hear of a step or an abort: the
+        requests that ended in it."""
 
     def _apply(self) -> None:
         """The oldest step's output; the events it published checked against the pool."""
-        self.scheduler.update_from_output(*self.queue.popleft())
+        self.took(self.scheduler.update_from_output(*self.queue.popleft()))
         if self.events is not None:
             self.applied += self.events.check(self.scheduler)
 
@@ -145,7 +159,7 @@ class Core(EngineLoop):
         return sorted(r for r, req in self.scheduler.requests.items() if _has_work(req))
 
     def stalled(self) -> bool:
-        """``STALL`` steps in a row scheduled nothing with nothing in flight."""
+        """``STALL`` steps in a row scheduled nothing with no work in flight."""
         return self.quiet >= STALL
 
     def flush(self) -> bool:
@@ -168,12 +182,12 @@ class Core(EngineLoop):
 
     def _stall(self, out) -> list:
         """``scheduler-stalled`` once ``STALL`` steps in a row scheduled nothing with
-        nothing in flight while requests have work left, and no session paused for its
+        no work in flight while requests have work left, and no session paused for its
         client's next chunk holds blocks: the stuck requests wait on nothing a client can
         still release (a hold-and-wait). Waiting behind a paused session's blocks is how
         vLLM keeps sessions; it is counted (``stalls behind paused sessions``), not found."""
-        scheduled = getattr(out, "total_num_scheduled_tokens", 0) or len(out.num_scheduled_tokens)
-        self.quiet = 0 if scheduled or self.queue else self.quiet + 1
+        scheduled = _scheduled(out) or any(_scheduled(o) for o, _ in self.queue)
+        self.quiet = 0 if scheduled else self.quiet + 1
         if self.quiet != STALL:
             return []
         requests = self.scheduler.requests
@@ -206,6 +220,7 @@ class Core(EngineLoop):
             raise TimeoutError(f"requests still had work after {MAX_STEPS} steps: {left}")
         while self.queue:
             self._apply()
+        self.ended()
 
     def probe(self) -> dict:
         """The barrier probe: audit, checks (hashes, ledger, scratch) and the steps' latches."""
@@ -222,6 +237,11 @@ class Core(EngineLoop):
         """What the run exercised (``sched_coverage.py``), with the event totals."""
         c = self.coverage.as_dict(self.events.ledger.totals() if self.events else None)
         return {**c, "requests": self.sent, "aborts": self.aborted}
+
+
+def _scheduled(out) -> int:
+    """Tokens a step scheduled (an empty step still goes in flight with two in flight)."""
+    return getattr(out, "total_num_scheduled_tokens", 0) or len(out.num_scheduled_tokens)
 
 
 def _has_work(request) -> bool:

@@ -15,7 +15,13 @@ import inspect
 import json
 from pathlib import Path
 
-from kvwatch.targets.vllm.kv_groups import accepted, block_sizes, configure, kv_cache_config
+from kvwatch.targets.vllm.kv_groups import (
+    Unsupported,
+    accepted,
+    block_sizes,
+    configure,
+    kv_cache_config,
+)
 from kvwatch.targets.vllm.kv_layout import Layout
 
 # the tiny model's shape (targets/vllm/tinymodel.py); the scheduler reads its config only
@@ -38,28 +44,54 @@ MODEL = {
 }
 
 
-def _configs(model_dir: Path, layout: Layout, policy: str, in_flight: int, budget: int):
+def _options(cls, options: dict) -> dict:
+    """``options`` for ``cls``; ``Unsupported`` where this release lacks one of them."""
+    if missing := sorted(set(options) - set(accepted(cls, **options))):
+        raise Unsupported(f"this release's {cls.__name__} has no {', '.join(missing)}")
+    return dict(options)
+
+
+def _configs(
+    model_dir: Path,
+    layout: Layout,
+    policy: str,
+    in_flight: int,
+    budget: int,
+    context: int,
+    options: dict,
+):
     from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
+
+    fields = {"scheduler": SchedulerConfig, "cache": CacheConfig}
+    unknown = sorted(set(options) - set(fields))
+    if unknown:
+        raise ValueError(f"options for {unknown}: only {sorted(fields)} take options")
 
     model_dir.mkdir(parents=True, exist_ok=True)
     (model_dir / "config.json").write_text(json.dumps(MODEL))
+    base = accepted(
+        SchedulerConfig,
+        max_num_seqs=16,
+        max_num_batched_tokens=budget,
+        max_model_len=context,
+        enable_chunked_prefill=True,
+        async_scheduling=in_flight > 1,
+        is_encoder_decoder=False,
+        policy=policy,
+    )
     scheduler = SchedulerConfig(
-        **accepted(
-            SchedulerConfig,
-            max_num_seqs=16,
-            max_num_batched_tokens=budget,
-            max_model_len=1024,
-            enable_chunked_prefill=True,
-            async_scheduling=in_flight > 1,
-            is_encoder_decoder=False,
-            policy=policy,
-        )
+        **{**base, **_options(SchedulerConfig, options.get("scheduler", {}))}
     )
     model = ModelConfig(
-        model=str(model_dir), dtype="float32", seed=0, skip_tokenizer_init=True, max_model_len=1024
+        model=str(model_dir),
+        dtype="float32",
+        seed=0,
+        skip_tokenizer_init=True,
+        max_model_len=context,
     )
     size = layout.block_size
-    cache = CacheConfig(**accepted(CacheConfig, block_size=size, enable_prefix_caching=True))
+    cached = accepted(CacheConfig, block_size=size, enable_prefix_caching=True)
+    cache = CacheConfig(**{**cached, **_options(CacheConfig, options.get("cache", {}))})
     config = VllmConfig(scheduler_config=scheduler, model_config=model, cache_config=cache)
     config.cache_config.block_size = size  # the CPU platform may have changed it
     configure(config, layout)
@@ -75,16 +107,20 @@ def build(
     in_flight=1,
     layout: Layout | None = None,
     budget: int = 256,
+    context: int = 1024,
+    options: dict | None = None,
 ):
     """vLLM's ``Scheduler`` (``AsyncScheduler`` with two steps in flight) on a pool of
     ``num_blocks`` blocks shared by the groups of ``layout`` (one full-attention group
     of ``block_size`` tokens when None), its block and hash sizes as vLLM resolves them
-    (``kv_groups.py``), at most ``budget`` tokens a step."""
+    (``kv_groups.py``), at most ``budget`` tokens a step and ``context`` a request;
+    ``options``: further ``{"scheduler": {...}, "cache": {...}}`` config fields a user
+    sets (``Unsupported`` where the release has no such field)."""
     from vllm.v1.core.sched.scheduler import Scheduler
     from vllm.v1.structured_output import StructuredOutputManager
 
     layout = layout or Layout(block_size=block_size)
-    config = _configs(model_dir, layout, policy, in_flight, budget)
+    config = _configs(model_dir, layout, policy, in_flight, budget, context, options or {})
     kv = kv_cache_config(layout, num_blocks)
     config.cache_config.num_gpu_blocks = num_blocks
     scheduler_block, hash_block = block_sizes(kv, config, layout)
