@@ -66,6 +66,7 @@ $(VLLM_STAMP): pyproject.toml
 #                               .venv-vllm's packages: its scheduler is pure Python and runs
 #                               there (--engine vllm-scheduler); serving needs its own torch
 VLLM_RELEASES := .vllm-releases
+VLLM_NEWEST := 0.33.0
 .PHONY: vllm-venv vllm-release
 vllm-venv: .venv-vllm-$(V)/.installed
 .venv-vllm-%/.installed: pyproject.toml
@@ -109,6 +110,17 @@ SGLANG_HISTORY_MINUTES ?= 30
 sglang-history-hunt: $(STAMP)
 	$(PY) -m hunts.sglang_histories --budget-minutes $(SGLANG_HISTORY_MINUTES) --out docs/sglang-history-hunt
 
+# Generated histories on vLLM's own scheduler: every setup of its history target on the
+# newest release within VLLM_HISTORY_MINUTES, and the vLLM rows of the corpus on their
+# buggy releases and fixes; docs/vllm-history-hunt.{json,md} and
+# docs/vllm-history-hunt/*.json (hunts/vllm_histories.py; about 9 minutes on 2 cores)
+VLLM_HISTORY_MINUTES ?= 6
+.PHONY: vllm-history-hunt
+vllm-history-hunt: $(STAMP) $(VLLM_STAMP) $(patsubst %,$(VLLM_RELEASES)/%/.unpacked,0.25.1 0.26.0 0.27.1 0.28.0 0.31.0 $(VLLM_NEWEST))
+	KVWATCH_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python KVWATCH_VLLM_RELEASES=$(CURDIR) \
+		$(PY) -m hunts.vllm_histories --budget-minutes $(VLLM_HISTORY_MINUTES) --max-seeds 300 \
+		--out docs/vllm-history-hunt
+
 # LightLLM's caches at the checkout LIGHTLLM_SRC (or KVWATCH_LIGHTLLM_SRC) x caches x seeds,
 # every profile at c = 2, 4 and 8, written to docs/lightllm-hunt.{json,md}
 # (hunts/lightllm.py; 192 runs on one checkout, 236 s here on 2 cores)
@@ -131,7 +143,6 @@ hunt: vllm-hunt sglang-hunt lightllm-hunt
 # on the release with its fix, exit 0), their releases unpacked over .venv-vllm; the KV cache
 # layouts and events on the venv's vLLM and on the newest release (its GPU wheel's Python).
 VLLM_ROW_RELEASES := 0.25.1 0.26.0 0.27.1 0.28.0 0.31.0
-VLLM_NEWEST := 0.33.0
 test-vllm: $(STAMP) $(VLLM_STAMP) $(VLLM_ROW_RELEASES:%=$(VLLM_RELEASES)/%/.unpacked) \
 		$(VLLM_RELEASES)/$(VLLM_NEWEST)/.unpacked
 	KVWATCH_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python KVWATCH_VLLM_RELEASES=$(CURDIR) \

@@ -8,15 +8,16 @@ vllm``; the scheduler in vLLM's Python, ``targets/vllm/histories.py``):
 
 * **the newest release**: every setup of ``SETUPS`` with each plan of ``PLANS``
   takes turns, ``ROUND`` seeds at a time, until the budget is spent or each
-  lane played ``--max-seeds``. A failing history is shrunk while it shows its
+  lane played ``--max-seeds``. A failure a live row (``LIVE``: a bug upstream
+  describes and has not fixed in a release) explains is that row's: its first
+  history is shrunk while the row still explains it and saved as
+  ``OUT/<row>.json``. Any other failing history is shrunk while it shows its
   first finding (``HistoryVerdict.primary``) and saved as
-  ``OUT/<setup>-<seed>.json``, once per distinct first finding; failures are
-  counted by that finding, with the first seed that shows each: candidates,
-  not called bugs until read and searched upstream.
-* **fixed rows** (``FIXED``, the vLLM rows of ``docs/real-bugs.json`` that a
-  history without sessions reaches): ``history_fixes.fixed``, found on the
-  buggy release, shrunk and saved as ``OUT/<row>.json``, and absent from the
-  same seeds on the fix.
+  ``OUT/<setup>-<seed>.json``, once per distinct first finding, and counted by
+  that finding: candidates, not called bugs until read and searched upstream.
+* **fixed rows** (``FIXED``, the vLLM rows of ``docs/real-bugs.json``):
+  ``history_fixes.fixed``, found on the buggy release, shrunk and saved as
+  ``OUT/<row>.json``, and absent from the same seeds on the fix.
 
 Invariant: every history is played on a fresh scheduler; a row is found only
 where its ``explains`` holds for the history played.
@@ -39,6 +40,7 @@ from hunts.history_rows import FixedRow, Row, audit_finding
 from kvwatch.histories.checks import HistoryVerdict, signature
 from kvwatch.histories.generate import Plan, generate
 from kvwatch.histories.hunt import run_history, save_history
+from kvwatch.histories.ops import History
 from kvwatch.histories.play import Played
 from kvwatch.histories.shrink import shrink
 from kvwatch.targets.vllm.histories import NEWEST, SETUPS, VllmHistoryTarget
@@ -62,11 +64,34 @@ def pr_44490(played: Played, verdict: HistoryVerdict) -> str | None:
     return audit_finding(verdict, "registry", "new_block_ids")
 
 
+def issue_49377(played: Played, verdict: HistoryVerdict) -> str | None:
+    """A streaming session's next chunk keeps the block hashes of the token it replaced
+    (fixed in 0.32.0)."""
+    return audit_finding(verdict, "tree", "request-hash-stale")
+
+
+def session_deadlock(played: Played, verdict: HistoryVerdict) -> str | None:
+    """Streaming sessions resumed with their next chunk wait holding their blocks, nothing
+    runs, and none fits: no request is ever scheduled again (open PR #49439)."""
+    detail = audit_finding(verdict, "starved", "scheduler-stalled", "0 running")
+    if detail is None or "waiting requests hold blocks: " not in detail:
+        return None
+    holders = detail.split("waiting requests hold blocks: ")[1].split(")")[0].split(", ")
+    sessions = {s.session for s in played.sent.values() if s.session}
+    held = [h for h in holders if h in sessions]
+    return detail if len(held) >= 2 else None
+
+
+# live in the newest release: found there, no fixed release yet
+LIVE = (Row("vllm-streaming-session-deadlock", ("streaming", "streaming-async"), session_deadlock),)
+
+
 def _row(row: str, setup: str, explains: Callable, buggy: str, fixed_in: str) -> FixedRow:
     return FixedRow(Row(row, (setup,), explains, PLANS["spread"]), buggy, fixed_in)
 
 
 FIXED = (
+    _row("vllm-issue-49377", "streaming", issue_49377, "0.31.0", "0.32.0"),
     _row("vllm-pr-49206", "priority", pr_49206, "0.27.1", "0.28.0"),
     _row("vllm-pr-44490", "plain", pr_44490, "0.25.1", "0.26.0"),
 )
@@ -75,8 +100,10 @@ FIXED = (
 def newest(
     release: str, budget_s: float, max_seeds: int, out: Path, say: Callable[[str], None]
 ) -> dict[str, Any]:
-    """Every setup x plan on ``release``, ``ROUND`` seeds a lane in turn; each distinct
-    first finding shrunk and saved once."""
+    """Every setup x plan on ``release``, ``ROUND`` seeds a lane in turn. A failure a live
+    row explains is that row's (its first history shrunk keeping the row, saved as
+    ``<row>.json``); any other is counted by its first finding, each new one shrunk and
+    saved once (``<setup>-<seed>.json``)."""
     played_n: Counter[str] = Counter()
     failed_n: Counter[str] = Counter()
     found: dict[str, dict[str, Any]] = {}
@@ -89,17 +116,20 @@ def newest(
             for target, (name, plan) in itertools.product(targets, PLANS.items()):
                 lane = f"{target.setup} ({name})"
                 for seed in range(seed0, min(seed0 + ROUND, max_seeds)):
-                    _, verdict = run_history(target, generate(target.shape, seed, plan))
+                    history = generate(target.shape, seed, plan)
+                    played, verdict = run_history(target, history)
                     played_n[lane] += 1
                     if not verdict.findings:
                         continue
                     failed_n[lane] += 1
-                    sig = verdict.primary or ""
-                    if sig in found:
-                        found[sig]["count"] += 1
+                    row = next((r for r in LIVE if r.explains(played, verdict)), None)
+                    key = row.id if row is not None else verdict.primary or ""
+                    if key in found:
+                        found[key]["count"] += 1
                         continue
-                    found[sig] = _saved(target, lane, seed, plan, sig, out)
-                    say(f"{lane} seed {seed}: {sig} -> {found[sig]['saved']}")
+                    found[key] = _saved(target, lane, history, key, row, out)
+                    found[key]["after_s"] = round(time.perf_counter() - start, 1)
+                    say(f"{lane} seed {seed}: {key} -> {found[key]['saved']}")
             seed0 += ROUND
     return {
         "release": release,
@@ -107,27 +137,32 @@ def newest(
         "histories": dict(played_n),
         "failed": dict(failed_n),
         "findings": sorted(found.values(), key=lambda e: -e["count"]),
+        "missed": [r.id for r in LIVE if r.id not in found],
     }
 
 
 def _saved(
-    target: VllmHistoryTarget, lane: str, seed: int, plan: Plan, sig: str, out: Path
+    target: VllmHistoryTarget, lane: str, history: History, key: str, row: Row | None, out: Path
 ) -> dict[str, Any]:
-    """The history of ``seed`` shrunk while it shows ``sig``, saved beside the doc."""
-    history = generate(target.shape, seed, plan)
+    """``history`` shrunk while it shows ``key`` (the live row ``row``, or a first finding),
+    saved beside the doc."""
 
-    def shows(h) -> bool:
-        return run_history(target, h)[1].shows(sig)
+    def shows(h: History) -> bool:
+        played, verdict = run_history(target, h)
+        return row.explains(played, verdict) is not None if row else verdict.shows(key)
 
     small, plays = shrink(history, shows, SHRINK_BUDGET)
-    _, verdict = run_history(target, small)
-    path = out / f"{target.setup}-{seed}.json"
-    save_history(path, target, seed, small, verdict, lane=lane)
-    first = next((f for f in verdict.findings if signature(f) == sig), verdict.findings[0])
+    played, verdict = run_history(target, small)
+    path = out / (f"{row.id}.json" if row else f"{target.setup}-{history.seed}.json")
+    evidence = (row.explains(played, verdict) if row else None) or next(
+        (f.detail for f in verdict.findings if signature(f) == key), verdict.findings[0].detail
+    )
+    extra = {"row": row.id, "evidence": evidence} if row else {"lane": lane}
+    save_history(path, target, history.seed, small, verdict, **extra)
     return {
-        "signature": sig, "count": 1, "lane": lane, "seed": seed,
-        "operations": len(history.ops), "shrunk_operations": len(small.ops), "plays": plays,
-        "detail": first.detail, "saved": path.name,
+        "row": row.id if row else None, "signature": key, "count": 1, "lane": lane,
+        "seed": history.seed, "operations": len(history.ops), "shrunk_operations": len(small.ops),
+        "plays": plays, "detail": evidence, "saved": path.name,
     }  # fmt: skip
 
 
@@ -140,16 +175,19 @@ def markdown(settings: dict[str, Any], swept: dict[str, Any], fixes: list[dict])
     newest_lines = [
         f"Histories played: {played}, in {swept['seconds']} s.",
         "",
-        "| first finding | histories | first seen | shrunk to | saved | detail |",
-        "|---|---|---|---|---|---|",
+        "| row, or first finding | histories | first seen | found after | shrunk to | saved "
+        "| evidence |",
+        "|---|---|---|---|---|---|---|",
         *(
-            f"| {c(f['signature'])} | {f['count']} | {f['lane']} seed {f['seed']} | "
-            f"{f['shrunk_operations']} | `{f['saved']}` | {c(f['detail'][:240])} |"
+            f"| {'`' + f['row'] + '`' if f['row'] else c(f['signature'])} | {f['count']} | "
+            f"{f['lane']} seed {f['seed']} | {f['after_s']} s | {f['shrunk_operations']} | "
+            f"`{f['saved']}` | {c(f['detail'][:300])} |"
             for f in swept["findings"]
         ),
+        *(f"| `{r}` | 0 | not found | | | | |" for r in swept["missed"]),
     ]
-    if not swept["findings"]:
-        newest_lines.append("| none | | | | | |")
+    if not swept["findings"] and not swept["missed"]:
+        newest_lines.append("| none | | | | | | |")
     fixed_lines = [
         "| row | setup | buggy | first seed | shrunk to | fixed | seeds compared | "
         "show it on the buggy | on the fix | verdict |",
@@ -172,8 +210,8 @@ def markdown(settings: dict[str, Any], swept: dict[str, Any], fixes: list[dict])
         [
             "Generated client histories on vLLM's own scheduler in vLLM's Python (`kvwatch "
             "histories --engine vllm`, `targets/vllm/histories.py`): every setup on the newest "
-            "release, and the fixed corpus rows a history without sessions reaches, found on "
-            "the release with the bug and not on the fix. Saved histories replay with "
+            "release, each failure labelled by the live row that explains it, and the fixed "
+            "corpus rows, found on the release with the bug and not on the fix. Saved histories replay with "
             "`kvwatch histories --replay docs/vllm-history-hunt/<file>`. Written by `make "
             "vllm-history-hunt` (`hunts/vllm_histories.py`).",
         ],
