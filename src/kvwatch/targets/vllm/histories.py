@@ -46,16 +46,14 @@ cache-off engine for ``equivalence``.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
-import select
-import subprocess
 import tempfile
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kvwatch.targets.driver.history_process import HistoryProcess, Unsupported
 from kvwatch.targets.driver.history_target import HistoryTarget, PlayedOn, Shape
 from kvwatch.targets.vllm.kv_layout import Layout
 from kvwatch.targets.vllm.release import Release, find
@@ -63,7 +61,6 @@ from kvwatch.targets.vllm.release import Release, find
 DRIVER = "kvwatch.targets.vllm.history_driver"
 NEWEST = "0.33.0"
 PYTHON_ENV = "KVWATCH_VLLM_PYTHON"
-WAIT_S = 600  # one history's answer, at most: bounds a hung driver, never judges speed
 CONTEXT = 256
 
 
@@ -156,60 +153,22 @@ class VllmHistoryTarget(HistoryTarget):
             sessions=self.config.sessions,
             priorities=self.config.policy == "priority",
         )
-        self.process: subprocess.Popen | None = None
+        self.driver = HistoryProcess("vLLM's history driver")
 
     @contextlib.contextmanager
     def opened(self) -> Iterator[None]:
         """One driver process in the release's Python for every history played inside."""
-        with tempfile.TemporaryDirectory(prefix="kvwatch-vllm-histories-") as tmp:
-            log = open(Path(tmp) / "driver.log", "w+")  # noqa: SIM115 (read back on failure)
-            self.process = subprocess.Popen(
-                [self.release.python, "-P", "-m", DRIVER, str(Path(tmp) / "model")],
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=log,
-                text=True,
-                env={**os.environ, **self.release.env(), "VLLM_LOGGING_LEVEL": "WARNING"},
-            )
-            self.log = log
-            try:
+        with tempfile.TemporaryDirectory(prefix="kvwatch-vllm-model-") as model:
+            command = [self.release.python, "-P", "-m", DRIVER, model]
+            env = {**os.environ, **self.release.env(), "VLLM_LOGGING_LEVEL": "WARNING"}
+            with self.driver.opened(command, env):
                 yield
-            finally:
-                process, self.process = self.process, None
-                process.stdin.close()  # type: ignore[union-attr]
-                try:
-                    process.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    process.kill()
-                    process.wait()
-                log.close()
 
     def play(self, history) -> PlayedOn:
-        from kvwatch.histories.played_json import played_from_json
-
-        if self.process is None:
-            raise RuntimeError("VllmHistoryTarget.play runs inside opened()")
-        request = {"setup": self.config.to_json(), "history": history.to_json()}
-        self.process.stdin.write(json.dumps(request) + "\n")  # type: ignore[union-attr]
-        self.process.stdin.flush()  # type: ignore[union-attr]
-        line = self._answer()
-        data = json.loads(line)
-        if "unsupported" in data:
-            raise Unavailable(f"vLLM {self.version}: {data['unsupported']}")
-        if "error" in data:
-            raise RuntimeError(f"vLLM's history driver could not play it: {data['error']}")
-        return PlayedOn(played_from_json(data["played"]), data["unasked"])
-
-    def _answer(self) -> str:
-        out = self.process.stdout  # type: ignore[union-attr]
-        ready, _, _ = select.select([out], [], [], WAIT_S)
-        line = out.readline() if ready else ""
-        if not line:
-            self.log.flush()
-            self.log.seek(0)
-            tail = " | ".join(self.log.read().strip().splitlines()[-6:])
-            raise RuntimeError(f"vLLM's history driver gave no answer: {tail or 'no output'}")
-        return line
+        try:
+            return self.driver.play(self.config.to_json(), history)
+        except Unsupported as exc:
+            raise Unavailable(f"vLLM {self.version}: {exc}") from None
 
     def describe(self) -> dict[str, Any]:
         return {"engine": self.engine, "version": self.version, "setup": self.setup}
