@@ -36,6 +36,16 @@ def test_a_valid_request_may_be_answered_or_refused_cleanly():
     assert judge(case, "kvwatch", 400, "bad") is not None
 
 
+def test_a_request_that_fills_the_context_exactly_must_be_served():
+    case = BY_NAME["prompt and max_tokens fill the context"]
+    body = json.loads(body_of(case, "tiny", lambda: 300))
+    assert len(body["prompt"]) + body["max_tokens"] == 300
+    assert judge(case, "sglang", 200, "{}") is None
+    assert "want a 2xx" in judge(case, "kvwatch", 400, OPENAI_ERROR)
+    unsaid = json.loads(body_of(case, "tiny", lambda: context_of(lambda: {}, "tiny")))
+    assert len(unsaid["prompt"]) == 8  # a server that does not say its context: nothing to fill
+
+
 def test_an_engine_known_to_accept_an_invalid_request_may_answer_it():
     case = BY_NAME["temperature too high"]
     assert judge(case, "vllm", 200, "{}") is None
@@ -63,4 +73,7 @@ def test_every_case_is_judged_right_on_the_kvwatch_server(case: Case):
         data = body_of(case, "tiny", lambda: context_of(client.get("/v1/models").json, "tiny"))
         resp = client.post(case.path, content=data, headers={"content-type": "application/json"})
         assert judge(case, "kvwatch", resp.status_code, resp.text) is None, resp.text
-        assert 400 <= resp.status_code < 500  # kvwatch supports none of the valid extras
+        if case.required:
+            assert resp.status_code == 200 and resp.json()["usage"]["completion_tokens"] == 4
+        else:
+            assert 400 <= resp.status_code < 500  # kvwatch supports none of the valid extras

@@ -14,6 +14,7 @@ CHAT = "/v1/chat/completions"
 TEXT = "/v1/completions"
 MSG = [{"role": "user", "content": "hi"}]
 TOO_LONG = "a prompt one token longer than the served context"
+FILLS = "a prompt that, with max_tokens, fills the served context exactly"
 DEFAULT_CONTEXT = 128 * 1024  # a server that does not say: longer than most serve
 
 
@@ -23,8 +24,9 @@ class Case(NamedTuple):
     ``valid``: a valid OpenAI request (a 2xx), which an engine that lacks the
     feature may refuse instead, with an OpenAI-style 4xx. Otherwise the request
     is invalid and must be refused that way, except on the engines named in
-    ``accepted_by``, which are known to answer it. ``sessions``: kvwatch's own
-    session API, sent only to kvwatch servers. The body's ``model`` is the
+    ``accepted_by``, which are known to answer it. ``required``: a valid request
+    every server must serve, so a refusal is a bug, not a missing feature.
+    ``sessions``: kvwatch's own session API, sent only to kvwatch servers. The body's ``model`` is the
     served model's name, so no case is refused only for naming another model.
     """
 
@@ -34,6 +36,7 @@ class Case(NamedTuple):
     valid: bool = False
     accepted_by: frozenset[str] = frozenset()
     sessions: bool = False
+    required: bool = False
 
 
 def _chat(**fields) -> dict:
@@ -71,6 +74,13 @@ CASES: tuple[Case, ...] = (
     Case(name="empty prompt", path=TEXT, body={"prompt": "", "max_tokens": 4}),
     Case(name="prompt too long", path=TEXT, body={"prompt": TOO_LONG, "max_tokens": 4}),
     Case(
+        name="prompt and max_tokens fill the context",
+        path=TEXT,
+        body={"prompt": FILLS, "max_tokens": 4},
+        valid=True,
+        required=True,
+    ),
+    Case(
         name="rollback unknown session",
         path="/v1/sessions/nope/rollback",
         body={"steps": 1},
@@ -86,7 +96,9 @@ def cases_for(engine: str) -> tuple[Case, ...]:
 
 def body_of(case: Case, model: str, context: Callable[[], int]) -> bytes:
     """The bytes sent for ``case``: JSON bodies name ``model``; the too-long
-    prompt is one token over ``context()``, the served context."""
+    prompt is one token over ``context()``, the served context, and the filling
+    one leaves exactly ``max_tokens`` of it (a short prompt where the server
+    does not say its context: nothing to fill)."""
     body = case.body
     if isinstance(body, bytes):
         return body
@@ -94,6 +106,9 @@ def body_of(case: Case, model: str, context: Callable[[], int]) -> bytes:
         body = {"model": model, **body}
         if body.get("prompt") == TOO_LONG:
             body["prompt"] = [65] * (context() + 1)
+        elif body.get("prompt") == FILLS:
+            room = context()
+            body["prompt"] = [65] * (room - body["max_tokens"] if room != DEFAULT_CONTEXT else 8)
     return json.dumps(body).encode()
 
 
@@ -101,6 +116,8 @@ def judge(case: Case, engine: str, status: int, body: str) -> str | None:
     """Why this answer is wrong for ``case`` on ``engine``, or None."""
     if 200 <= status < 300 and (case.valid or engine in case.accepted_by):
         return None
+    if case.required:
+        return f"want a 2xx (a valid request every server serves), got {status}: {body[:200]}"
     if not 400 <= status < 500:
         return f"want a 4xx, got {status}: {body[:200]}"
     try:
