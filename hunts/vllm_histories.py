@@ -83,11 +83,18 @@ def session_deadlock(played: Played, verdict: HistoryVerdict) -> str | None:
 
 
 # live in the newest release: found there, no fixed release yet
-LIVE = (Row("vllm-streaming-session-deadlock", ("streaming", "streaming-async"), session_deadlock),)
+LIVE = (
+    Row(
+        id="vllm-streaming-session-deadlock",
+        setups=("streaming", "streaming-async"),
+        explains=session_deadlock,
+    ),
+)
 
 
 def _row(row: str, setup: str, explains: Callable, buggy: str, fixed_in: str) -> FixedRow:
-    return FixedRow(Row(row, (setup,), explains, PLANS["spread"]), buggy, fixed_in)
+    row_ = Row(id=row, setups=(setup,), explains=explains, plan=PLANS["spread"])
+    return FixedRow(row=row_, buggy=buggy, fixed=fixed_in)
 
 
 FIXED = (

@@ -166,6 +166,7 @@ def _soak(args: argparse.Namespace) -> int:
         concurrency=args.c[0] if args.c else 4,
         out=args.out,
         junit=args.junit,
+        strict=args.strict,
         seed=args.seed,
     )
     flags = TargetFlags(
@@ -199,6 +200,7 @@ def _gate(args: argparse.Namespace) -> int:
         turns=args.turns,
         out=args.out,
         junit=args.junit,
+        strict=args.strict,
         locust_workers=args.locust_workers or 0,
         jobs=args.jobs,
         seed=args.seed,

@@ -148,31 +148,7 @@ def _add_histories(sub: argparse._SubParsersAction) -> None:
         help="play generated client histories on an engine in process, judge, shrink failures",
     )
     histories.add_argument("--engine", choices=["kvwatch", "sglang", "vllm"], default="kvwatch")
-    histories.add_argument(
-        "--sglang-version", default=None, metavar="V", help="with --engine sglang (default: 0.5.23)"
-    )
-    histories.add_argument(
-        "--sglang-setup",
-        default=None,
-        metavar="NAME",
-        help="with --engine sglang: sessions-retract (default), plain, mamba, "
-        "sessions-pressure, overlap, sessions-overlap, mamba-sessions, mamba-priority",
-    )
-    histories.add_argument(
-        "--vllm-version",
-        default=None,
-        metavar="V",
-        help="with --engine vllm (default: 0.33.0): from $KVWATCH_VLLM_PYTHON or .venv-vllm, "
-        "or .vllm-releases/V unpacked over it",
-    )
-    histories.add_argument(
-        "--vllm-setup",
-        default=None,
-        metavar="NAME",
-        help="with --engine vllm: plain (default), async, priority, events, hybrid-swa, "
-        "mamba-align, streaming, streaming-async, streaming-mamba, long-prefill, watermark, "
-        "prefill-interval, active-seqs, no-full-isl",
-    )
+    _add_history_releases(histories)
     histories.add_argument(
         "--seeds", default="0-2", help="one history per seed: 0-9, 3 or 1,4,7 (default: 0-2)"
     )
@@ -206,6 +182,35 @@ def _add_histories(sub: argparse._SubParsersAction) -> None:
         "alone, instead of playing it",
     )
     histories.set_defaults(handler="histories")
+
+
+def _add_history_releases(histories: argparse.ArgumentParser) -> None:
+    """The release and setup of an upstream engine the histories play on."""
+    histories.add_argument(
+        "--sglang-version", default=None, metavar="V", help="with --engine sglang (default: 0.5.23)"
+    )
+    histories.add_argument(
+        "--sglang-setup",
+        default=None,
+        metavar="NAME",
+        help="with --engine sglang: sessions-retract (default), plain, mamba, "
+        "sessions-pressure, overlap, sessions-overlap, mamba-sessions, mamba-priority",
+    )
+    histories.add_argument(
+        "--vllm-version",
+        default=None,
+        metavar="V",
+        help="with --engine vllm (default: 0.33.0): from $KVWATCH_VLLM_PYTHON or .venv-vllm, "
+        "or .vllm-releases/V unpacked over it",
+    )
+    histories.add_argument(
+        "--vllm-setup",
+        default=None,
+        metavar="NAME",
+        help="with --engine vllm: plain (default), async, priority, events, hybrid-swa, "
+        "mamba-align, streaming, streaming-async, streaming-mamba, long-prefill, watermark, "
+        "prefill-interval, active-seqs, no-full-isl",
+    )
 
 
 def _add_serve(sub: argparse._SubParsersAction) -> None:
@@ -303,6 +308,11 @@ def _add_gate_outputs(gate: argparse.ArgumentParser) -> None:
     """Where the verdict goes: the output folder and the JUnit file."""
     gate.add_argument("--out", type=Path, default=Path("kvwatch-out"))
     gate.add_argument("--junit", type=Path, default=None, metavar="FILE")
+    gate.add_argument(
+        "--strict",
+        action="store_true",
+        help="a notice (a broken invariant its engine holds harmless) fails the gate",
+    )
 
 
 def _add_gate_target(gate: argparse.ArgumentParser) -> None:

@@ -57,7 +57,7 @@ class QueueingLoop(EngineLoop):
             if len(turn["out"]) == turn["max"]:
                 queue.pop(0)
                 self.held[sid] = turn["input"] + tuple(turn["out"][:-1])
-                self.outcomes.append(Outcome(turn["rid"], FINISHED, self.steps))
+                self.outcomes.append(Outcome(rid=turn["rid"], status=FINISHED, step=self.steps))
         self.notify()
 
     def flush(self) -> bool:

@@ -9,6 +9,7 @@ import pytest
 
 from kvwatch.histories.checks import judge
 from kvwatch.histories.generate import Plan, generate
+from kvwatch.histories.hunt import play_on
 from kvwatch.histories.played_json import played_from_json, played_to_json
 from kvwatch.targets.kvwatch.histories import KvwatchHistoryTarget
 
@@ -20,7 +21,7 @@ PLAN = Plan(turns=3, ops_per_turn=10)
 )
 def test_a_played_history_round_trips_through_json(faults, seed):
     target = KvwatchHistoryTarget(faults=faults)
-    played, unasked = target.play(generate(target.shape, seed, PLAN))
+    played, unasked = play_on(target, generate(target.shape, seed, PLAN))
     assert played.cache_log and played.reports is not None and played.final is not None
     back = played_from_json(json.loads(json.dumps(played_to_json(played))))
     assert back == played
@@ -30,7 +31,7 @@ def test_a_played_history_round_trips_through_json(faults, seed):
 def test_every_field_of_a_history_with_findings_and_refusals_survives():
     target = KvwatchHistoryTarget(faults=("evict-parent-unannounced",))
     for seed in range(8):
-        played, unasked = target.play(generate(target.shape, seed, PLAN))
+        played, unasked = play_on(target, generate(target.shape, seed, PLAN))
         if judge(played, unasked, None).findings and played.stages and played.aborted_in:
             break
     else:
@@ -42,7 +43,7 @@ def test_every_field_of_a_history_with_findings_and_refusals_survives():
 
 def test_an_unknown_cache_log_entry_is_refused_by_name():
     target = KvwatchHistoryTarget()
-    played, _ = target.play(generate(target.shape, 0, Plan(turns=1, ops_per_turn=3)))
+    played, _ = play_on(target, generate(target.shape, 0, Plan(turns=1, ops_per_turn=3)))
     data = played_to_json(played)
     data["cache_log"] = [["Teleported", {}]]
     with pytest.raises(ValueError, match="Teleported"):

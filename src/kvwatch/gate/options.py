@@ -28,6 +28,7 @@ class GateOptions:
     warmup: int = 2
     out: Path = Path("kvwatch-out")
     junit: Path | None = None
+    strict: bool = False  # a notice fails the gate
     locust_workers: int = 0
     jobs: int | None = None  # profiles run side by side; None: one per core
     seed: int = 0

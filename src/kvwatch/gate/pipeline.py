@@ -59,7 +59,9 @@ def run_gate(opts: GateOptions, target: Target) -> tuple[GateSummary, int]:
     except KeyboardInterrupt:
         interrupted = True
         opts.progress(f"interrupted: writing what the {len(results)} finished runs found")
-    summary = summarize(results, target.faults, target=target.name, interrupted=interrupted)
+    summary = summarize(
+        results, target.faults, target=target.name, interrupted=interrupted, strict=opts.strict
+    )
     summary = replace(summary, elapsed_s=round(time.monotonic() - started, 1))
     if not interrupted:
         summary = replace(summary, published=publish(summary, opts))
@@ -76,7 +78,7 @@ def run_gate(opts: GateOptions, target: Target) -> tuple[GateSummary, int]:
         write_report(summary, opts.out)
     if line := coverage_line(summary):
         opts.result(line)
-    opts.result(f"verdict: {summary.verdict} ({summary.elapsed_s} s) -> {opts.out}")
+    opts.result(f"verdict: {summary.verdict}{summary.why()} ({summary.elapsed_s} s) -> {opts.out}")
     return summary, summary.exit_code
 
 

@@ -61,6 +61,7 @@ class SoakOptions:
     concurrency: int = 4
     out: Path = Path("kvwatch-out")
     junit: Path | None = None
+    strict: bool = False  # a notice fails the gate
     seed: int = 0
     episode_turns: int = 6  # turns before a user closes its conversations and starts anew
     probe_every: float = 0.0  # seconds; 0: duration / 60, within 0.5 .. 2
@@ -124,7 +125,7 @@ def run_soak(opts: SoakOptions, target: Target) -> tuple[GateSummary, int]:
         errors=sent.errors,
         detectors=DETECTORS if record.error is None else NONE,
     )
-    summary = summarize([result], target.faults, target=target.name)
+    summary = summarize([result], target.faults, target=target.name, strict=opts.strict)
     elapsed = round(time.monotonic() - started, 1)
     section = soak_section(opts, record, result, elapsed)
     summary = replace(summary, elapsed_s=elapsed, soak=section)
@@ -134,5 +135,5 @@ def run_soak(opts: SoakOptions, target: Target) -> tuple[GateSummary, int]:
     if opts.junit is not None:
         write_junit(summary, opts.junit)
     opts.result(table(section))
-    opts.result(f"verdict: {summary.verdict} ({summary.elapsed_s} s) -> {opts.out}")
+    opts.result(f"verdict: {summary.verdict}{summary.why()} ({summary.elapsed_s} s) -> {opts.out}")
     return summary, summary.exit_code

@@ -28,10 +28,15 @@ from typing import NamedTuple
 from kvwatch.histories.checks import HistoryVerdict, judge
 from kvwatch.histories.generate import Plan, generate
 from kvwatch.histories.ops import History
-from kvwatch.histories.play import Played
+from kvwatch.histories.play import Played, play
+from kvwatch.histories.played_json import played_from_json
 from kvwatch.histories.shrink import shrink
 from kvwatch.histories.targets import target_from
-from kvwatch.targets.driver.history_target import HistoryTarget
+from kvwatch.targets.driver.history_target import (
+    HistoryTarget,
+    LoopHistoryTarget,
+    ProcessHistoryTarget,
+)
 
 FORMAT = 1
 
@@ -48,9 +53,24 @@ class HistoryRun(NamedTuple):
     saved: Path | None = None
 
 
+def play_on(target: HistoryTarget, history: History) -> tuple[Played, str]:
+    """``history`` on a fresh engine of ``target``: played here on a new loop, or in the
+    target's driver process; with what that engine calls a request it ended unasked."""
+    if isinstance(target, ProcessHistoryTarget):
+        data = target.answer(history.to_json())
+        return played_from_json(data["played"]), data["unasked"]
+    assert isinstance(target, LoopHistoryTarget)
+    loop = target.make_loop()
+    try:
+        played = play(loop, target.make_probe(loop), history, target.make_watch(loop))
+    finally:
+        loop.close()
+    return played, loop.unasked
+
+
 def run_history(target: HistoryTarget, history: History) -> tuple[Played, HistoryVerdict]:
-    """``history`` on a fresh loop of ``target``, judged."""
-    played, unasked = target.play(history)
+    """``history`` on a fresh engine of ``target``, judged."""
+    played, unasked = play_on(target, history)
     return played, judge(played, unasked, target.reference())
 
 

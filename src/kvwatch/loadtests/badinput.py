@@ -21,11 +21,16 @@ class BadInputUser(TurnUser):
     def setup(self) -> None:
         self.chats = [Chat([self.system])]
         self.engine = self.plan.gauges.name
-        self.cases = cases_for(self.engine)
+        cases = cases_for(self.engine)
+        self.cases = [c for c in cases if not c.required]
+        self.required = [c for c in cases if c.required]
         self.context_len: int | None = None
 
     def turn(self, t: int) -> None:
-        picks = self.rng.sample(self.cases, 4)
+        """Four cases drawn at random; the required ones (a prompt that fills the context)
+        in the first turn, a warm-up one: what the long prefill adds for good (a pressure
+        transition's first series) is then in the baseline the judged turns start from."""
+        picks = self.rng.sample(self.cases, 4) + (self.required if t == 0 else [])
 
         def step() -> None:
             self.chats[0].step(self, sentence(self.rng), name="agent turn")

@@ -1,7 +1,10 @@
 """The summary as a JUnit report: one test case per run and detector.
 
 A failed detector is a ``<failure>`` with its evidence; a detector that
-raised, or a run that broke, an ``<error>``; a skipped one ``<skipped>``.
+raised, or a run that broke, an ``<error>``; a skipped one ``<skipped>``. A
+run whose probes carried notices (broken invariants its engine holds
+harmless) gets a ``notices`` case listing them: passing, its lines in
+``<system-out>``, or with ``--strict`` a ``<failure>``.
 """
 
 from __future__ import annotations
@@ -38,6 +41,16 @@ def junit_xml(summary: GateSummary) -> str:
             elif v.verdict == SKIPPED:
                 counts["skipped"] += 1
                 ET.SubElement(case, "skipped", message=v.summary())
+        if run.notices:
+            case = ET.SubElement(suite, "testcase", classname=classname, name="notices")
+            counts["tests"] += 1
+            lines = [f"turn {t}: {f.kind} {f.group or ''}: {f.detail}" for t, f in run.notices]
+            if summary.strict:
+                counts["failures"] += 1
+                message = f"{len(lines)} notices (--strict fails on any)"
+                ET.SubElement(case, "failure", message=message).text = "\n".join(lines)
+            else:
+                ET.SubElement(case, "system-out").text = "\n".join(lines)
     for key, value in counts.items():
         suite.set(key, str(value))
     return ET.tostring(suite, encoding="unicode", xml_declaration=True)

@@ -54,6 +54,7 @@ def write_report(summary: GateSummary, out: Path) -> Path:
     parts = [
         text.head(summary),
         text.evidence(summary),
+        text.notices(summary),
         text.runs_table(summary, out),
         text.performance_table(summary),
         text.time_table(summary),

@@ -77,6 +77,28 @@ def evidence(summary: GateSummary) -> str:
     return "<h2>What failed</h2>" + "".join(parts)
 
 
+def notices(summary: GateSummary) -> str:
+    """Each run's notices: broken invariants its engine holds harmless. No detector fails
+    on them; ``--strict`` fails the gate on any."""
+    rows = [
+        f"<li>{escape(run.name)}, turn {t}: <b>{escape(f.kind)}</b> {escape(f.group or '')}: "
+        f"<span class='detail'>{escape(f.detail)}</span></li>"
+        for run in summary.runs
+        for t, f in run.notices
+    ]
+    if not rows:
+        return ""
+    how = (
+        "With --strict they fail this gate."
+        if summary.strict
+        else "No detector fails on them: the user decides (--strict fails the gate on any)."
+    )
+    return (
+        "<h2>Notices</h2><p class='note'>Invariants the engine broke and holds harmless. "
+        f"{how}</p><ul>{''.join(rows)}</ul>"
+    )
+
+
 def _detail(e: Evidence) -> str:
     bits = []
     if e.group:

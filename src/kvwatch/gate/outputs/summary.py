@@ -14,7 +14,8 @@ JSON shape follows docs/contracts.md, which CI scripts read::
 A soak (``kvwatch gate --soak``) is one run (profile ``soak``, its probes as
 turns) and adds ``"soak"``: its figures and ``checks`` (``soak_report.py``).
 
-Verdict and exit code: ``fail`` (exit 1) when a detector failed; else
+Verdict and exit code: ``fail`` (exit 1) when a detector failed, or with
+``--strict`` when a run carried a notice (``"strict": true`` then); else
 ``error`` (exit 3) when a run broke, a detector raised, or nothing ran;
 else ``pass`` (exit 0). Exit 2, a usage error, is the CLI's to give.
 """
@@ -46,10 +47,17 @@ class GateSummary:
     interrupted: bool = False
     published: Mapping[str, str] | None = None  # where the verdict went: textfile, pushgateway
     soak: Mapping | None = field(default=None, compare=False)  # a soak's figures and checks
+    strict: bool = False  # --strict: a notice fails the gate
 
     @property
     def exit_code(self) -> int:
         return {PASS: EXIT_PASS, FAIL: EXIT_FAIL}.get(self.verdict, EXIT_ERROR)
+
+    def why(self) -> str:
+        """ " with --strict: N notices" where notices alone failed the gate, else ""."""
+        if self.verdict != FAIL or not self.strict or FAIL in self.detectors.values():
+            return ""
+        return f" with --strict: {sum(len(r.notices) for r in self.runs)} notices"
 
     def failures(self) -> list[tuple[RunResult, str]]:
         """Every (run, detector) that failed or raised, in run order."""
@@ -79,6 +87,8 @@ class GateSummary:
             out["interrupted"] = True
         if self.soak is not None:
             out["soak"] = self.soak
+        if self.strict:
+            out["strict"] = True
         return out
 
     @classmethod
@@ -101,6 +111,7 @@ class GateSummary:
             interrupted=data.get("interrupted", False),
             published=data.get("published"),
             soak=data.get("soak"),
+            strict=data.get("strict", False),
         )
 
 
@@ -119,16 +130,18 @@ def summarize(
     *,
     target: str | None = None,
     interrupted: bool = False,
+    strict: bool = False,
 ) -> GateSummary:
     """The summary of ``runs``. Interrupted, an unfinished gate is no pass: its
-    verdict is ``fail`` when a finished run failed, else ``error``."""
+    verdict is ``fail`` when a finished run failed, else ``error``. ``strict``:
+    a notice a run carried fails the gate as a failed detector does."""
     detectors = {
         name: overall(r.verdicts[name].verdict for r in runs if name in r.verdicts)
         for name in IDS
         if any(name in r.verdicts for r in runs)
     }
     # A detector that failed is the finding, even where a fault then broke the run.
-    if FAIL in detectors.values():
+    if FAIL in detectors.values() or (strict and any(r.notices for r in runs)):
         verdict = FAIL
     elif ERROR in detectors.values() or any(r.error for r in runs) or not runs or interrupted:
         verdict = ERROR
@@ -142,6 +155,7 @@ def summarize(
         target=target,
         coverage=coverage_summary(runs) if any(r.coverage for r in runs) else None,
         interrupted=interrupted,
+        strict=strict,
     )
 
 

@@ -1,12 +1,11 @@
 """A driver process that plays histories for a target whose engine runs apart from kvwatch.
 
-vLLM runs in its own Python, LightLLM's checkout changes torch and the import
-system for the process that imports it: their history targets keep one
-process that plays every history (``<engine>/history_driver.py``, the same
-player over the engine's loop) and speak JSON lines with it::
+vLLM runs in its own Python: its history target keeps one process that plays
+every history (``histories/driver_process.py``, the same player over the
+engine's loop, built by the target's factory) and speaks JSON lines with it::
 
     HistoryProcess.opened(command, env)      the process, for as long as the block lasts
-    play(setup, history) -> PlayedOn          {"setup", "history"} in; {"played", "unasked"}
+    answer(setup, history) -> dict            {"setup", "history"} in; {"played", "unasked"}
                                               out (``histories/played_json.py``); an answer
                                               {"unsupported": why} raises Unsupported,
                                               {"error": why} RuntimeError
@@ -24,8 +23,6 @@ import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
-
-from kvwatch.targets.driver.history_target import PlayedOn
 
 WAIT_S = 600  # one history's answer, at most: bounds a hung driver, never judges speed
 
@@ -65,12 +62,10 @@ class HistoryProcess:
                     process.wait()
                 self.log.close()
 
-    def play(self, setup: dict[str, Any], history) -> PlayedOn:
-        from kvwatch.histories.played_json import played_from_json
-
+    def answer(self, setup: dict[str, Any], history: dict[str, Any]) -> dict[str, Any]:
         if self.process is None:
             raise RuntimeError(f"{self.name} plays histories only inside opened()")
-        request = {"setup": setup, "history": history.to_json()}
+        request = {"setup": setup, "history": history}
         self.process.stdin.write(json.dumps(request) + "\n")  # type: ignore[union-attr]
         self.process.stdin.flush()  # type: ignore[union-attr]
         data = json.loads(self._answer())
@@ -78,7 +73,7 @@ class HistoryProcess:
             raise Unsupported(data["unsupported"])
         if "error" in data:
             raise RuntimeError(f"{self.name} could not play it: {data['error']}")
-        return PlayedOn(played_from_json(data["played"]), data["unasked"])
+        return data
 
     def _answer(self) -> str:
         out = self.process.stdout  # type: ignore[union-attr]

@@ -1,19 +1,20 @@
 """``HistoryTarget``: what the history tier (``kvwatch.histories``) needs of an engine.
 
-A target plays one history at a time on an engine of its own (``play``: so a
-history's outcome depends on nothing played before it), says the engine's
-``Shape`` (the size edges the generator aims its prompts at and what the
-engine offers), and, where it has one, a cache-off ``Reference`` for the
-equivalence check. ``describe()`` is the plain data a saved history keeps,
-from which the history tier builds the same target again for a replay.
+Every history is played on an engine of its own (so its outcome depends on
+nothing played before it). A target says the engine's ``Shape`` (the size
+edges the generator aims its prompts at and what the engine offers), and,
+where it has one, a cache-off ``Reference`` for the equivalence check.
+``describe()`` is the plain data a saved history keeps, from which the history
+tier builds the same target again for a replay. Two shapes of target::
 
-Two shapes of target keep it::
+    LoopHistoryTarget     the engine's loop in kvwatch's process: a fresh ``EngineLoop``,
+                          its ``StepProbe`` and ``CacheWatch`` per history, which the
+                          history tier plays here
+    ProcessHistoryTarget  the engine apart (vLLM's Python): ``answer`` sends the history
+                          to a driver process, which plays it with the same player over
+                          the same loop contract and answers with plain JSON
 
-    LoopHistoryTarget    the engine's loop in kvwatch's process: a fresh ``EngineLoop``,
-                         its ``StepProbe`` and ``CacheWatch`` per history, played here
-    (a driver process)   the engine in a Python of its own (vLLM's): the same player run
-                         there over the same loop contract, ``Played`` sent back as JSON
-                         (``histories/played_json.py``)
+Only the history tier (a layer above) knows what a played history is.
 """
 
 from __future__ import annotations
@@ -22,16 +23,12 @@ import contextlib
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
+from typing import Any, ClassVar
 
 from kvwatch.harness.run_record import Candidate, Replay
 from kvwatch.targets.driver.cache_watch import CacheWatch
 from kvwatch.targets.driver.engine_loop import EngineLoop
 from kvwatch.targets.driver.step_probe import StepProbe
-
-if TYPE_CHECKING:
-    from kvwatch.histories.ops import History
-    from kvwatch.histories.play import Played
 
 # finished requests replayed on a cache-off engine: each one's output there
 Reference = Callable[[Sequence[Candidate]], Sequence[Replay]]
@@ -51,21 +48,9 @@ class Shape:
     priorities: bool = False
 
 
-class PlayedOn(NamedTuple):
-    """A history as one engine played it, and what that engine calls a request it
-    ended unasked (``EngineLoop.unasked``: the ``ended`` check's status)."""
-
-    played: Played
-    unasked: str
-
-
 class HistoryTarget(ABC):
     engine: ClassVar[str]  # the engine's name in a saved history
     shape: Shape
-
-    @abstractmethod
-    def play(self, history: History) -> PlayedOn:
-        """``history`` on a fresh engine: nothing of an earlier history is left in it."""
 
     @contextlib.contextmanager
     def opened(self) -> Iterator[None]:
@@ -83,7 +68,8 @@ class HistoryTarget(ABC):
 
 
 class LoopHistoryTarget(HistoryTarget):
-    """An engine whose loop runs in kvwatch's process: a fresh loop per history."""
+    """An engine whose loop runs in kvwatch's process: a fresh loop per history, which
+    the history tier plays (``histories/play.py``)."""
 
     @abstractmethod
     def make_loop(self) -> EngineLoop:
@@ -98,12 +84,13 @@ class LoopHistoryTarget(HistoryTarget):
         tells neither (the ``index`` and ``references`` checks are then skipped)."""
         return None
 
-    def play(self, history: History) -> PlayedOn:
-        from kvwatch.histories.play import play
 
-        loop = self.make_loop()
-        try:
-            played = play(loop, self.make_probe(loop), history, self.make_watch(loop))
-        finally:
-            loop.close()
-        return PlayedOn(played, loop.unasked)
+class ProcessHistoryTarget(HistoryTarget):
+    """An engine that runs apart (vLLM's Python): a driver process plays each history
+    there with the same player (``histories/driver_process.py``) and answers with the
+    played history as plain JSON."""
+
+    @abstractmethod
+    def answer(self, history: dict[str, Any]) -> dict[str, Any]:
+        """``history`` (``History.to_json()``) played on a fresh engine of the driver
+        process: ``{"played": ..., "unasked": ...}`` (``histories/played_json.py``)."""

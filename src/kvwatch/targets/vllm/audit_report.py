@@ -11,8 +11,8 @@ sizes) are the probe's, for the quiescence detector.
 
 It imports only the contracts and the audit's rule table, so it runs on
 either side: in the gate's process (``probe.py``, ``scheduler_target.py``)
-and in vLLM's own Python, where the history driver (``history_driver.py``)
-builds its reports.
+and in vLLM's own Python, where the history tier's driver process builds its
+reports (``history_core.CoreProbe``).
 """
 
 from __future__ import annotations

@@ -1,13 +1,14 @@
 """vLLM's own scheduler as a ``HistoryTarget``: a release driven in its own Python, by setup.
 
 vLLM runs only in its own venv, so the histories play there: ``opened()``
-starts one driver process (``history_driver.py``) with the release's Python
+starts one driver process (``histories/driver_process.py``, with this
+target's factory ``history_core.make_loop``) with the release's Python
 (``release.find``: its venv, or its wheel unpacked over ``.venv-vllm``), and
-``play`` sends it each history and reads back what was played
-(``histories/played_json.py``); the judging, shrinking and saving stay here::
+``answer`` sends it each history and reads back what was played (plain JSON,
+``histories/played_json.py``); the judging, shrinking and saving stay here::
 
-    VllmHistoryTarget.play(history) --{"setup", "history"}--> history_driver (vLLM's Python)
-        fresh Scheduler (scheduler_build) -> HistoryCore -> histories.play.play
+    VllmHistoryTarget.answer(history) --{"setup", "history"}--> driver_process (vLLM's Python)
+        history_core.make_loop: fresh Scheduler (scheduler_build) -> HistoryCore -> play
     <--{"played", "unasked"}-- judged by histories.checks as any target's
 
 ``SETUPS`` are the options users turn on, sized so generated histories run
@@ -54,13 +55,16 @@ from pathlib import Path
 from typing import Any
 
 from kvwatch.targets.driver.history_process import HistoryProcess, Unsupported
-from kvwatch.targets.driver.history_target import HistoryTarget, PlayedOn, Shape
+from kvwatch.targets.driver.history_target import ProcessHistoryTarget, Shape
 from kvwatch.targets.vllm.kv_layout import Layout
 from kvwatch.targets.vllm.release import Release, find
 
-DRIVER = "kvwatch.targets.vllm.history_driver"
+DRIVER = "kvwatch.histories.driver_process"
+FACTORY = "kvwatch.targets.vllm.history_core:make_loop"
 NEWEST = "0.33.0"
 PYTHON_ENV = "KVWATCH_VLLM_PYTHON"
+# quiet, and a GPU build's scheduler on CPU
+VLLM_ENV = {"VLLM_LOGGING_LEVEL": "WARNING", "VLLM_TARGET_DEVICE": "cpu"}
 CONTEXT = 256
 
 
@@ -126,7 +130,7 @@ def default_python() -> str:
     return os.environ.get(PYTHON_ENV) or str(Path(".venv-vllm/bin/python").absolute())
 
 
-class VllmHistoryTarget(HistoryTarget):
+class VllmHistoryTarget(ProcessHistoryTarget):
     engine = "vllm"
 
     def __init__(
@@ -159,14 +163,14 @@ class VllmHistoryTarget(HistoryTarget):
     def opened(self) -> Iterator[None]:
         """One driver process in the release's Python for every history played inside."""
         with tempfile.TemporaryDirectory(prefix="kvwatch-vllm-model-") as model:
-            command = [self.release.python, "-P", "-m", DRIVER, model]
-            env = {**os.environ, **self.release.env(), "VLLM_LOGGING_LEVEL": "WARNING"}
+            command = [self.release.python, "-P", "-m", DRIVER, FACTORY, model]
+            env = {**os.environ, **self.release.env(), **VLLM_ENV}
             with self.driver.opened(command, env):
                 yield
 
-    def play(self, history) -> PlayedOn:
+    def answer(self, history: dict[str, Any]) -> dict[str, Any]:
         try:
-            return self.driver.play(self.config.to_json(), history)
+            return self.driver.answer(self.config.to_json(), history)
         except Unsupported as exc:
             raise Unavailable(f"vLLM {self.version}: {exc}") from None
 

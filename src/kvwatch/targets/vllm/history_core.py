@@ -35,6 +35,7 @@ vLLM is imported inside the methods only.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from kvwatch.contracts import ProbeReport
@@ -42,7 +43,9 @@ from kvwatch.targets.driver.engine_loop import ABORTED, FINISHED, Outcome, Refus
 from kvwatch.targets.driver.step_probe import StepProbe
 from kvwatch.targets.vllm.audit_report import probe_report
 from kvwatch.targets.vllm.history_sessions import StreamingSessions
+from kvwatch.targets.vllm.kv_layout import from_json
 from kvwatch.targets.vllm.loop import Core
+from kvwatch.targets.vllm.scheduler_build import build
 
 ANSWERED = ("FINISHED_STOPPED", "FINISHED_LENGTH_CAPPED")
 
@@ -157,7 +160,7 @@ class HistoryCore(Core):
                 status, why = ABORTED, ""
             else:
                 status, why = self.unasked, f"vLLM ended it {name}"
-            self.outcomes.append(Outcome(rid, status, self.steps, why))
+            self.outcomes.append(Outcome(rid=rid, status=status, step=self.steps, why=why))
         for sid, s in self.sessions.by_id.items():  # a session's request gone, turns left
             if not s.over and s.current() is not None and sid not in self.scheduler.requests:
                 why = "vLLM ended the session's request"
@@ -233,3 +236,22 @@ class CoreProbe(StepProbe):
 
     def report(self) -> ProbeReport:
         return probe_report(self.core.probe()["probes"][-1])
+
+
+def make_loop(setup: dict, model_dir: str) -> tuple[HistoryCore, CoreProbe]:
+    """A fresh scheduler of ``setup`` (``histories.VllmSetup.to_json``) as the history
+    tier's loop and probe: the factory ``histories/driver_process.py`` calls in vLLM's
+    Python (``Unsupported`` where the release cannot build the setup)."""
+    scheduler = build(
+        Path(model_dir),
+        block_size=setup["block_size"],
+        num_blocks=setup["num_blocks"],
+        policy=setup.get("policy", "fcfs"),
+        in_flight=setup.get("in_flight", 1),
+        layout=from_json(setup.get("layout")),
+        budget=setup["budget"],
+        context=setup["context"],
+        options=setup.get("options"),
+    )
+    core = HistoryCore(scheduler, setup.get("in_flight", 1), setup["context"])
+    return core, CoreProbe(core)

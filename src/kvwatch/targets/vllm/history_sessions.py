@@ -61,7 +61,7 @@ class StreamingSessions:
     def open(self, sid: str) -> None:
         if sid in self.by_id and not self.by_id[sid].closed:
             raise Refused(f"session {sid} is already open")
-        self.by_id[sid] = StreamSession(sid)
+        self.by_id[sid] = StreamSession(sid=sid)
 
     def is_open(self, sid: str) -> bool:
         s = self.by_id.get(sid)
@@ -82,7 +82,7 @@ class StreamingSessions:
                 f"session {sid} would hold {grown} tokens, past the context of {self.context}"
             )
         s.tokens = grown - 1  # the chunk's last sampled token is dropped by the next one
-        turn = ChunkTurn(rid, sid, tokens, max_new)
+        turn = ChunkTurn(rid=rid, session=sid, tokens=tokens, max_new=max_new)
         s.turns.append(turn)
         self.turns[rid] = turn
         return s
@@ -99,7 +99,8 @@ class StreamingSessions:
             return None
         turn.done = True
         status = FINISHED if finished in ("length", "stop") else ABORTED
-        return Outcome(turn.rid, status, step, "" if status == FINISHED else finished)
+        why = "" if status == FINISHED else finished
+        return Outcome(rid=turn.rid, status=status, step=step, why=why)
 
     def end(self, sid: str, status: str, step: int, why: str = "") -> list[Outcome]:
         """The session's request ended (an abort, or the engine's own end): every turn not
@@ -110,5 +111,5 @@ class StreamingSessions:
         for turn in s.turns:
             if not turn.done:
                 turn.done = True
-                ended.append(Outcome(turn.rid, status, step, why))
+                ended.append(Outcome(rid=turn.rid, status=status, step=step, why=why))
         return ended
