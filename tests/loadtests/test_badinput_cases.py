@@ -41,7 +41,12 @@ def test_a_request_that_fills_the_context_exactly_must_be_served():
     body = json.loads(body_of(case, "tiny", lambda: 300))
     assert len(body["prompt"]) + body["max_tokens"] == 300
     assert judge(case, "sglang", 200, "{}") is None
-    assert "want a 2xx" in judge(case, "kvwatch", 400, OPENAI_ERROR)
+    too_long = json.dumps(
+        {"error": {"message": "the context holds 300", "type": "invalid_request_error",
+                   "code": "context_length_exceeded"}}
+    )  # fmt: skip
+    assert "refused as too long" in judge(case, "kvwatch", 400, too_long)
+    assert judge(case, "kvwatch", 400, OPENAI_ERROR) is None  # refused for another reason
     unsaid = json.loads(body_of(case, "tiny", lambda: context_of(lambda: {}, "tiny")))
     assert len(unsaid["prompt"]) == 8  # a server that does not say its context: nothing to fill
 
