@@ -95,3 +95,20 @@ def fixed(
         say(f"{fr.row.id}: {results[-1]['verdict']} (first seed {hit}; of seeds 0-{len(seeds) - 1} "
             f"{len(on_buggy)} show it on {fr.buggy}, {len(on_fix)} on {fr.fixed})")  # fmt: skip
     return results
+
+
+def fixed_table(results: Sequence[dict[str, Any]]) -> list[str]:
+    """``fixed``'s results as the markdown table both hunts' docs show."""
+    return [
+        "| row | setup | buggy | first seed | shrunk to | fixed | seeds compared | "
+        "show it on the buggy | on the fix | verdict |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+        *(
+            f"| `{r['row']}` | {r['setup']} | {r['buggy']} | {r['found_at_seed']} | "
+            f"{r['shrunk_operations']} | {r['fixed']} | {r['seeds_compared']} | "
+            f"{r['shown_on_buggy']} | {len(r['shown_on_fix'])} | {r['verdict']} |"
+            for r in results
+        ),
+        "",
+        'On the fix, the shrunk history is played too (it counts in "on the fix").',
+    ]

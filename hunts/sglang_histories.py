@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from hunts import report
-from hunts.history_fixes import COMPARED, SHRINK_BUDGET, fixed, save, shrunk
+from hunts.history_fixes import COMPARED, SHRINK_BUDGET, fixed, fixed_table, save, shrunk
 from hunts.history_rows import FIXED, LIVE
 from kvwatch.histories.generate import Plan, generate
 from kvwatch.histories.hunt import run_history
@@ -158,19 +158,7 @@ def markdown(settings: dict[str, Any], found: dict[str, Any], fixes: list[dict])
         "|---|---|---|",
         *(f"| {c(o['signature'])} | {o['count']} | {o['first']} |" for o in found["unexplained"]),
     ]
-    fixed_lines = [
-        "| row | setup | buggy | first seed | shrunk to | fixed | seeds compared | "
-        "show it on the buggy | on the fix | verdict |",
-        "|---|---|---|---|---|---|---|---|---|---|",
-        *(
-            f"| `{r['row']}` | {r['setup']} | {r['buggy']} | {r['found_at_seed']} | "
-            f"{r['shrunk_operations']} | {r['fixed']} | {r['seeds_compared']} | "
-            f"{r['shown_on_buggy']} | {len(r['shown_on_fix'])} | {r['verdict']} |"
-            for r in fixes
-        ),
-        "",
-        'On the fix, the shrunk history is played too (it counts in "on the fix").',
-    ]
+    fixed_lines = fixed_table(fixes)
     return report.document(
         "SGLang history hunt",
         [

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from hunts import report
-from hunts.history_fixes import COMPARED, SHRINK_BUDGET, fixed
+from hunts.history_fixes import COMPARED, SHRINK_BUDGET, fixed, fixed_table
 from hunts.history_rows import FixedRow, Row, audit_finding
 from kvwatch.histories.checks import HistoryVerdict, signature
 from kvwatch.histories.generate import Plan, generate
@@ -195,19 +195,7 @@ def markdown(settings: dict[str, Any], swept: dict[str, Any], fixes: list[dict])
     ]
     if not swept["findings"] and not swept["missed"]:
         newest_lines.append("| none | | | | | | |")
-    fixed_lines = [
-        "| row | setup | buggy | first seed | shrunk to | fixed | seeds compared | "
-        "show it on the buggy | on the fix | verdict |",
-        "|---|---|---|---|---|---|---|---|---|---|",
-        *(
-            f"| `{r['row']}` | {r['setup']} | {r['buggy']} | {r['found_at_seed']} | "
-            f"{r['shrunk_operations']} | {r['fixed']} | {r['seeds_compared']} | "
-            f"{r['shown_on_buggy']} | {len(r['shown_on_fix'])} | {r['verdict']} |"
-            for r in fixes
-        ),
-        "",
-        'On the fix, the shrunk history is played too (it counts in "on the fix").',
-    ]
+    fixed_lines = fixed_table(fixes)
     plans = "; ".join(
         f"{name}: {p.turns} turns of {p.ops_per_turn} operations over {p.spread} steps"
         for name, p in PLANS.items()
