@@ -340,17 +340,17 @@ def _read_config(path: Path) -> dict:
 
 
 def _histories(args: argparse.Namespace) -> int:
-    from kvwatch.histories.command import HistoryOptions, parse_seeds, replay, run
+    from kvwatch.histories.command import (
+        HistoryOptions,
+        export_replay,
+        parse_seeds,
+        replay,
+        run,
+    )
 
     try:
         if args.export is not None:
-            if args.replay is None:
-                raise ValueError("--export goes with --replay FILE")
-            from kvwatch.targets.vllm.export import export
-
-            export(args.replay, args.export)
-            streams.out(f"wrote {args.export}: run it with the Python that has the vLLM release")
-            return 0
+            return export_replay(args.replay, args.export)
         if args.replay is not None:
             return replay(args.replay)
         chosen = {

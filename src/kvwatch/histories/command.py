@@ -3,7 +3,8 @@
 ``run(options)`` hunts one generated history per seed on the chosen engine,
 prints a line per history (and the steps of each shrunk failure), and
 writes ``<out>/summary.json`` and one ``history-<seed>.json`` per failure;
-``replay(path)`` plays a saved history again. Both return the exit code:
+``replay(path)`` plays a saved history again; ``export_replay`` writes a saved
+vLLM history as a script for vLLM alone. Both return the exit code:
 0 every check passed, 1 a check failed, 2 a usage error (raised as
 ``ValueError`` by the options, reported by the CLI).
 """
@@ -119,6 +120,18 @@ def run(options: HistoryOptions) -> int:
         f"{summary['seconds']} s) -> {options.out}"
     )
     return 1 if failed else 0
+
+
+def export_replay(saved: Path | None, out: Path) -> int:
+    """``--replay FILE --export OUT.py``: the saved vLLM history as a script that replays it
+    with vLLM alone (``targets/vllm/export.py``); ValueError without a saved history."""
+    if saved is None:
+        raise ValueError("--export goes with --replay FILE")
+    from kvwatch.targets.vllm.export import export
+
+    export(saved, out)
+    streams.out(f"wrote {out}: run it with the Python that has the vLLM release")
+    return 0
 
 
 def replay(path: Path) -> int:
