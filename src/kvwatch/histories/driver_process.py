@@ -6,7 +6,7 @@ keeps it for every history, naming the factory that builds its engine's loop::
     python -P -m kvwatch.histories.driver_process MODULE:FACTORY ARG
       stdin:  one JSON object a line: {"setup": {...}, "history": History.to_json()}
       stdout: one JSON object a line: {"played": played_to_json(...), "unasked": "..."}
-              or {"unsupported": why} (the factory raised ``Unsupported``: the engine
+              or {"unsupported": why} (the factory raised ``history_process.Unsupported``: the engine
               cannot build that setup) or {"error": why} (it could not be played at all)
 
 ``FACTORY(setup, ARG)`` returns a fresh ``(loop, probe)`` for each history (the
@@ -27,16 +27,15 @@ from collections.abc import Callable
 from kvwatch.histories.ops import History
 from kvwatch.histories.play import play
 from kvwatch.histories.played_json import played_to_json
+from kvwatch.targets.driver.history_process import Unsupported
 
 
 def answer(factory: Callable, arg: str, request: dict) -> dict:
     """One history on a fresh loop of the factory's engine."""
     try:
         loop, probe = factory(request["setup"], arg)
-    except Exception as exc:
-        if type(exc).__name__ == "Unsupported":  # the engine lacks the setup: not a finding
-            return {"unsupported": str(exc)}
-        raise
+    except Unsupported as exc:  # the engine lacks the setup: not a finding
+        return {"unsupported": str(exc)}
     played = play(loop, probe, History.from_json(request["history"]))
     return {"played": played_to_json(played), "unasked": loop.unasked}
 

@@ -40,7 +40,9 @@ from typing import Any
 
 from kvwatch.contracts import ProbeReport
 from kvwatch.targets.driver.engine_loop import ABORTED, FINISHED, Outcome, Refused
+from kvwatch.targets.driver.history_process import Unsupported
 from kvwatch.targets.driver.step_probe import StepProbe
+from kvwatch.targets.vllm import kv_groups
 from kvwatch.targets.vllm.audit_report import probe_report
 from kvwatch.targets.vllm.history_sessions import StreamingSessions
 from kvwatch.targets.vllm.kv_layout import from_json
@@ -241,17 +243,20 @@ class CoreProbe(StepProbe):
 def make_loop(setup: dict, model_dir: str) -> tuple[HistoryCore, CoreProbe]:
     """A fresh scheduler of ``setup`` (``histories.VllmSetup.to_json``) as the history
     tier's loop and probe: the factory ``histories/driver_process.py`` calls in vLLM's
-    Python (``Unsupported`` where the release cannot build the setup)."""
-    scheduler = build(
-        Path(model_dir),
-        block_size=setup["block_size"],
-        num_blocks=setup["num_blocks"],
-        policy=setup.get("policy", "fcfs"),
-        in_flight=setup.get("in_flight", 1),
-        layout=from_json(setup.get("layout")),
-        budget=setup["budget"],
-        context=setup["context"],
-        options=setup.get("options"),
-    )
+    Python (``history_process.Unsupported`` where the release cannot build the setup)."""
+    try:
+        scheduler = build(
+            Path(model_dir),
+            block_size=setup["block_size"],
+            num_blocks=setup["num_blocks"],
+            policy=setup.get("policy", "fcfs"),
+            in_flight=setup.get("in_flight", 1),
+            layout=from_json(setup.get("layout")),
+            budget=setup["budget"],
+            context=setup["context"],
+            options=setup.get("options"),
+        )
+    except kv_groups.Unsupported as exc:
+        raise Unsupported(str(exc)) from None
     core = HistoryCore(scheduler, setup.get("in_flight", 1), setup["context"])
     return core, CoreProbe(core)
