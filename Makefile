@@ -121,6 +121,21 @@ vllm-history-hunt: $(STAMP) $(VLLM_STAMP) $(patsubst %,$(VLLM_RELEASES)/%/.unpac
 		$(PY) -m hunts.vllm_histories --budget-minutes $(VLLM_HISTORY_MINUTES) --max-seeds 300 \
 		--out docs/vllm-history-hunt
 
+# Generated histories on LightLLM's own infer loop: every setup on the newest commit of
+# LIGHTLLM_REPO (or KVWATCH_LIGHTLLM_REPO, a LightLLM git repository) within
+# LIGHTLLM_HISTORY_MINUTES, and the LightLLM corpus row on its commit with the bug and its
+# fix; docs/lightllm-history-hunt.{json,md} and docs/lightllm-history-hunt/*.json
+# (hunts/lightllm_histories.py)
+LIGHTLLM_REPO ?= $(KVWATCH_LIGHTLLM_REPO)
+LIGHTLLM_HISTORY_MINUTES ?= 4
+.PHONY: lightllm-history-hunt
+lightllm-history-hunt: $(STAMP)
+	@if [ -z "$(LIGHTLLM_REPO)" ]; then \
+		echo "lightllm-history-hunt: give a LightLLM git repository: make lightllm-history-hunt LIGHTLLM_REPO=DIR" >&2; \
+		exit 2; fi
+	$(PY) -m hunts.lightllm_histories --lightllm-repo $(LIGHTLLM_REPO) \
+		--budget-minutes $(LIGHTLLM_HISTORY_MINUTES) --out docs/lightllm-history-hunt
+
 # LightLLM's caches at the checkout LIGHTLLM_SRC (or KVWATCH_LIGHTLLM_SRC) x caches x seeds,
 # every profile at c = 2, 4 and 8, written to docs/lightllm-hunt.{json,md}
 # (hunts/lightllm.py; 192 runs on one checkout, 236 s here on 2 cores)

@@ -7,14 +7,9 @@ Two parts, both from generated histories alone (``kvwatch histories --engine
 vllm``; the scheduler in vLLM's Python, ``targets/vllm/histories.py``):
 
 * **the newest release**: every setup of ``SETUPS`` with each plan of ``PLANS``
-  takes turns, ``ROUND`` seeds at a time, until the budget is spent or each
-  lane played ``--max-seeds``. A failure a live row (``LIVE``: a bug upstream
-  describes and has not fixed in a release) explains is that row's: its first
-  history is shrunk while the row still explains it and saved as
-  ``OUT/<row>.json``. Any other failing history is shrunk while it shows its
-  first finding (``HistoryVerdict.primary``) and saved as
-  ``OUT/<setup>-<seed>.json``, once per distinct first finding, and counted by
-  that finding: candidates, not called bugs until read and searched upstream.
+  (``history_sweep.sweep``), failures labelled by the live rows (``LIVE``: a bug
+  upstream describes and has not fixed in a release), any other counted by its
+  first finding, each shrunk and saved once.
 * **fixed rows** (``FIXED``, the vLLM rows of ``docs/real-bugs.json``):
   ``history_fixes.fixed``, found on the buggy release, shrunk and saved as
   ``OUT/<row>.json``, and absent from the same seeds on the fix.
@@ -26,10 +21,6 @@ where its ``explains`` holds for the history played.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import itertools
-import time
-from collections import Counter
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -37,15 +28,12 @@ from typing import Any
 from hunts import report
 from hunts.history_fixes import COMPARED, SHRINK_BUDGET, fixed, fixed_table
 from hunts.history_rows import FixedRow, Row, audit_finding
-from kvwatch.histories.checks import HistoryVerdict, signature
-from kvwatch.histories.generate import Plan, generate
-from kvwatch.histories.hunt import run_history, save_history
-from kvwatch.histories.ops import History
+from hunts.history_sweep import ROUND, newest_table, plans_line, sweep
+from kvwatch.histories.checks import HistoryVerdict
+from kvwatch.histories.generate import Plan
 from kvwatch.histories.play import Played
-from kvwatch.histories.shrink import shrink
 from kvwatch.targets.vllm.histories import NEWEST, SETUPS, VllmHistoryTarget
 
-ROUND = 20  # seeds per lane per turn
 PLANS = {
     "spread": Plan(turns=4, ops_per_turn=12),
     "dense": Plan(turns=3, ops_per_turn=20, spread=6),  # more arrivals at once: pressure
@@ -107,99 +95,15 @@ FIXED = (
 def newest(
     release: str, budget_s: float, max_seeds: int, out: Path, say: Callable[[str], None]
 ) -> dict[str, Any]:
-    """Every setup x plan on ``release``, ``ROUND`` seeds a lane in turn. A failure a live
-    row explains is that row's (its first history shrunk keeping the row, saved as
-    ``<row>.json``); any other is counted by its first finding, each new one shrunk and
-    saved once (``<setup>-<seed>.json``)."""
-    played_n: Counter[str] = Counter()
-    failed_n: Counter[str] = Counter()
-    found: dict[str, dict[str, Any]] = {}
+    """Every setup x plan on ``release`` (``history_sweep.sweep``)."""
     targets = [VllmHistoryTarget(version=release, setup=setup) for setup in SETUPS]
-    start, seed0 = time.perf_counter(), 0
-    with contextlib.ExitStack() as stack:
-        for target in targets:  # a driver process each, vLLM imported once in each
-            stack.enter_context(target.opened())
-        while seed0 < max_seeds and time.perf_counter() - start < budget_s:
-            for target, (name, plan) in itertools.product(targets, PLANS.items()):
-                lane = f"{target.setup} ({name})"
-                for seed in range(seed0, min(seed0 + ROUND, max_seeds)):
-                    history = generate(target.shape, seed, plan)
-                    played, verdict = run_history(target, history)
-                    played_n[lane] += 1
-                    if not verdict.findings:
-                        continue
-                    failed_n[lane] += 1
-                    row = next((r for r in LIVE if r.explains(played, verdict)), None)
-                    key = row.id if row is not None else verdict.primary or ""
-                    if key in found:
-                        found[key]["count"] += 1
-                        continue
-                    found[key] = _saved(target, lane, history, key, row, out)
-                    found[key]["after_s"] = round(time.perf_counter() - start, 1)
-                    say(f"{lane} seed {seed}: {key} -> {found[key]['saved']}")
-            seed0 += ROUND
-    return {
-        "release": release,
-        "seconds": round(time.perf_counter() - start, 1),
-        "histories": dict(played_n),
-        "failed": dict(failed_n),
-        "findings": sorted(found.values(), key=lambda e: -e["count"]),
-        "missed": [r.id for r in LIVE if r.id not in found],
-    }
-
-
-def _saved(
-    target: VllmHistoryTarget, lane: str, history: History, key: str, row: Row | None, out: Path
-) -> dict[str, Any]:
-    """``history`` shrunk while it shows ``key`` (the live row ``row``, or a first finding),
-    saved beside the doc."""
-
-    def shows(h: History) -> bool:
-        played, verdict = run_history(target, h)
-        return row.explains(played, verdict) is not None if row else verdict.shows(key)
-
-    small, plays = shrink(history, shows, SHRINK_BUDGET)
-    played, verdict = run_history(target, small)
-    path = out / (f"{row.id}.json" if row else f"{target.setup}-{history.seed}.json")
-    evidence = (row.explains(played, verdict) if row else None) or next(
-        (f.detail for f in verdict.findings if signature(f) == key), verdict.findings[0].detail
-    )
-    extra = {"row": row.id, "evidence": evidence} if row else {"lane": lane}
-    save_history(path, target, history.seed, small, verdict, **extra)
-    return {
-        "row": row.id if row else None, "signature": key, "count": 1, "lane": lane,
-        "seed": history.seed, "operations": len(history.ops), "shrunk_operations": len(small.ops),
-        "plays": plays, "detail": evidence, "saved": path.name,
-    }  # fmt: skip
+    return {"release": release, **sweep(targets, PLANS, LIVE, budget_s, max_seeds, out, say)}
 
 
 def markdown(settings: dict[str, Any], swept: dict[str, Any], fixes: list[dict]) -> str:
-    c = report.cell
-    played = ", ".join(
-        f"{lane}: {n} ({swept['failed'].get(lane, 0)} failed)"
-        for lane, n in swept["histories"].items()
-    )
-    newest_lines = [
-        f"Histories played: {played}, in {swept['seconds']} s.",
-        "",
-        "| row, or first finding | histories | first seen | found after | shrunk to | saved "
-        "| evidence |",
-        "|---|---|---|---|---|---|---|",
-        *(
-            f"| {'`' + f['row'] + '`' if f['row'] else c(f['signature'])} | {f['count']} | "
-            f"{f['lane']} seed {f['seed']} | {f['after_s']} s | {f['shrunk_operations']} | "
-            f"`{f['saved']}` | {c(f['detail'][:300])} |"
-            for f in swept["findings"]
-        ),
-        *(f"| `{r}` | 0 | not found | | | | |" for r in swept["missed"]),
-    ]
-    if not swept["findings"] and not swept["missed"]:
-        newest_lines.append("| none | | | | | | |")
+    newest_lines = newest_table(swept)
     fixed_lines = fixed_table(fixes)
-    plans = "; ".join(
-        f"{name}: {p.turns} turns of {p.ops_per_turn} operations over {p.spread} steps"
-        for name, p in PLANS.items()
-    )
+    plans = plans_line(PLANS)
     return report.document(
         "vLLM history hunt",
         [

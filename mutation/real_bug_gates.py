@@ -18,6 +18,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+from kvwatch.targets.lightllm.checkout_check import export
 from mutation.real_bug_rows import CHECKOUT_FLAG, BugRow, Side
 
 RUN_TIMEOUT_S = 1800
@@ -52,27 +53,13 @@ def side_of(code: int, summary: dict | None, expect: str | None, output: str) ->
     return Side(exit=code, detector=None, evidence=errors[0] if errors else tail[0])
 
 
-def checkout(repo: Path, commit: str, where: Path) -> Path:
-    """``commit`` of the git repository ``repo``, exported once under ``where``
-    (``git archive``: no work tree or ``.git`` of its own)."""
-    folder = where / f"checkout-{commit[:12]}"
-    if not folder.exists():
-        folder.mkdir(parents=True)
-        archive = subprocess.run(
-            ["git", "-C", str(repo), "archive", "--format=tar", commit],
-            capture_output=True, check=True,
-        )  # fmt: skip
-        subprocess.run(["tar", "-x", "-C", str(folder)], input=archive.stdout, check=True)
-    return folder
-
-
 def run_side(row: BugRow, version: str, where: Path) -> tuple[Side, float]:
     """One ``kvwatch gate`` process on ``version``; what it showed and its seconds."""
     out = where / f"{row.id}-{version}"
     started = time.monotonic()
     given = version
     if row.version_flag == CHECKOUT_FLAG:
-        given = str(checkout(Path(os.environ[LIGHTLLM_REPO]), version, where))
+        given = str(export(Path(os.environ[LIGHTLLM_REPO]), version, where))
     cmd = [sys.executable, "-m", "kvwatch", *row.argv(given, out)]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
     summary_path = out / "summary.json"

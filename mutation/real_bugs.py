@@ -62,7 +62,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from mutation.real_bug_gates import LIGHTLLM_REPO, checkout, run_row, side_of
+from mutation.real_bug_gates import LIGHTLLM_REPO, run_row, side_of
 from mutation.real_bug_rows import (
     CORPUS,
     DECIDERS,
@@ -85,7 +85,6 @@ __all__ = [
     "ROOT",
     "BugRow",
     "Side",
-    "checkout",
     "counted",
     "document",
     "generated",

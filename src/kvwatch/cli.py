@@ -352,21 +352,21 @@ def _histories(args: argparse.Namespace) -> int:
         if args.export is not None:
             return export_replay(args.replay, args.export)
         if args.replay is not None:
-            return replay(args.replay)
+            return replay(args.replay, args.lightllm_src)
         chosen = {
             "sglang": (args.sglang_version, args.sglang_setup),
             "vllm": (args.vllm_version, args.vllm_setup),
+            "lightllm": (None, args.lightllm_setup),
         }
         for engine, flags in chosen.items():
             if any(flags) and args.engine != engine:
-                raise ValueError(
-                    f"--{engine}-version and --{engine}-setup go with --engine {engine}"
-                )
+                raise ValueError(f"--{engine}-* flags go with --engine {engine}")
         version, setup = chosen.get(args.engine, (None, None))
         options = HistoryOptions(
             engine=args.engine,
             version=version,
             setup=setup,
+            src=args.lightllm_src,
             seeds=parse_seeds(args.seeds),
             turns=args.turns,
             ops=args.ops,

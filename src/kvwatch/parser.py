@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from kvwatch import MODEL_NAME, __version__
+from kvwatch.parser_histories import add_histories
 
 GRAFANA_TOKEN_ENV = "GRAFANA_TOKEN"  # read when --token / --grafana-token is not given
 VLLM_PYTHON_ENV = "KVWATCH_VLLM_PYTHON"  # read when --vllm-python is not given
@@ -137,80 +138,9 @@ def build_parser() -> argparse.ArgumentParser:
     profiles.add_argument("--json", action="store_true", help="print the profiles as JSON")
     profiles.set_defaults(handler="profiles")
     _add_gate(sub)
-    _add_histories(sub)
+    add_histories(sub, _positive)
     _add_dashboards(sub)
     return parser
-
-
-def _add_histories(sub: argparse._SubParsersAction) -> None:
-    histories = sub.add_parser(
-        "histories",
-        help="play generated client histories on an engine in process, judge, shrink failures",
-    )
-    histories.add_argument("--engine", choices=["kvwatch", "sglang", "vllm"], default="kvwatch")
-    _add_history_releases(histories)
-    histories.add_argument(
-        "--seeds", default="0-2", help="one history per seed: 0-9, 3 or 1,4,7 (default: 0-2)"
-    )
-    histories.add_argument("--turns", type=_positive, default=4, help="turns per history")
-    histories.add_argument("--ops", type=_positive, default=12, help="operations per turn")
-    histories.add_argument(
-        "--engine-set", action="append", default=[], metavar="KEY=VALUE",
-        help="an engine setting on top of the history tier's (e.g. cache.mode=slots)",
-    )  # fmt: skip
-    histories.add_argument(
-        "--inject", action="append", default=[], metavar="FAULT", help="switch a fault on"
-    )
-    histories.add_argument(
-        "--turns-apart",
-        action="store_true",
-        help="never place two turns of one session at one step (keeps that crash out of the way)",
-    )
-    histories.add_argument("--out", type=Path, default=Path("kvwatch-histories"))
-    histories.add_argument(
-        "--shrink-budget", type=_positive, default=200, help="plays spent shrinking one failure"
-    )
-    histories.add_argument(
-        "--replay", type=Path, default=None, metavar="FILE", help="play a saved history again"
-    )
-    histories.add_argument(
-        "--export",
-        type=Path,
-        default=None,
-        metavar="OUT.py",
-        help="with --replay FILE (a vLLM history): write a script that replays it with vLLM "
-        "alone, instead of playing it",
-    )
-    histories.set_defaults(handler="histories")
-
-
-def _add_history_releases(histories: argparse.ArgumentParser) -> None:
-    """The release and setup of an upstream engine the histories play on."""
-    histories.add_argument(
-        "--sglang-version", default=None, metavar="V", help="with --engine sglang (default: 0.5.23)"
-    )
-    histories.add_argument(
-        "--sglang-setup",
-        default=None,
-        metavar="NAME",
-        help="with --engine sglang: sessions-retract (default), plain, mamba, "
-        "sessions-pressure, overlap, sessions-overlap, mamba-sessions, mamba-priority",
-    )
-    histories.add_argument(
-        "--vllm-version",
-        default=None,
-        metavar="V",
-        help="with --engine vllm (default: 0.33.0): from $KVWATCH_VLLM_PYTHON or .venv-vllm, "
-        "or .vllm-releases/V unpacked over it",
-    )
-    histories.add_argument(
-        "--vllm-setup",
-        default=None,
-        metavar="NAME",
-        help="with --engine vllm: plain (default), async, priority, events, hybrid-swa, "
-        "mamba-align, streaming, streaming-async, streaming-mamba, long-prefill, watermark, "
-        "prefill-interval, active-seqs, no-full-isl",
-    )
 
 
 def _add_serve(sub: argparse._SubParsersAction) -> None:

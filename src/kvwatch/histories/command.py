@@ -27,7 +27,8 @@ from kvwatch.targets.driver.history_target import HistoryTarget
 class HistoryOptions:
     engine: str = "kvwatch"
     version: str | None = None  # an SGLang or vLLM release (--engine sglang, vllm)
-    setup: str | None = None  # its setup (targets/{sglang,vllm}/histories.SETUPS)
+    setup: str | None = None  # its setup (targets/{sglang,vllm,lightllm}/histories.SETUPS)
+    src: str | None = None  # a LightLLM checkout (--engine lightllm)
     seeds: tuple[int, ...] = (0, 1, 2)
     turns: int = 4
     ops: int = 12  # operations per turn
@@ -82,9 +83,14 @@ def _summary(
 
 def _target(options: HistoryOptions) -> HistoryTarget:
     """The engine the options name; ValueError for flags that do not go with it."""
-    if options.engine == "kvwatch" and (options.version or options.setup):
-        raise ValueError("a release and a setup go with --engine sglang or vllm")
-    if options.engine != "kvwatch" and (options.sets or options.faults):
+    own = options.engine == "kvwatch"
+    if own and (options.version or options.setup):
+        raise ValueError("a release and a setup go with --engine sglang, vllm or lightllm")
+    if options.engine != "lightllm" and options.src:
+        raise ValueError("--lightllm-src goes with --engine lightllm")
+    if options.engine == "lightllm" and options.version:
+        raise ValueError("--engine lightllm takes a checkout (--lightllm-src), not a release")
+    if not own and (options.sets or options.faults):
         raise ValueError("--engine-set and --inject go with --engine kvwatch")
     return target_from(
         {
@@ -93,6 +99,7 @@ def _target(options: HistoryOptions) -> HistoryTarget:
             "faults": options.faults,
             "version": options.version,
             "setup": options.setup,
+            "src": options.src,
         }
     )
 
@@ -134,8 +141,8 @@ def export_replay(saved: Path | None, out: Path) -> int:
     return 0
 
 
-def replay(path: Path) -> int:
-    history, played, verdict = replay_file(path)
+def replay(path: Path, src: str | None = None) -> int:
+    history, played, verdict = replay_file(path, src)
     for op in history.ops:
         streams.out(op.describe())
     for f in verdict.findings:

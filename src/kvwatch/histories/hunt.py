@@ -157,13 +157,14 @@ def _line(run: HistoryRun) -> str:
     )
 
 
-def replay_file(path: Path) -> tuple[History, Played, HistoryVerdict]:
-    """A saved history played again on the target it names, judged."""
+def replay_file(path: Path, src: str | None = None) -> tuple[History, Played, HistoryVerdict]:
+    """A saved history played again on the target it names, judged; ``src``: another
+    source checkout of the same engine (LightLLM's) than the one it was saved on."""
     data = json.loads(Path(path).read_text())
     if data.get("format") != FORMAT:
         raise ValueError(f"{path}: not a saved history of format {FORMAT}")
     history = History.from_json(data["history"])
-    target = target_from(data["target"])
+    target = target_from({**data["target"], **({"src": src} if src else {})})
     with target.opened():
         played, verdict = run_history(target, history)
     return history, played, verdict

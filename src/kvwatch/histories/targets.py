@@ -6,7 +6,7 @@ from typing import Any
 
 from kvwatch.targets.driver.history_target import HistoryTarget
 
-ENGINES = ("kvwatch", "sglang", "vllm")
+ENGINES = ("kvwatch", "sglang", "vllm", "lightllm")
 
 
 def target_from(data: dict[str, Any]) -> HistoryTarget:
@@ -30,4 +30,8 @@ def target_from(data: dict[str, Any]) -> HistoryTarget:
         return VllmHistoryTarget(
             version=data.get("version") or NEWEST, setup=data.get("setup") or "plain"
         )
+    if engine == "lightllm":  # the checkout: --lightllm-src, else $KVWATCH_LIGHTLLM_SRC
+        from kvwatch.targets.lightllm.histories import LightllmHistoryTarget
+
+        return LightllmHistoryTarget(src=data.get("src"), setup=data.get("setup") or "radix")
     raise ValueError(f"no history target for engine {engine!r}; engines: {', '.join(ENGINES)}")

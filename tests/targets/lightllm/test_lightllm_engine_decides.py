@@ -29,6 +29,7 @@ import pytest
 
 from kvwatch import cli
 from kvwatch.targets.lightllm import forward_stand_in, target
+from kvwatch.targets.lightllm.checkout_check import export
 from mutation import real_bugs
 
 ROWS = [r for r in real_bugs.load() if r.engine == "lightllm" and r.gate is not None]
@@ -72,7 +73,7 @@ def test_the_salted_token_function_is_another_function():
 
 def exported(repo: Path, commit: str, where: Path) -> Path:
     try:
-        return real_bugs.checkout(repo, commit, where)
+        return export(repo, commit, where)
     except subprocess.CalledProcessError as exc:
         pytest.skip(f"{repo} does not hold LightLLM commit {commit}: {exc.stderr[:200]!r}")
 

@@ -17,15 +17,15 @@ source from the environment and are skipped, saying so, without it:
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import subprocess
 import sys
-import tarfile
 from pathlib import Path
 
 import pytest
+
+from kvwatch.targets.lightllm.checkout_check import export
 
 pytestmark = pytest.mark.e2e
 BEFORE = "3a15cb096120ed554bf78ae2fe95e72fa15104f2"  # #1345, the parent of the fix
@@ -42,17 +42,10 @@ def needs(variable: str) -> Path:
 
 def exported(repo: Path, commit: str, where: Path) -> Path:
     """``commit``'s tree from ``repo`` (a clone or a bare git dir) under ``where``."""
-    done = subprocess.run(
-        ["git", "-C", str(repo), "archive", "--format=tar", commit],
-        capture_output=True,
-        timeout=300,
-        check=False,
-    )
-    if done.returncode != 0:
-        pytest.skip(f"{repo} does not hold LightLLM commit {commit}: {done.stderr.decode()[:200]}")
-    with tarfile.open(fileobj=io.BytesIO(done.stdout)) as tar:
-        tar.extractall(where / commit[:12], filter="data")
-    return where / commit[:12]
+    try:
+        return export(repo, commit, where)
+    except subprocess.CalledProcessError as exc:
+        pytest.skip(f"{repo} does not hold LightLLM commit {commit}: {exc.stderr!s:.200}")
 
 
 def gate(src: Path, out: Path, *flags: str) -> tuple[int, dict, str]:

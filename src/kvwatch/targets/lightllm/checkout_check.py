@@ -9,6 +9,10 @@ backend), or, for ``--lightllm-cache linear``, a checkout from before
 LightLLM's ``LinearAttPagedRadixCache`` (``linear_att_radix_cache.py``,
 LightLLM PR #1265).
 
+``export(REPO, COMMIT, WHERE)`` writes one commit of a LightLLM git
+repository as a folder (``git archive``, once), with the commit in
+``COMMIT_FILE``, which ``commit_of`` reads where the folder is no git work tree.
+
 Invariant: reads files and ``git rev-parse``, never runs LightLLM's code.
 """
 
@@ -25,6 +29,7 @@ NEEDED = (
     Path("lightllm/server/router/model_infer/mode_backend/chunked_prefill/impl.py"),
 )
 LINEAR = PROMPT_CACHES / "linear_att_radix_cache.py"
+COMMIT_FILE = ".kvwatch-commit"  # what ``export`` writes beside the tree
 
 
 class Checkout(NamedTuple):
@@ -38,9 +43,14 @@ class Checkout(NamedTuple):
 
 
 def commit_of(path: Path) -> str | None:
+    """The commit ``path`` holds: its ``COMMIT_FILE`` (an ``export``), else ``HEAD`` where
+    ``path`` is itself the top of a git work tree (not a folder inside another one)."""
+    marker = path / COMMIT_FILE
+    if marker.is_file():
+        return marker.read_text().strip() or None
     try:
         out = subprocess.run(
-            ["git", "-C", str(path), "rev-parse", "HEAD"],
+            ["git", "-C", str(path), "rev-parse", "--show-toplevel", "HEAD"],
             capture_output=True,
             text=True,
             timeout=10,
@@ -48,8 +58,29 @@ def commit_of(path: Path) -> str | None:
         )
     except (OSError, subprocess.TimeoutExpired):
         return None
-    head = out.stdout.strip()
-    return head if out.returncode == 0 and len(head) == 40 else None
+    lines = out.stdout.split()
+    if out.returncode != 0 or len(lines) != 2 or Path(lines[0]) != path.resolve():
+        return None
+    return lines[1] if len(lines[1]) == 40 else None
+
+
+def export(repo: Path, commit: str, where: Path) -> Path:
+    """``commit`` of the git repository ``repo``, written once under ``where`` (``git
+    archive``: no ``.git`` of its own; the full commit in ``COMMIT_FILE``)."""
+    folder = where / f"checkout-{commit[:12]}"
+    if not (folder / COMMIT_FILE).is_file():
+        full = subprocess.run(
+            ["git", "-C", str(repo), "rev-parse", "--verify", f"{commit}^{{commit}}"],
+            capture_output=True, text=True, check=True,
+        ).stdout.strip()  # fmt: skip
+        archive = subprocess.run(
+            ["git", "-C", str(repo), "archive", "--format=tar", full],
+            capture_output=True, check=True,
+        )  # fmt: skip
+        folder.mkdir(parents=True, exist_ok=True)
+        subprocess.run(["tar", "-x", "-C", str(folder)], input=archive.stdout, check=True)
+        (folder / COMMIT_FILE).write_text(full + "\n")
+    return folder
 
 
 def find_checkout(folder: str | Path, cache: str) -> Checkout:
