@@ -2,7 +2,8 @@
 dashboard code; the HTTP server only reaches telemetry through what it is handed;
 the package's parts import downward only, the gate's verdicts on top:
 
-    7  cli, parser, serve, __main__      the commands: compose the parts below
+    7  cli, parser(_histories), serve,   the commands: compose the parts below
+       __main__
     6  gate | histories                  the verdicts and what reads them (below); never
                                          a target implementation | generated client
                                          histories played through the in-process driver
@@ -304,7 +305,7 @@ LAYERS = {
     "loadtests": 5,
     "gate": 6,
     "histories": 6,
-    **dict.fromkeys(("cli", "parser", "serve", "__main__"), 7),
+    **dict.fromkeys(("cli", "parser", "parser_histories", "serve", "__main__"), 7),
 }
 
 
