@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from kvwatch.targets.driver.engine_loop import Outcome, Refused
+from kvwatch.targets.driver.engine_loop import Refused
 from kvwatch.targets.lightllm.infer_build import InferParts, InferSizes, build
 from kvwatch.targets.lightllm.loop import InferLoop
 from kvwatch.targets.lightllm.probe import InferProbe
@@ -88,7 +88,7 @@ class HistoryInferLoop(InferLoop):
         """Outcomes from ``start`` on under the history's ids."""
         for i in range(start, len(self.outcomes)):
             o = self.outcomes[i]
-            self.outcomes[i] = Outcome(self.name.get(o.rid, o.rid), o.status, o.step, o.why)
+            self.outcomes[i] = o._replace(rid=self.name.get(o.rid, o.rid))
 
     def live_rids(self) -> list[Any]:
         ended = {o.rid for o in self.outcomes}
