@@ -63,6 +63,7 @@ def _serve(args: argparse.Namespace) -> int:
             max_body_bytes=args.max_body_bytes,
             max_header_bytes=args.max_header_bytes,
             session_idle_timeout_s=args.session_idle_timeout,
+            step_by_step=args.step_by_step,
         )
         overrides = _read_config(args.config) if args.config else {}
         if args.run_dir is not None:
@@ -81,7 +82,7 @@ def _serve(args: argparse.Namespace) -> int:
             log_level=args.log_level,
         )
         engine_config(options)  # fail fast on a bad flag or KVWATCH_FAULTS
-    except ValueError as exc:
+    except ValueError as exc:  # also --step-by-step without --enable-probe
         streams.err(f"kvwatch serve: {exc}")
         return 2
     if args.probe_token and not args.enable_probe:

@@ -164,6 +164,11 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
         "--inject", action="append", default=[], metavar="FAULT", help="switch a fault on"
     )
     serve.add_argument("--enable-probe", action="store_true", help="mount /debug/* endpoints")
+    serve.add_argument(
+        "--step-by-step",
+        action="store_true",
+        help="with --enable-probe: the engine steps only on POST /debug/step",
+    )
     serve.add_argument("--probe-token", default=None, help="require this bearer token on /debug/*")
     serve.add_argument("--capture-content", action="store_true", help="record prompt text on spans")
     serve.add_argument("--max-body-bytes", type=int, default=4 * 1024 * 1024)

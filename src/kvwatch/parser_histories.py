@@ -15,7 +15,7 @@ def add_histories(sub: argparse._SubParsersAction, positive: Callable[[str], int
     )
     histories.add_argument(
         "--engine",
-        choices=["kvwatch", "sglang", "vllm", "lightllm"],
+        choices=["kvwatch", "kvwatch-http", "sglang", "vllm", "lightllm"],
         default="kvwatch",
     )
     _add_releases(histories)

@@ -83,7 +83,7 @@ def _summary(
 
 def _target(options: HistoryOptions) -> HistoryTarget:
     """The engine the options name; ValueError for flags that do not go with it."""
-    own = options.engine == "kvwatch"
+    own = options.engine in ("kvwatch", "kvwatch-http")
     if own and (options.version or options.setup):
         raise ValueError("a release and a setup go with --engine sglang, vllm or lightllm")
     if options.engine != "lightllm" and options.src:
@@ -91,7 +91,7 @@ def _target(options: HistoryOptions) -> HistoryTarget:
     if options.engine == "lightllm" and options.version:
         raise ValueError("--engine lightllm takes a checkout (--lightllm-src), not a release")
     if not own and (options.sets or options.faults):
-        raise ValueError("--engine-set and --inject go with --engine kvwatch")
+        raise ValueError("--engine-set and --inject go with --engine kvwatch or kvwatch-http")
     return target_from(
         {
             "engine": options.engine,

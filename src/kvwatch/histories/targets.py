@@ -6,7 +6,7 @@ from typing import Any
 
 from kvwatch.targets.driver.history_target import HistoryTarget
 
-ENGINES = ("kvwatch", "sglang", "vllm", "lightllm")
+ENGINES = ("kvwatch", "kvwatch-http", "sglang", "vllm", "lightllm")
 
 
 def target_from(data: dict[str, Any]) -> HistoryTarget:
@@ -16,6 +16,12 @@ def target_from(data: dict[str, Any]) -> HistoryTarget:
         from kvwatch.targets.kvwatch.histories import KvwatchHistoryTarget
 
         return KvwatchHistoryTarget(
+            sets=tuple(data.get("sets", ())), faults=tuple(data.get("faults", ()))
+        )
+    if engine == "kvwatch-http":  # the same engine, served and driven over HTTP
+        from kvwatch.targets.kvwatch.http_histories import KvwatchHttpHistoryTarget
+
+        return KvwatchHttpHistoryTarget(
             sets=tuple(data.get("sets", ())), faults=tuple(data.get("faults", ()))
         )
     if engine == "sglang":

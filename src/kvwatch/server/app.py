@@ -15,7 +15,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse, Response
 
-from kvwatch.server import completions, debug
+from kvwatch.server import completions, debug, stepping
 from kvwatch.server import http_errors as errors
 from kvwatch.server import session_routes as sessions
 from kvwatch.server.clients import ClientWatch
@@ -82,6 +82,9 @@ def create_app(
         if app.state.reaper is not None:
             worker.deadlines = _deadlines(app.state.reaper, worker)
         app.include_router(debug.router)
+        if settings.step_by_step:
+            worker.stepping = True
+            app.include_router(stepping.router)
         served = ClientWatch(app, worker.departures)
 
     _add_plain_routes(app, worker, settings, metrics)

@@ -87,6 +87,7 @@ async def _start(
             session_id=body.session_id,
             labels=labels,
             script=script,
+            request_id=_client_id(request),
         )
         if (started := request.scope.get(REQUESTS)) is not None:  # ClientWatch follows it
             started.append(stream.request_id)
@@ -95,6 +96,15 @@ async def _start(
         raise
     except ValueError as exc:  # the tokenizer's and the template's checks on the prompt
         raise ApiError(400, str(exc), code="invalid_prompt") from None
+
+
+def _client_id(request: Request) -> str | None:
+    """``X-Request-Id``, the engine's id for the request, honoured with the probe on (an
+    id already live is a 400): a test client then names its requests in the probe's
+    answers. Without the probe the engine numbers them."""
+    if not request.app.state.settings.enable_probe:
+        return None
+    return request.headers.get("x-request-id") or None
 
 
 def _controls(request: Request, body) -> Scripted | None:
@@ -207,7 +217,14 @@ class _Shape:
             "choices": choices,
         }
 
-    def chunk(self, text: str, finish_reason: str | None = None, first: bool = False) -> dict:
+    def chunk(
+        self,
+        text: str,
+        finish_reason: str | None = None,
+        first: bool = False,
+        token_ids: list[int] | None = None,
+    ) -> dict:
+        """A streamed chunk; ``token_ids`` (the chunk's own) only with return_token_ids."""
         if self.kind == "chat":
             delta = (
                 {"role": "assistant", "content": text}
@@ -215,9 +232,12 @@ class _Shape:
                 else ({"content": text} if text else {})
             )
             choice = {"index": 0, "delta": delta, "finish_reason": finish_reason, "logprobs": None}
-            return self._envelope("chat.completion.chunk", [choice])
-        choice = {"index": 0, "text": text, "finish_reason": finish_reason, "logprobs": None}
-        return self._envelope("text_completion", [choice])
+        else:
+            choice = {"index": 0, "text": text, "finish_reason": finish_reason, "logprobs": None}
+        if token_ids is not None and self.body.return_token_ids:
+            choice["token_ids"] = list(token_ids)
+        kind = "chat.completion.chunk" if self.kind == "chat" else "text_completion"
+        return self._envelope(kind, [choice])
 
     def usage(self, done: Completion) -> dict:
         prompt, out = len(done.prompt_token_ids), len(done.token_ids)
@@ -329,6 +349,7 @@ def _sse(request: Request, stream: Stream, shape: _Shape) -> StreamingResponse:
     async def events() -> AsyncIterator[str]:
         done = False
         text = TextStream()
+        ids = shape.body.return_token_ids
         try:
             if shape.kind == "chat":
                 yield _data(shape.chunk("", first=True))
@@ -337,15 +358,19 @@ def _sse(request: Request, stream: Stream, shape: _Shape) -> StreamingResponse:
                 if item is None:
                     return
                 if isinstance(item, RequestOutput):
-                    if delta := text.feed(item.new_token_ids):
-                        yield _data(shape.chunk(delta))
+                    delta = text.feed(item.new_token_ids)
+                    if delta or ids:  # with return_token_ids every token has its chunk
+                        yield _data(shape.chunk(delta, token_ids=item.new_token_ids))
                     continue
                 done = True
                 if item.finish_reason == "error":
                     err = _failure(item)
                     yield _data(error_body(err.status, err.message, code=err.code))
                 else:
-                    yield _data(shape.chunk(text.flush(), item.finish_reason))
+                    last = shape.chunk(text.flush(), item.finish_reason, token_ids=[])
+                    if ids:
+                        last["prompt_token_ids"] = list(item.prompt_token_ids)
+                    yield _data(last)
                     if include_usage:
                         yield _data({**shape.chunk(""), "choices": [], "usage": shape.usage(item)})
                 yield "data: [DONE]\n\n"

@@ -61,8 +61,14 @@ async def open_session(request: Request, body: SessionOpen | None = None):
 
 @router.get("/v1/sessions/{session_id}")
 async def get_session(request: Request, session_id: str):
+    """The session, with ``token_ids``: the conversation its next turn must start with
+    (a turn cut after it ran stays in it, and its client may not have seen all of it)."""
     worker = _worker(request)
-    info = await worker.run(_session_info, worker.engine, _checked(session_id))
+
+    def read(sid: str) -> dict:
+        return {**_session_info(worker.engine, sid), "token_ids": worker.engine.session_tokens(sid)}
+
+    info = await worker.run(read, _checked(session_id))
     _clock(request).touch(session_id)
     return info
 

@@ -25,6 +25,9 @@ class ServerSettings:
     max_header_bytes: int = 16 * 1024
     # Close a session no request has used for this long; None: sessions live until closed.
     session_idle_timeout_s: float | None = None
+    # The engine steps only when asked (POST /debug/step): a client history placed at
+    # chosen steps over real HTTP (the history tier's kvwatch-http target). Needs the probe.
+    step_by_step: bool = False
 
     def __post_init__(self) -> None:
         for name in ("max_body_bytes", "max_header_bytes"):
@@ -32,6 +35,8 @@ class ServerSettings:
                 raise ValueError(f"{name} must be >= {MIN_LIMIT_BYTES}, got {getattr(self, name)}")
         if self.probe_token is not None and not self.probe_token:
             raise ValueError("probe_token must not be empty")
+        if self.step_by_step and not self.enable_probe:
+            raise ValueError("step_by_step needs enable_probe (its steps are a probe endpoint)")
         timeout = self.session_idle_timeout_s
         if timeout is not None and not timeout > 0:  # also refuses NaN
             raise ValueError(f"session_idle_timeout_s must be > 0 seconds, got {timeout}")

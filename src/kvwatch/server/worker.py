@@ -31,6 +31,9 @@ Two debugging aids for leak tests (the server offers them only with
   abort* alone aborts the request as it is queued, at the first step
   boundary where it is prefilling or decoding, or inside the step that
   verifies its drafts;
+* *step by step*: with ``stepping`` set the thread never steps on its own; each
+  ``step_once`` call (``POST /debug/step``) runs one step, between the calls
+  and aborts that came before it, so a client history lands at chosen steps;
 * *watching*: after every step the worker probes the engine and keeps each
   probe that shows a finding or an exceeded bound the step before did not
   (``latched``), so a state that lasts a few steps is seen however rarely a
@@ -135,6 +138,7 @@ class EngineWorker:
         self._held_until: dict[str, float] = {}  # paused by a script until this monotonic time
         self._fail_load_in: dict[str, int] = {}  # retracted by a script: steps to its failed load
         self._watching = False
+        self.stepping = False  # step only in step_once (step by step)
         self._latched: list[ProbeReport] = []
         self._dropped = 0
         self._last_seen: frozenset = frozenset()  # what the last step's probe showed
@@ -175,14 +179,18 @@ class EngineWorker:
         session_id: str | None = None,
         labels: Mapping[str, str] | None = None,
         script: Scripted | None = None,
+        request_id: str | None = None,
     ) -> Stream:
-        """Queue a request; raises what ``Engine.add_request`` raises (bad input)."""
+        """Queue a request (under ``request_id`` where the client named it); raises what
+        ``Engine.add_request`` raises (bad input, an id in use)."""
         loop = asyncio.get_running_loop()
 
         def add() -> Stream:
             if self.failure is not None:
                 raise EngineStopped(self.failure)
-            rid = self.engine.add_request(prompt, params, session_id=session_id, labels=labels)
+            rid = self.engine.add_request(
+                prompt, params, request_id=request_id, session_id=session_id, labels=labels
+            )
             stream = Stream(request_id=rid, loop=loop, queue=asyncio.Queue())
             self._streams[rid] = stream
             if script is None:
@@ -354,16 +362,11 @@ class EngineWorker:
         while not self._stopping:
             self._drain_aborts()
             self._drain_calls()
-            if self.failure is None and self.engine.has_unfinished():
-                started = time.thread_time()
-                try:
-                    outputs = self.engine.step()
-                except Exception as exc:  # the engine contains per-request failures; this is a bug
-                    self._stop_engine(exc)
-                    continue
-                self._dispatch(outputs)
-                self.work.stepped(started)
-                self._after_step()
+            if self.stepping:
+                self._wake.wait(IDLE_WAIT_S)
+                self._wake.clear()
+            elif self.failure is None and self.engine.has_unfinished():
+                self._step()
             elif self._held and self.failure is None:
                 self._resume_held(everyone=True)
             else:
@@ -371,6 +374,30 @@ class EngineWorker:
                 self._wake.wait(IDLE_WAIT_S)
                 self._wake.clear()
         self._drain_calls()
+
+    def _step(self) -> None:
+        started = time.thread_time()
+        try:
+            outputs = self.engine.step()
+        except Exception as exc:  # the engine contains per-request failures; this is a bug
+            self._stop_engine(exc)
+            return
+        self._dispatch(outputs)
+        self.work.stepped(started)
+        self._after_step()
+
+    def step_once(self) -> int:
+        """(A call, on the worker thread.) One step where there is work, its outputs
+        dispatched; the engine's step count after it."""
+        self._drain_aborts()
+        if self.failure is None and self.engine.has_unfinished():
+            self._step()
+        return self.engine.step_count
+
+    def live(self) -> list[RequestInfo]:
+        """(A call.) Every request a client of this server still waits on, in order."""
+        infos = (self.engine.request_info(rid) for rid in self._streams)
+        return [info for info in infos if info is not None]
 
     def _stop_engine(self, exc: Exception) -> None:
         traceback.print_exc()

@@ -1,0 +1,200 @@
+"""The HTTP client side of the ``kvwatch-http`` history target: connections and calls.
+
+``Connections`` keeps keep-alive connections to one server: a request takes
+an idle one where there is one (it may have idled for many steps), and gives
+it back once its response was read whole; a client that leaves closes its
+connection, as a client process that gives up does.
+
+``Call`` is one completion request on a thread of its own, streamed (SSE,
+``return_token_ids``: every chunk carries its token ids) or not, reading what
+a client reads: the status, the token ids it was sent, the finish reason or
+the error. ``leave()`` drops the connection from under it, wherever the
+request is.
+
+Invariant: every connection is either in the idle pool or held by exactly one
+call; a connection whose response was not read to its end is never reused.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import json
+import socket
+import threading
+from collections.abc import Callable
+from typing import Any
+from urllib.parse import urlsplit
+
+
+class Connections:
+    def __init__(self, url: str, timeout: float = 300.0) -> None:
+        parts = urlsplit(url)
+        self.host, self.port, self.timeout = parts.hostname or "127.0.0.1", parts.port, timeout
+        self._idle: list[http.client.HTTPConnection] = []
+        self._lock = threading.Lock()
+        self.opened = 0  # connections made (fewer than requests: keep-alive reuse)
+
+    def take(self) -> http.client.HTTPConnection:
+        with self._lock:
+            if self._idle:
+                return self._idle.pop()
+            self.opened += 1
+        return http.client.HTTPConnection(self.host, self.port, timeout=self.timeout)
+
+    def give(self, conn: http.client.HTTPConnection) -> None:
+        with self._lock:
+            self._idle.append(conn)
+
+    def send(
+        self,
+        method: str,
+        path: str,
+        body: str | None,
+        headers: dict[str, str],
+        hold: Callable[[http.client.HTTPConnection], None] = lambda conn: None,
+        timeout: float | None = None,
+    ) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
+        """The request on a pooled connection (handed to ``hold`` before it is used), and
+        the response's head. A pooled connection the server closed while it idled is
+        retried once on a new one, as HTTP clients do when no byte of an answer came back."""
+        conn = self.take()
+        hold(conn)
+        reused = conn.sock is not None
+        try:
+            conn.request(method, path, body=body, headers=headers)
+            conn.sock.settimeout(timeout or self.timeout)
+            return conn, conn.getresponse()
+        except (ConnectionError, http.client.RemoteDisconnected):
+            conn.close()
+            if not reused:
+                raise
+        except OSError:  # a timeout: the connection is not reused
+            conn.close()
+            raise
+        conn = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout)
+        hold(conn)
+        with self._lock:
+            self.opened += 1
+        conn.request(method, path, body=body, headers=headers)
+        conn.sock.settimeout(timeout or self.timeout)
+        return conn, conn.getresponse()
+
+    def json(
+        self, method: str, path: str, body: Any = None, timeout: float | None = None
+    ) -> tuple[int, Any]:
+        """One request on a pooled connection, its status and JSON body; ``timeout``: the
+        longest the answer may take (a ``TimeoutError`` past it)."""
+        data = None if body is None else json.dumps(body)
+        headers = {"Content-Type": "application/json"} if data is not None else {}
+        conn, resp = self.send(method, path, data, headers, timeout=timeout)
+        try:
+            raw = resp.read()
+        except (OSError, http.client.HTTPException):
+            conn.close()
+            raise
+        self.give(conn)
+        return resp.status, json.loads(raw) if raw else None
+
+    def close(self) -> None:
+        with self._lock:
+            idle, self._idle = self._idle, []
+        for conn in idle:
+            conn.close()
+
+
+class Call:
+    """One completion request, sent and read on its own thread."""
+
+    def __init__(self, pool: Connections, rid: str, body: dict[str, Any]) -> None:
+        self.pool, self.rid, self.body = pool, rid, body
+        self.streamed = bool(body.get("stream"))
+        self.status: int | None = None  # the HTTP status, once the response began
+        self.tokens: list[int] = []  # the generated token ids received so far
+        self.prompt_ids: list[int] | None = None  # what the server says it computed over
+        self.cached: int | None = None  # usage.prompt_tokens_details.cached_tokens
+        self.finish_reason: str | None = None
+        self.error = ""
+        self.left = False  # the client gave up and closed its connection
+        self.done = threading.Event()
+        self._conn: http.client.HTTPConnection | None = None
+        self._thread = threading.Thread(target=self._run, name=f"call-{rid}", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        whole, resp = False, None
+        try:
+            headers = {"Content-Type": "application/json", "X-Request-Id": self.rid}
+            _, resp = self.pool.send(
+                "POST", "/v1/completions", json.dumps(self.body), headers, self._hold
+            )
+            self.status = resp.status
+            if resp.status == 200 and self.streamed:
+                self._read_events(resp)
+            else:
+                self._read_body(resp.status, json.loads(resp.read() or b"null"))
+            whole = True
+        except Exception as exc:  # a client that left reads a torn connection
+            if not self.left:
+                self.error = f"the connection broke: {exc!r}"
+        finally:
+            conn = self._conn
+            if (
+                conn is not None
+                and whole
+                and not self.left
+                and resp is not None
+                and not resp.will_close
+            ):
+                self.pool.give(conn)
+            elif conn is not None:
+                conn.close()
+            self.done.set()
+
+    def _read_body(self, status: int, data: Any) -> None:
+        if status != 200:
+            error = (data or {}).get("error", {}) if isinstance(data, dict) else {}
+            self.error = f"{status} {error.get('code', '')}: {error.get('message', data)}"
+            return
+        choice = data["choices"][0]
+        self.tokens = list(choice.get("token_ids", []))
+        self.prompt_ids = data.get("prompt_token_ids")
+        self.cached = data["usage"]["prompt_tokens_details"]["cached_tokens"]
+        self.finish_reason = choice["finish_reason"]
+
+    def _read_events(self, resp: http.client.HTTPResponse) -> None:
+        for raw in resp:
+            line = raw.decode().strip()
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            event = json.loads(line[len("data: ") :])
+            if "error" in event:
+                error = event["error"]
+                self.error = f"in the stream: {error.get('code', '')}: {error.get('message')}"
+                continue
+            if not event["choices"]:  # the usage chunk
+                self.cached = event["usage"]["prompt_tokens_details"]["cached_tokens"]
+                continue
+            choice = event["choices"][0]
+            self.tokens.extend(choice.get("token_ids", []))
+            if "prompt_token_ids" in event:
+                self.prompt_ids = event["prompt_token_ids"]
+            if choice.get("finish_reason"):
+                self.finish_reason = choice["finish_reason"]
+
+    def _hold(self, conn: http.client.HTTPConnection) -> None:
+        self._conn = conn
+
+    def leave(self) -> None:
+        """The client gives up: its connection closes under the request."""
+        self.left = True
+        conn = self._conn
+        if conn is None:  # not sent yet (submit waits until the server has it)
+            return
+        with contextlib.suppress(OSError):
+            if conn.sock is not None:
+                conn.sock.shutdown(socket.SHUT_RDWR)
+        conn.close()
+
+    def wait(self, timeout: float) -> bool:
+        return self.done.wait(timeout)
