@@ -23,17 +23,10 @@ from kvwatch.instrumentation.coverage import merge
 from kvwatch.instrumentation.lifecycle import LifecycleCounter
 from kvwatch.instrumentation.prefill_ledger import PrefillLedger
 from kvwatch.server import EngineWorker, ServerSettings, create_app
+from kvwatch.server.uvicorn_settings import uvicorn_settings
 from kvwatch.sockets import listen_socket, socket_url
 
 STATS_TIMEOUT_S = 10.0
-# uvicorn buffers at most this many times ``max_header_bytes`` of a request's
-# head (request line and headers) and answers a plain 400 beyond it; below it
-# the app's own check answers oversized headers with a JSON 431.
-HEAD_BUFFER_FACTOR = 4
-# How long an idle keep-alive connection stays open (uvicorn's default is 5 s).
-# A client that sends on a connection just as the server closes it gets no
-# answer; agents pause between turns for longer than 5 s on a loaded machine.
-KEEP_ALIVE_S = 75
 # One engine read serves every gauge of a scrape: each scrape expires the last
 # read first, so a reader at a turn barrier sees the engine as it is now; a
 # scrape's callbacks run within milliseconds, well inside this age.
@@ -120,20 +113,11 @@ def ready_line(options: ServeOptions, config: EngineConfig) -> str:
 
 
 def uvicorn_options(options: ServeOptions) -> dict[str, Any]:
-    """uvicorn's settings: loopback by default, a bounded request head, and idle
-    keep-alive connections kept for ``KEEP_ALIVE_S``.
-
-    The h11 protocol is named explicitly: it is the implementation whose head
-    buffer ``h11_max_incomplete_event_size`` bounds.
-    """
-    return {
-        "host": options.host,
-        "port": options.port,
-        "log_level": options.log_level,
-        "http": "h11",
-        "h11_max_incomplete_event_size": HEAD_BUFFER_FACTOR * options.settings.max_header_bytes,
-        "timeout_keep_alive": KEEP_ALIVE_S,
-    }
+    """uvicorn's settings for ``options`` (``server/uvicorn_settings.py``): loopback by
+    default, a bounded request head, idle keep-alive connections kept a while."""
+    return uvicorn_settings(
+        options.host, options.port, options.log_level, options.settings.max_header_bytes
+    )
 
 
 def serve(options: ServeOptions) -> int:

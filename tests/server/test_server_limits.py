@@ -18,8 +18,9 @@ from inprocserver import serving
 from serverproc import kvwatch_server
 
 from kvwatch.cli import build_parser, main
-from kvwatch.serve import HEAD_BUFFER_FACTOR, ServeOptions, build, uvicorn_options
+from kvwatch.serve import ServeOptions, build, uvicorn_options
 from kvwatch.server import ServerSettings
+from kvwatch.server.uvicorn_settings import HEAD_BUFFER_FACTOR
 
 OK_CHAT = {"model": "t", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
 

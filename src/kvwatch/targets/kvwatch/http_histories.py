@@ -2,9 +2,11 @@
 
 The same engine as ``histories.KvwatchHistoryTarget`` (its small pools,
 ``sets`` and ``faults``, its cache-off reference), served by kvwatch's own
-server, as ``kvwatch serve --enable-probe --step-by-step`` builds it, on a
-loopback port of its own for each history (uvicorn in a thread of this
-process). The history's clients are real HTTP clients (``http_loop.HttpLoop``):
+server (``server.create_app``, with the probe on and step by step, as
+``kvwatch serve --enable-probe --step-by-step`` serves it but without the
+telemetry ``serve`` wires to it) under uvicorn with ``kvwatch serve``'s
+settings, on a loopback port of its own for each history, in a thread of this
+process. The history's clients are real HTTP clients (``http_loop.HttpLoop``):
 keep-alive connections that idle between requests, every other request
 streamed, clients that leave by closing their connection in whatever stage
 their request is. What the in-process target cannot see, this one judges too:
@@ -26,8 +28,9 @@ from typing import Any
 import uvicorn
 
 from kvwatch.contracts import ProbeReport
-from kvwatch.serve import ServeOptions, build, uvicorn_options
-from kvwatch.server.settings import ServerSettings
+from kvwatch.engine import Engine
+from kvwatch.server import EngineWorker, ServerSettings, create_app
+from kvwatch.server.uvicorn_settings import uvicorn_settings
 from kvwatch.sockets import listen_socket, socket_url
 from kvwatch.targets.driver.step_probe import StepProbe
 from kvwatch.targets.kvwatch.histories import KvwatchHistoryTarget
@@ -41,10 +44,10 @@ class ServedLoop(HttpLoop):
     """An ``HttpLoop`` over a server of its own, stopped with the loop."""
 
     def __init__(self, target: KvwatchHistoryTarget) -> None:
-        options = ServeOptions(port=0, settings=SETTINGS)
-        app, _, self.telemetry = build(options, target.config)
+        app = create_app(EngineWorker(Engine(target.config)), SETTINGS)
         self.sock = listen_socket("127.0.0.1", 0)
-        self.server = uvicorn.Server(uvicorn.Config(app, **uvicorn_options(options)))
+        options = uvicorn_settings("127.0.0.1", 0, "warning", SETTINGS.max_header_bytes)
+        self.server = uvicorn.Server(uvicorn.Config(app, **options))
         self.thread = threading.Thread(
             target=self.server.run, args=([self.sock],), name="kvwatch-http", daemon=True
         )
@@ -67,7 +70,6 @@ class ServedLoop(HttpLoop):
         self.server.should_exit = True
         self.thread.join(30)
         self.sock.close()
-        self.telemetry.shutdown()
 
 
 class HttpProbe(StepProbe):
