@@ -16,6 +16,7 @@ import pytest
 from kvwatch.histories.checks import judge
 from kvwatch.histories.generate import Plan, generate
 from kvwatch.histories.hunt import run_history
+from kvwatch.histories.ops import SUBMIT
 from kvwatch.histories.play import play
 from kvwatch.targets.driver.engine_loop import ABORTED, FINISHED
 from kvwatch.targets.kvwatch.histories import KvwatchHistoryTarget
@@ -57,12 +58,22 @@ def test_a_history_over_http_ends_as_it_does_in_process_and_passes(seed):
     assert loop.pool.opened < len(loop.calls), (loop.pool.opened, len(loop.calls))
 
 
-def test_clients_leave_in_every_stage_and_a_cut_turn_stays_in_its_session():
+def test_clients_leave_in_every_stage_a_cut_turn_stays_and_exact_fills_are_served():
     http = KvwatchHttpHistoryTarget()
     stages: Counter[tuple[bool, str]] = Counter()
-    kept = 0
+    kept, fills = 0, []
     for seed in range(3, 9):
         played, loop = _played_over_http(http, generate(http.shape, seed, PLAN))
+        fills += [  # prompt and max_tokens exactly the context: served, never refused
+            played.ended[rid].status
+            for rid, sent in played.sent.items()
+            if len(sent.expected) + sent.max_new == http.shape.context
+        ]
+        fills += [
+            f"refused: {why}"
+            for op, why in played.refused
+            if op.kind == SUBMIT and len(op.tokens) + op.max_new == http.shape.context
+        ]
         for rid, stage in played.aborted_in.items():
             if played.ended[rid].status == ABORTED:
                 stages[(_streamed(rid), stage)] += 1
@@ -71,6 +82,7 @@ def test_clients_leave_in_every_stage_and_a_cut_turn_stays_in_its_session():
         assert any(stages[(s, stage)] for s in (True, False)), stages
     assert stages[(True, "decoding")] + stages[(False, "decoding")] > 1, stages
     assert kept > 0  # a session kept output of a turn cut after it ran
+    assert FINISHED in fills and set(fills) <= {FINISHED, ABORTED}, fills
 
 
 def test_the_http_tier_catches_a_fault_and_the_replay_names_the_engine():

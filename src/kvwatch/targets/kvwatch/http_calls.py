@@ -1,9 +1,12 @@
 """The HTTP client side of the ``kvwatch-http`` history target: connections and calls.
 
 ``Connections`` keeps keep-alive connections to one server: a request takes
-an idle one where there is one (it may have idled for many steps), and gives
-it back once its response was read whole; a client that leaves closes its
-connection, as a client process that gives up does.
+an idle one where there is one (it may have idled for many steps) and the
+server has not closed it, and gives it back once its response was read
+whole; a client that leaves closes its connection, as a client process that
+gives up does. A request is sent once: a POST the server may have begun to
+serve is never sent again (an earlier version retried on a connection that
+broke, and the server served the one request twice under one id).
 
 ``Call`` is one completion request on a thread of its own, streamed (SSE,
 ``return_token_ids``: every chunk carries its token ids) or not, reading what
@@ -20,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import http.client
 import json
+import select
 import socket
 import threading
 from collections.abc import Callable
@@ -36,11 +40,18 @@ class Connections:
         self.opened = 0  # connections made (fewer than requests: keep-alive reuse)
 
     def take(self) -> http.client.HTTPConnection:
-        with self._lock:
-            if self._idle:
-                return self._idle.pop()
-            self.opened += 1
-        return http.client.HTTPConnection(self.host, self.port, timeout=self.timeout)
+        """An idle connection the server has not closed, else a new one. A request is
+        never sent twice: once sent, the server may be serving it (a POST is not
+        idempotent), so a connection is checked before it is used, as urllib3 does."""
+        while True:
+            with self._lock:
+                conn = self._idle.pop() if self._idle else None
+                if conn is None:
+                    self.opened += 1
+                    return http.client.HTTPConnection(self.host, self.port, timeout=self.timeout)
+            if conn.sock is not None and not _dropped(conn.sock):
+                return conn
+            conn.close()
 
     def give(self, conn: http.client.HTTPConnection) -> None:
         with self._lock:
@@ -55,30 +66,17 @@ class Connections:
         hold: Callable[[http.client.HTTPConnection], None] = lambda conn: None,
         timeout: float | None = None,
     ) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
-        """The request on a pooled connection (handed to ``hold`` before it is used), and
-        the response's head. A pooled connection the server closed while it idled is
-        retried once on a new one, as HTTP clients do when no byte of an answer came back."""
+        """The request on a live connection (handed to ``hold`` before it is used), and
+        the response's head; a failure is the caller's, never retried."""
         conn = self.take()
         hold(conn)
-        reused = conn.sock is not None
         try:
             conn.request(method, path, body=body, headers=headers)
             conn.sock.settimeout(timeout or self.timeout)
             return conn, conn.getresponse()
-        except (ConnectionError, http.client.RemoteDisconnected):
-            conn.close()
-            if not reused:
-                raise
-        except OSError:  # a timeout: the connection is not reused
+        except (OSError, http.client.HTTPException):
             conn.close()
             raise
-        conn = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout)
-        hold(conn)
-        with self._lock:
-            self.opened += 1
-        conn.request(method, path, body=body, headers=headers)
-        conn.sock.settimeout(timeout or self.timeout)
-        return conn, conn.getresponse()
 
     def json(
         self, method: str, path: str, body: Any = None, timeout: float | None = None
@@ -116,6 +114,7 @@ class Call:
         self.finish_reason: str | None = None
         self.error = ""
         self.left = False  # the client gave up and closed its connection
+        self.reused = False  # sent on a kept-alive connection
         self.done = threading.Event()
         self._conn: http.client.HTTPConnection | None = None
         self._thread = threading.Thread(target=self._run, name=f"call-{rid}", daemon=True)
@@ -182,8 +181,17 @@ class Call:
             if choice.get("finish_reason"):
                 self.finish_reason = choice["finish_reason"]
 
+    def describe(self) -> str:
+        """Where the client is, for a finding: what it sent, what it has read."""
+        kind = "streamed" if self.streamed else "not streamed"
+        return (
+            f"{kind}, connection {'reused' if self.reused else 'new'}, status {self.status}, "
+            f"{len(self.tokens)} token ids read, finish {self.finish_reason}, error {self.error!r}"
+        )
+
     def _hold(self, conn: http.client.HTTPConnection) -> None:
         self._conn = conn
+        self.reused = conn.sock is not None
 
     def leave(self) -> None:
         """The client gives up: its connection closes under the request."""
@@ -198,3 +206,9 @@ class Call:
 
     def wait(self, timeout: float) -> bool:
         return self.done.wait(timeout)
+
+
+def _dropped(sock: socket.socket) -> bool:
+    """Whether the server closed an idle connection: readable at once means EOF (or a
+    stray byte), and either way the connection cannot carry a request."""
+    return bool(select.select([sock], [], [], 0)[0])

@@ -140,7 +140,10 @@ class HttpLoop(EngineLoop):
         for rid in (rid for rid in before if rid not in self.listed):
             call = self.calls[rid]
             if not call.wait(SETTLE_S):
-                raise NotTakenIn(f"{rid} ended at step {self.step_count}; its client heard nothing")
+                raise NotTakenIn(
+                    f"{rid} ended at step {self.step_count}; its client did not hear the end "
+                    f"within {SETTLE_S:g} s ({call.describe()})"
+                )
             ok = call.status == 200 and call.finish_reason in ("stop", "length")
             self._end(rid, FINISHED if ok else FAILED, "" if ok else call.error)
         self.notify()
