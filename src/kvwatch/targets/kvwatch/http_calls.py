@@ -4,9 +4,9 @@
 an idle one where there is one (it may have idled for many steps) and the
 server has not closed it, and gives it back once its response was read
 whole; a client that leaves closes its connection, as a client process that
-gives up does. A request is sent once: a POST the server may have begun to
-serve is never sent again (an earlier version retried on a connection that
-broke, and the server served the one request twice under one id).
+gives up does, and only while the call still owns its connection (once over,
+the connection may be back in the pool carrying another request). A request
+is sent once: a POST the server may have begun to serve is never sent again.
 
 ``Call`` is one completion request on a thread of its own, streamed (SSE,
 ``return_token_ids``: every chunk carries its token ids) or not, reading what
@@ -116,6 +116,7 @@ class Call:
         self.left = False  # the client gave up and closed its connection
         self.reused = False  # sent on a kept-alive connection
         self.done = threading.Event()
+        self._owning = threading.Lock()  # the connection is this call's until done
         self._conn: http.client.HTTPConnection | None = None
         self._thread = threading.Thread(target=self._run, name=f"call-{rid}", daemon=True)
         self._thread.start()
@@ -137,18 +138,14 @@ class Call:
             if not self.left:
                 self.error = f"the connection broke: {exc!r}"
         finally:
-            conn = self._conn
-            if (
-                conn is not None
-                and whole
-                and not self.left
-                and resp is not None
-                and not resp.will_close
-            ):
+            with self._owning:  # a leave() from now on finds the call over
+                conn, self._conn = self._conn, None
+                keep = whole and not self.left and resp is not None and not resp.will_close
+                self.done.set()
+            if conn is not None and keep:
                 self.pool.give(conn)
             elif conn is not None:
                 conn.close()
-            self.done.set()
 
     def _read_body(self, status: int, data: Any) -> None:
         if status != 200:
@@ -194,9 +191,14 @@ class Call:
         self.reused = conn.sock is not None
 
     def leave(self) -> None:
-        """The client gives up: its connection closes under the request."""
-        self.left = True
-        conn = self._conn
+        """The client gives up: its connection closes under the request. Once the call
+        is over its connection is no longer its own (it may be back in the pool, carrying
+        another request), so nothing is closed then."""
+        with self._owning:
+            if self.done.is_set():
+                return
+            self.left = True
+            conn = self._conn
         if conn is None:  # not sent yet (submit waits until the server has it)
             return
         with contextlib.suppress(OSError):
