@@ -10,7 +10,7 @@ history is shrunk while the row still explains it and saved as
 first finding (``HistoryVerdict.primary``) and saved as
 ``OUT/<setup>-<seed>.json``, once per distinct first finding, and counted by
 it: candidates, not called bugs until read and searched upstream.
-``newest_table`` is that part of a hunt's doc. ``vllm_histories.py`` and
+``newest_table`` is that part of a hunt's doc, ``write`` the hunt's report. ``vllm_histories.py`` and
 ``lightllm_histories.py`` both run it.
 
 Invariant: every history is played on a fresh engine; a row is found only
@@ -136,6 +136,21 @@ def newest_table(swept: dict[str, Any]) -> list[str]:
     if not swept["findings"] and not swept["missed"]:
         lines.append("| none | | | | | | |")
     return lines
+
+
+def write(
+    out: Path,
+    settings: dict[str, Any],
+    swept: dict[str, Any],
+    fixes: list[dict[str, Any]],
+    markdown: Callable[[dict[str, Any], dict[str, Any], list[dict]], str],
+) -> int:
+    """A history hunt's report (``report.write``: the settings with the sweep, a row per
+    finding and per fixed row, the doc); exit 0 when every fixed row was re-found."""
+    rows = [{"part": "newest", **f} for f in swept["findings"]]
+    rows += [{"part": "fixed", **r} for r in fixes]
+    report.write(out, {**settings, "newest": swept}, rows, markdown(settings, swept, fixes))
+    return 0 if all(r["verdict"] == "re-found" for r in fixes) else 1
 
 
 def plans_line(plans: Mapping[str, Plan]) -> str:

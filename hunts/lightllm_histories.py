@@ -31,7 +31,7 @@ from typing import Any
 from hunts import report
 from hunts.history_fixes import COMPARED, SHRINK_BUDGET, fixed, fixed_table
 from hunts.history_rows import FixedRow, Row, audit_finding
-from hunts.history_sweep import ROUND, newest_table, plans_line, sweep
+from hunts.history_sweep import ROUND, newest_table, plans_line, sweep, write
 from kvwatch.histories.checks import RAISED, HistoryVerdict
 from kvwatch.histories.generate import Plan
 from kvwatch.histories.play import Played
@@ -130,10 +130,7 @@ def main(argv: Iterable[str] | None = None) -> int:
     swept |= sweep(targets, PLANS, (), budget_s, args.max_seeds, args.out, say)
     fixes = fixed(FIXED, make, args.max_seeds, args.out, say)
     settings = {"budget_minutes": args.budget_minutes, "max_seeds": args.max_seeds}
-    rows = [{"part": "newest", **f} for f in swept["findings"]]
-    rows += [{"part": "fixed", **r} for r in fixes]
-    report.write(args.out, {**settings, "newest": swept}, rows, markdown(settings, swept, fixes))
-    return 0 if all(r["verdict"] == "re-found" for r in fixes) else 1
+    return write(args.out, settings, swept, fixes, markdown)
 
 
 if __name__ == "__main__":

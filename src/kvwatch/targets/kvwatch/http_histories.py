@@ -20,7 +20,6 @@ are the in-process target's checks (the same engine); everything else runs.
 
 from __future__ import annotations
 
-import contextlib
 import threading
 import time
 from typing import Any
@@ -102,10 +101,6 @@ class KvwatchHttpHistoryTarget(KvwatchHistoryTarget):
 
     def make_watch(self, loop: ServedLoop) -> None:  # type: ignore[override]
         return None
-
-    @contextlib.contextmanager
-    def opened(self):
-        yield
 
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "engine": self.engine}
